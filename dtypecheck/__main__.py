@@ -1,0 +1,6 @@
+"""``python -m dtypecheck``."""
+
+from dtypecheck.cli import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,87 @@
+"""The Typer app and the options every command shares, defined once."""
+
+from __future__ import annotations
+
+import os
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from dtypecheck import __version__
+from dtypecheck.errors import ExitCode
+from dtypecheck.render import OutputFormat, render, write_atomically
+
+app = typer.Typer(
+    name="dtypecheck",
+    help="Will this model, checkpoint or training step survive in dtype X on device Y?",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+class FailOn(str, Enum):
+    fail = "fail"
+    warn = "warn"
+
+
+FormatOption = Annotated[
+    OutputFormat, typer.Option("--format", "-f", help="Output format: a rich table, or one JSON document.")
+]
+OutputOption = Annotated[
+    Path | None,
+    typer.Option("--output", "-o", help="Write the document to FILE (atomically) instead of stdout.", dir_okay=False),
+]
+QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or notes on stderr.")]
+TracebackOption = Annotated[
+    bool, typer.Option("--traceback", help="Show the full Python traceback on errors (or DTYPECHECK_TRACEBACK=1).")
+]
+FailOnOption = Annotated[FailOn, typer.Option("--fail-on", help="Lowest level that makes the exit code 1 (findings).")]
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"dtypecheck {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", "-V", help="Print the version and exit.", callback=_version_callback, is_eager=True),
+    ] = False,
+) -> None:
+    """Will this model, checkpoint or training step survive in dtype X on device Y?
+
+    Exit codes: 0 ok, 1 findings at or above --fail-on, 2 usage error, 3 input error.
+    """
+
+
+def emit(report: Any, fmt: OutputFormat, output: Path | None, *, quiet: bool) -> None:
+    """Render a finished report to stdout, or atomically to ``output``; nothing is written on failure."""
+    if output is not None:
+        text = render(report, fmt, color=False, width=120)
+        write_atomically(output, text)
+        if not quiet:
+            print(f"wrote {output}", file=sys.stderr)
+        return
+    color = fmt is OutputFormat.table and sys.stdout.isatty() and "NO_COLOR" not in os.environ
+    width = None
+    if sys.stdout.isatty():
+        import shutil
+
+        width = shutil.get_terminal_size((120, 24)).columns
+    sys.stdout.write(render(report, fmt, color=color, width=width))
+    sys.stdout.flush()
+
+
+def level_exit_code(level: str, fail_on: FailOn) -> ExitCode:
+    """Findings exit 1 when the report's level reaches ``--fail-on``."""
+    if level == "fail" or (level == "warn" and fail_on is FailOn.warn):
+        return ExitCode.FINDINGS
+    return ExitCode.OK

@@ -1,0 +1,38 @@
+"""``dtypecheck info``."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from dtypecheck.cli._app import FormatOption, OutputOption, QuietOption, TracebackOption, app, emit
+from dtypecheck.errors import ExitCode, UsageError
+from dtypecheck.render import OutputFormat
+
+
+@app.command()
+def info(
+    dtypes: Annotated[
+        list[str] | None,
+        typer.Argument(help="Dtype names or aliases (fp16, bf16, e4m3, int4, ...); all float dtypes if none."),
+    ] = None,
+    all_dtypes: Annotated[
+        bool, typer.Option("--all", help="Every dtype this torch build has, integers included.")
+    ] = False,
+    fmt: FormatOption = OutputFormat.table,
+    output: OutputOption = None,
+    quiet: QuietOption = False,
+    traceback: TracebackOption = False,
+) -> int:
+    """Everything about a dtype's numbers: true limits from the bit layout, what torch.finfo says, and what
+    each available device measures."""
+    from dtypecheck.dtypes import REGISTRY, parse_dtype_list
+    from dtypecheck.info import describe_dtypes
+
+    if all_dtypes and dtypes:
+        raise UsageError("--all and explicit dtype names conflict; give one or the other")
+    specs = [s for s in REGISTRY if s.available] if all_dtypes else parse_dtype_list(dtypes)
+    report = describe_dtypes(specs or None)
+    emit(report, fmt, output, quiet=quiet)
+    return ExitCode.OK

@@ -1,0 +1,84 @@
+"""The error hierarchy, the exit codes, and the one place that turns an error into a message."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """What every command returns (README lists them; CONTRACT.md defines them)."""
+
+    OK = 0
+    """Ran, and nothing at or above the ``--fail-on`` level was found."""
+    FINDINGS = 1
+    """Ran, and found something at or above ``--fail-on``."""
+    USAGE = 2
+    """Bad arguments or options (Click's convention)."""
+    INPUT_ERROR = 3
+    """The input could not be read or run."""
+
+
+class DtypecheckError(Exception):
+    """Base of every error dtypecheck reports as one line instead of a traceback."""
+
+    exit_code: ExitCode = ExitCode.INPUT_ERROR
+
+    def message(self) -> str:
+        return str(self)
+
+
+class UsageError(DtypecheckError):
+    """The command line asked for something impossible (exit 2)."""
+
+    exit_code = ExitCode.USAGE
+
+
+class UnknownDtypeError(UsageError):
+    def __init__(self, name: str, suggestions: tuple[str, ...] = (), reason: str = "") -> None:
+        self.name = name
+        self.suggestions = suggestions
+        self.reason = reason
+        super().__init__(name)
+
+    def message(self) -> str:
+        text = f"unknown dtype {self.name!r}"
+        if self.reason:
+            return f"{text}: {self.reason}"
+        if self.suggestions:
+            return text + "; did you mean " + " or ".join(repr(s) for s in self.suggestions) + "?"
+        return text + "; run 'dtypecheck info --list' for the names"
+
+
+class InputError(DtypecheckError):
+    """The input could not be read: missing, unreadable, truncated or malformed (exit 3)."""
+
+    exit_code = ExitCode.INPUT_ERROR
+
+
+class UserCodeError(InputError):
+    """The user's own script or factory raised; ``formatted`` holds its traceback, its frames only."""
+
+    def __init__(self, summary: str, formatted: str = "") -> None:
+        super().__init__(summary)
+        self.formatted = formatted
+
+
+def describe(exc: BaseException) -> tuple[ExitCode, str] | None:
+    """Map an exception to (exit code, one-line message), or ``None`` for a bug that should show its traceback.
+
+    This is the only place errors become messages; the CLI boundary calls it.
+    """
+    if isinstance(exc, DtypecheckError):
+        return exc.exit_code, exc.message()
+    if isinstance(exc, FileNotFoundError):
+        return ExitCode.INPUT_ERROR, f"no such file or directory: {exc.filename}"
+    if isinstance(exc, IsADirectoryError):
+        return ExitCode.INPUT_ERROR, f"is a directory, expected a file: {exc.filename}"
+    if isinstance(exc, PermissionError):
+        return ExitCode.INPUT_ERROR, f"permission denied: {exc.filename}"
+    if isinstance(exc, MemoryError):
+        return ExitCode.INPUT_ERROR, "out of memory while reading the input"
+    if isinstance(exc, OSError):
+        where = f": {exc.filename}" if exc.filename else ""
+        return ExitCode.INPUT_ERROR, f"cannot read input{where} ({exc.strerror or exc})"
+    return None

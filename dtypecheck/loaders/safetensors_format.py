@@ -1,0 +1,169 @@
+"""safetensors: an 8-byte little-endian header length, a JSON header, then raw little-endian data.
+
+Parsed by hand (not with ``safetensors.safe_open``) so every offset is checked against the file size before
+anything is read, and the data is memory-mapped so a tensor is read in chunks.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import struct
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dtypecheck.errors import InputError
+from dtypecheck.loaders.base import Finding, TensorRecord
+
+if TYPE_CHECKING:
+    import torch
+
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
+
+# safetensors dtype codes -> torch names
+ST_DTYPES: dict[str, str] = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "F8_E8M0": "float8_e8m0fnu",
+    "F4": "float4_e2m1fn_x2",
+    "C64": "complex64",
+    "C128": "complex128",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U64": "uint64",
+    "U32": "uint32",
+    "U16": "uint16",
+    "U8": "uint8",
+    "BOOL": "bool",
+}
+
+
+def looks_like_safetensors(head: bytes, file_size: int) -> bool:
+    if len(head) < 9:
+        return False
+    (length,) = struct.unpack("<Q", head[:8])
+    return 0 < length <= min(MAX_HEADER_BYTES, file_size - 8) and head[8:9] == b"{"
+
+
+@dataclass(frozen=True)
+class MappedSource:
+    """A byte range of a memory-mapped file, viewed as a flat tensor of one dtype."""
+
+    buffer: mmap.mmap
+    offset: int
+    nbytes: int
+    dtype: str
+
+    def iter_chunks(self, max_bytes: int) -> Iterator[torch.Tensor]:
+        import torch
+
+        torch_dtype = getattr(torch, self.dtype)
+        itemsize = torch.empty((), dtype=torch_dtype).element_size()
+        step = max(itemsize, (max_bytes // itemsize) * itemsize)
+        for start in range(0, self.nbytes, step):
+            length = min(step, self.nbytes - start)
+            view = memoryview(self.buffer)[self.offset + start : self.offset + start + length]
+            with warnings.catch_warnings():
+                # The map is read-only and we never write through the tensor; torch warns regardless.
+                warnings.simplefilter("ignore", UserWarning)
+                chunk = torch.frombuffer(view, dtype=torch.uint8)
+            yield chunk.view(torch_dtype)
+
+
+@dataclass
+class SafetensorsCheckpoint:
+    path: Path
+    source: str = ""
+    format: str = "safetensors"
+    findings: list[Finding] = field(default_factory=list)
+    metadata: dict[str, str] = field(default_factory=dict)
+    _entries: list[tuple[str, str, tuple[int, ...], int, int]] = field(default_factory=list)
+    _file: object = None
+    _map: mmap.mmap | None = None
+
+    def __post_init__(self) -> None:
+        self.source = str(self.path)
+        size = self.path.stat().st_size
+        with self.path.open("rb") as handle:
+            head = handle.read(8)
+            if len(head) < 8:
+                raise InputError(f"{self.path}: truncated safetensors file (no header length)")
+            (length,) = struct.unpack("<Q", head)
+            if length > MAX_HEADER_BYTES or length > size - 8:
+                raise InputError(f"{self.path}: safetensors header length {length} exceeds the file or the limit")
+            raw = handle.read(length)
+        try:
+            header = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise InputError(f"{self.path}: malformed safetensors header ({exc})") from None
+        if not isinstance(header, dict):
+            raise InputError(f"{self.path}: safetensors header is not a JSON object")
+        data_start = 8 + length
+        data_size = size - data_start
+        for name, entry in header.items():
+            if name == "__metadata__":
+                if isinstance(entry, dict):
+                    self.metadata = {str(k): str(v) for k, v in entry.items()}
+                continue
+            self._entries.append(self._check_entry(name, entry, data_start, data_size))
+        self._entries.sort(key=lambda e: e[3])
+
+    def _check_entry(
+        self, name: str, entry: object, data_start: int, data_size: int
+    ) -> tuple[str, str, tuple[int, ...], int, int]:
+        if not isinstance(entry, dict):
+            raise InputError(f"{self.path}: tensor {name!r} has a malformed header entry")
+        code, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if code not in ST_DTYPES:
+            raise InputError(f"{self.path}: tensor {name!r} has unknown safetensors dtype {code!r}")
+        if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
+            raise InputError(f"{self.path}: tensor {name!r} has a malformed shape {shape!r}")
+        if (
+            not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(isinstance(o, int) for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1] <= data_size
+        ):
+            raise InputError(f"{self.path}: tensor {name!r} has data offsets {offsets!r} outside the file")
+        dtype = ST_DTYPES[str(code)]
+        numel = 1
+        for s in shape:
+            numel *= s
+        bits = {"float4_e2m1fn_x2": 4, "bool": 8}.get(dtype)
+        import torch
+
+        itemsize_bits = bits if bits is not None else torch.empty((), dtype=getattr(torch, dtype)).element_size() * 8
+        expected = (numel * itemsize_bits + 7) // 8
+        if offsets[1] - offsets[0] != expected:
+            raise InputError(
+                f"{self.path}: tensor {name!r} of shape {tuple(shape)} {dtype} needs {expected} bytes, "
+                f"header gives {offsets[1] - offsets[0]}"
+            )
+        return name, dtype, tuple(shape), data_start + offsets[0], offsets[1] - offsets[0]
+
+    def records(self) -> Iterator[TensorRecord]:
+        if self._map is None and self._entries and any(e[4] for e in self._entries):
+            handle = self.path.open("rb")
+            self._file = handle
+            self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        for name, dtype, shape, offset, nbytes in self._entries:
+            source = MappedSource(self._map, offset, nbytes, dtype) if self._map is not None and nbytes else None
+            yield TensorRecord(name, dtype, shape, nbytes, source)
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        handle = self._file
+        if handle is not None:
+            handle.close()  # type: ignore[attr-defined]
+            self._file = None

@@ -1,0 +1,46 @@
+"""The output formats every command renders through, mapped exhaustively from one enum."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from enum import Enum
+from pathlib import Path
+from typing import Any, NoReturn
+
+
+class OutputFormat(str, Enum):
+    table = "table"
+    json = "json"
+
+
+def _assert_never(value: NoReturn) -> NoReturn:
+    raise AssertionError(f"unhandled output format: {value!r}")
+
+
+def render(report: Any, fmt: OutputFormat, *, color: bool = False, width: int | None = None) -> str:
+    """Render a core result in the given format; the only dispatch on ``OutputFormat``."""
+    if fmt is OutputFormat.table:
+        from dtypecheck.render.table import render_table
+
+        return render_table(report, color=color, width=width)
+    if fmt is OutputFormat.json:
+        from dtypecheck.render.json import render_json
+
+        return render_json(report)
+    _assert_never(fmt)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write via a temporary file in the same folder and rename, so no reader sees a partial file."""
+    directory = path.parent if str(path.parent) else Path()
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        Path(tmp_name).replace(path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,195 @@
+"""Tables and the dynamic-range number line for ``dtypecheck info``."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from dtypecheck.info import FloatInfo, InfoReport, IntInfo
+from dtypecheck.render.table import fmt_float, fmt_pow2, table_renderer
+
+COLUMNS_PER_TABLE = 5
+LINE_WIDTH = 72
+
+Row = tuple[str, Callable[[FloatInfo], str]]
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def _device_cell(info: FloatInfo, key: str) -> str:
+    parts = []
+    for device, measured in info.devices.items():
+        if not measured.supported:
+            parts.append(f"{device}: unsupported")
+            continue
+        value = getattr(measured, key)
+        parts.append(f"{device}: {fmt_pow2(value) if isinstance(value, float) else value}")
+    return "\n".join(parts)
+
+
+def _torch_cell(info: FloatInfo) -> str:
+    if info.torch_finfo is None:
+        return "[raises]"
+    if not info.mismatches:
+        return "agrees"
+    return "\n".join(f"{m.field}={fmt_float(m.torch)} (true {fmt_float(m.true)})" for m in info.mismatches)
+
+
+FLOAT_ROWS: tuple[Row, ...] = (
+    ("aliases", lambda i: ", ".join(i.aliases[:3])),
+    (
+        "bits (sign/exp/mant)",
+        lambda i: f"{i.bits} ({int(i.kind == 'float' and i.min < 0)}/{i.exponent_bits}/{i.mantissa_bits})",
+    ),
+    ("exponent bias", lambda i: str(i.exponent_bias)),
+    ("eps (spacing at 1)", lambda i: fmt_pow2(i.eps)),
+    ("max", lambda i: fmt_float(i.max, 6)),
+    ("min", lambda i: fmt_float(i.min, 6)),
+    ("smallest normal (tiny)", lambda i: fmt_pow2(i.smallest_normal)),
+    ("smallest subnormal", lambda i: fmt_pow2(i.smallest_subnormal) if i.smallest_subnormal else "none"),
+    ("resolution", lambda i: fmt_float(i.resolution)),
+    ("exponent range", lambda i: f"[{i.min_exponent}, {i.max_exponent})"),
+    ("inf / nan / -0", lambda i: f"{_yes(i.has_inf)} / {_yes(i.has_nan)} / {_yes(i.has_negative_zero)}"),
+    ("torch.finfo", _torch_cell),
+    ("measured eps", lambda i: _device_cell(i, "eps")),
+    ("measured max", lambda i: _device_cell(i, "max")),
+    ("measured smallest", lambda i: _device_cell(i, "smallest_subnormal")),
+    ("subnormals", lambda i: _device_cell(i, "subnormals")),
+    ("cast of 4*max gives", lambda i: _device_cell(i, "overflow_cast")),
+    ("log clamp floor", lambda i: fmt_pow2(i.guidance.log_clamp_min)),
+    ("Adam eps >=", lambda i: fmt_pow2(i.guidance.adam_eps_min)),
+    ("eps=1e-8 becomes", lambda i: fmt_float(i.guidance.adam_eps_1e_8)),
+    (
+        "unit interval",
+        lambda i: f"[{fmt_float(i.guidance.unit_interval[0], 3)}, {fmt_float(i.guidance.unit_interval[1], 6)}]",
+    ),
+    ("exp(x) overflows x >", lambda i: fmt_float(i.guidance.exp_max_arg, 6)),
+    ("exp(x) is 0 for x <=", lambda i: fmt_float(i.guidance.exp_zero_below, 6)),
+    ("exact integers to", lambda i: f"{i.guidance.max_exact_integer:,}"),
+    ("decimal digits", lambda i: f"{i.guidance.decimal_digits:.2f}"),
+)
+
+
+def _float_tables(floats: Sequence[FloatInfo]) -> list[RenderableType]:
+    tables: list[RenderableType] = []
+    for start in range(0, len(floats), COLUMNS_PER_TABLE):
+        chunk = floats[start : start + COLUMNS_PER_TABLE]
+        table = Table(show_lines=False, header_style="bold")
+        table.add_column("", style="bold", no_wrap=True)
+        for info in chunk:
+            table.add_column(info.name, overflow="fold")
+        for label, cell in FLOAT_ROWS:
+            table.add_row(label, *(cell(info) for info in chunk))
+        tables.append(table)
+    return tables
+
+
+def _findings(floats: Sequence[FloatInfo]) -> list[RenderableType]:
+    lines: list[RenderableType] = []
+    for info in floats:
+        for m in info.mismatches:
+            lines.append(
+                Text(
+                    f"! torch.finfo({info.name}).{m.field} is {fmt_float(m.torch)}, "
+                    f"but the format's true value is {fmt_float(m.true)}",
+                    style="yellow",
+                )
+            )
+        for d in info.device_mismatches:
+            lines.append(
+                Text(
+                    f"! {info.name} on {d.device}: {d.field} measured {d.measured}, {d.against} says {d.expected}",
+                    style="yellow",
+                )
+            )
+        if info.note:
+            lines.append(Text(f"  {info.name}: {info.note}", style="dim"))
+    return lines
+
+
+def number_line(floats: Sequence[FloatInfo], width: int = LINE_WIDTH) -> list[RenderableType]:
+    """One row per real float dtype on a shared log2 axis: subnormals light, normals solid."""
+    reals = [i for i in floats if i.kind == "float"]
+    if not reals:
+        return []
+    low = min(math.log2(i.smallest_subnormal or i.smallest_normal) for i in reals)
+    high = max(math.log2(i.max) for i in reals)
+    span = high - low or 1.0
+    label_width = max(len(i.name) for i in reals) + 1
+
+    def column(exponent: float) -> int:
+        return min(width - 1, max(0, round((exponent - low) / span * (width - 1))))
+
+    rows: list[RenderableType] = [Text("dynamic range, log2 scale (light: subnormals, solid: normals)", style="bold")]
+    for info in reals:
+        cells = [" "] * width
+        styles = [""] * width
+        start_sub = column(math.log2(info.smallest_subnormal or info.smallest_normal))
+        start_norm = column(math.log2(info.smallest_normal))
+        end = column(math.log2(info.max))
+        for c in range(start_sub, start_norm):
+            cells[c], styles[c] = "░", "cyan"
+        for c in range(start_norm, end + 1):
+            cells[c], styles[c] = "█", "green"
+        line = Text(info.name.ljust(label_width))
+        for ch, st in zip(cells, styles, strict=True):
+            line.append(ch, style=st or None)
+        rows.append(line)
+    axis = [" "] * width
+    ticks: list[tuple[int, str]] = []
+    step = 10 ** max(0, int(math.log10(span / 4)))
+    step = max(step, round(span / 6 / step) * step)
+    first = math.ceil(low / step) * step
+    exponent = first
+    while exponent <= high:
+        ticks.append((column(exponent), f"2^{exponent}"))
+        exponent += step
+    rows.append(Text(" " * label_width + "".join("┬" if any(c == t[0] for t in ticks) else "─" for c in range(width))))
+    for col, label in ticks:
+        for offset, ch in enumerate(label):
+            if col + offset < width:
+                axis[col + offset] = ch
+    rows.append(Text(" " * label_width + "".join(axis).rstrip()))
+    return rows
+
+
+def _int_table(ints: Sequence[IntInfo]) -> Table:
+    table = Table(header_style="bold")
+    for name in ("dtype", "kind", "bits", "min", "max", "torch.iinfo", "notes"):
+        table.add_column(name, justify="right" if name in ("bits", "min", "max") else "left")
+    for info in ints:
+        if info.torch_iinfo is None:
+            iinfo = "[raises]"
+        elif info.mismatches:
+            iinfo = ", ".join(f"{m.field}={m.torch}" for m in info.mismatches)
+        else:
+            iinfo = "agrees"
+        notes = ", ".join(
+            n
+            for n in ("quantized" if info.quantized else "", f"{info.packed} per byte" if info.packed > 1 else "")
+            if n
+        )
+        table.add_row(info.name, info.kind, str(info.bits), f"{info.min:,}", f"{info.max:,}", iinfo, notes)
+    return table
+
+
+@table_renderer(InfoReport)
+def render_info(report: InfoReport) -> list[RenderableType]:
+    floats = [d for d in report.dtypes if isinstance(d, FloatInfo)]
+    ints = [d for d in report.dtypes if isinstance(d, IntInfo)]
+    out: list[RenderableType] = []
+    if floats:
+        out += _float_tables(floats)
+        out += _findings(floats)
+        out.append(Text(""))
+        out.append(Group(*number_line(floats)))
+    if ints:
+        out.append(_int_table(ints))
+    out.append(Text(f"measured on: {', '.join(report.measured_devices)} (torch {report.torch_version})", style="dim"))
+    return out

@@ -1,0 +1,58 @@
+"""Shared fixtures: run the CLI through its real error boundary, and compare against golden files."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dtypecheck.cli import main
+
+GOLDEN_DIR = Path(__file__).parent / "golden"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--overwrite-golden", action="store_true", help="Rewrite tests/golden/* from current output.")
+
+
+@dataclass(frozen=True)
+class CliResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    def json(self) -> Any:
+        return json.loads(self.stdout)
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., CliResult]:
+    """Call ``dtypecheck.cli.main`` (the same boundary the console script uses) and split its streams."""
+
+    def run(*args: str) -> CliResult:
+        capsys.readouterr()
+        code = main(list(args))
+        captured = capsys.readouterr()
+        return CliResult(code, captured.out, captured.err)
+
+    return run
+
+
+@pytest.fixture
+def golden(request: pytest.FixtureRequest) -> Callable[[str, str], None]:
+    """Compare text with ``tests/golden/<name>``; ``pytest --overwrite-golden`` regenerates it."""
+    overwrite = bool(request.config.getoption("--overwrite-golden"))
+
+    def check(name: str, text: str) -> None:
+        path = GOLDEN_DIR / name
+        if overwrite or not path.exists():
+            if not overwrite:
+                pytest.fail(f"golden file {path} is missing; run pytest --overwrite-golden and review it")
+            path.write_text(text, encoding="utf-8")
+        assert text == path.read_text(encoding="utf-8"), f"output differs from {path}; review, then --overwrite-golden"
+
+    return check
