@@ -455,7 +455,7 @@ def _int_info(spec: DtypeSpec) -> IntInfo:
     assert spec.int_range is not None
     low, high = spec.int_range
     dtype = spec.torch_dtype()
-    reported = _torch_iinfo(dtype) if dtype is not None and not spec.quantized else None
+    reported = _torch_iinfo(dtype) if dtype is not None else None
     kind: Literal["int", "uint", "bool"] = "bool" if spec.kind == "bool" else ("uint" if spec.kind == "uint" else "int")
     truth: dict[str, Number] = {"bits": spec.bits, "min": low, "max": high}
     return IntInfo(

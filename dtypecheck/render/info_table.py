@@ -23,19 +23,24 @@ def _yes(flag: bool) -> str:
 
 
 def _device_cell(info: FloatInfo, key: str) -> str:
+    """One line per device; the device name is left out when there is only one (the footer names it)."""
+    single = len(info.devices) == 1
     parts = []
     for device, measured in info.devices.items():
+        value = getattr(measured, key) if measured.supported else None
         if not measured.supported:
-            parts.append(f"{device}: unsupported")
-            continue
-        value = getattr(measured, key)
-        parts.append(f"{device}: {fmt_pow2(value) if isinstance(value, float) else value}")
+            text = "unsupported"
+        elif isinstance(value, float):
+            text = fmt_float(value, 6) if key == "max" else fmt_pow2(value)
+        else:
+            text = str(value)
+        parts.append(text if single else f"{device}: {text}")
     return "\n".join(parts)
 
 
 def _torch_cell(info: FloatInfo) -> str:
     if info.torch_finfo is None:
-        return "[raises]"
+        return "raises"
     if not info.mismatches:
         return "agrees"
     return "\n".join(f"{m.field}={fmt_float(m.torch)} (true {fmt_float(m.true)})" for m in info.mismatches)
@@ -140,8 +145,10 @@ def number_line(floats: Sequence[FloatInfo], width: int = LINE_WIDTH) -> list[Re
         line = Text(info.name.ljust(label_width))
         for ch, st in zip(cells, styles, strict=True):
             line.append(ch, style=st or None)
+        smallest = info.smallest_subnormal or info.smallest_normal
+        line.append(f" 2^{math.frexp(smallest)[1] - 1} .. {fmt_float(info.max, 5)}", style="dim")
         rows.append(line)
-    axis = [" "] * width
+    axis = [" "] * (width + 8)  # room for the last label to run past the line
     ticks: list[tuple[int, str]] = []
     step = 10 ** max(0, int(math.log10(span / 4)))
     step = max(step, round(span / 6 / step) * step)
@@ -153,19 +160,25 @@ def number_line(floats: Sequence[FloatInfo], width: int = LINE_WIDTH) -> list[Re
     rows.append(Text(" " * label_width + "".join("┬" if any(c == t[0] for t in ticks) else "─" for c in range(width))))
     for col, label in ticks:
         for offset, ch in enumerate(label):
-            if col + offset < width:
-                axis[col + offset] = ch
+            axis[col + offset] = ch
     rows.append(Text(" " * label_width + "".join(axis).rstrip()))
     return rows
 
 
 def _int_table(ints: Sequence[IntInfo]) -> Table:
     table = Table(header_style="bold")
+    widest = max(len(f"{v:,}") for info in ints for v in (info.min, info.max))
     for name in ("dtype", "kind", "bits", "min", "max", "torch.iinfo", "notes"):
-        table.add_column(name, justify="right" if name in ("bits", "min", "max") else "left")
+        numeric = name in ("bits", "min", "max")
+        table.add_column(
+            name,
+            justify="right" if numeric else "left",
+            no_wrap=numeric,
+            min_width=widest if name in ("min", "max") else None,
+        )
     for info in ints:
         if info.torch_iinfo is None:
-            iinfo = "[raises]"
+            iinfo = "raises"
         elif info.mismatches:
             iinfo = ", ".join(f"{m.field}={m.torch}" for m in info.mismatches)
         else:

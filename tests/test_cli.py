@@ -1,0 +1,172 @@
+"""The command line: exit codes, the stdout/stderr split, JSON documents, atomic output, golden tables."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dtypecheck import __version__
+from dtypecheck.cli import app
+from dtypecheck.dtypes import lookup
+from dtypecheck.info import describe_dtypes
+from dtypecheck.render import OutputFormat, render
+from dtypecheck.render.json import jsonable
+
+ROOT = Path(__file__).resolve().parent.parent
+CONTRACT_FLOAT_KEYS = (
+    "name",
+    "kind",
+    "bits",
+    "exponent_bits",
+    "mantissa_bits",
+    "exponent_bias",
+    "eps",
+    "max",
+    "min",
+    "smallest_normal",
+    "smallest_subnormal",
+    "resolution",
+    "max_exponent",
+    "min_exponent",
+    "has_inf",
+    "has_nan",
+    "has_negative_zero",
+    "torch_finfo",
+    "mismatches",
+    "devices",
+)
+CONTRACT_DEVICE_KEYS = ("eps", "max", "smallest_subnormal", "subnormals", "overflow_cast")
+
+
+def test_info_json_follows_the_contract(cli) -> None:
+    result = cli("info", "fp16", "e5m2fnuz", "int4", "--format", "json")
+    assert result.exit_code == 0
+    assert result.stderr == ""
+    doc = result.json()
+    assert doc["schema"] == "dtypecheck.info/1"
+    assert doc["dtypecheck_version"] == __version__
+    fp16, e5m2fnuz, int4 = doc["dtypes"]
+    for key in CONTRACT_FLOAT_KEYS:
+        assert key in fp16, key
+    for key in CONTRACT_DEVICE_KEYS:
+        assert key in fp16["devices"]["cpu"], key
+    assert fp16["max"] == 65504.0
+    assert fp16["smallest_subnormal"] == 2.0**-24
+    assert e5m2fnuz["mismatches"] == [{"field": "eps", "torch": 0.125, "true": 0.25}]
+    assert int4 == {
+        "name": "int4",
+        "kind": "int",
+        "bits": 4,
+        "min": -8,
+        "max": 7,
+        "aliases": ["i4"],
+        "quantized": False,
+        "packed": 1,
+        "torch_iinfo": None,
+        "mismatches": [],
+    }
+
+
+def test_json_floats_round_trip_and_nonfinite_become_strings() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Sample:
+        values: tuple[float, ...]
+
+    out = json.loads(json.dumps(jsonable(Sample((math.nan, math.inf, -math.inf, 0.1, 2.0**-149)))))
+    assert out == {"values": ["nan", "inf", "-inf", 0.1, 2.0**-149]}
+
+
+def test_table_is_default_and_stdout_only(cli) -> None:
+    result = cli("info", "bf16")
+    assert result.exit_code == 0
+    assert "bfloat16" in result.stdout
+    assert "2^-133" in result.stdout  # bfloat16's smallest subnormal
+    assert result.stderr == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("info", "fp61"), "unknown dtype 'fp61'; did you mean"),
+        (("info", "--all", "fp16"), "--all and explicit dtype names conflict"),
+        (("info", "--format", "xml"), "--format"),
+        (("nosuch",), "nosuch"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(cli, args: tuple[str, ...], needle: str) -> None:
+    result = cli(*args)
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("error: ")
+    assert needle in lines[0]
+
+
+def test_output_file_is_written_whole_and_stdout_stays_empty(cli, tmp_path: Path) -> None:
+    target = tmp_path / "info.json"
+    result = cli("info", "fp16", "--format", "json", "--output", str(target), "--quiet")
+    assert result.exit_code == 0
+    assert result.stdout == ""
+    assert json.loads(target.read_text())["dtypes"][0]["name"] == "float16"
+    assert [p.name for p in tmp_path.iterdir()] == ["info.json"]
+
+
+def test_output_into_missing_folder_is_an_input_error_without_partial_file(cli, tmp_path: Path) -> None:
+    target = tmp_path / "missing" / "info.json"
+    result = cli("info", "fp16", "--output", str(target))
+    assert result.exit_code == 3
+    assert result.stderr.startswith("error: ")
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not target.parent.exists()
+
+
+def test_version(cli) -> None:
+    result = cli("--version")
+    assert (result.exit_code, result.stdout.strip()) == (0, f"dtypecheck {__version__}")
+
+
+def test_every_output_format_renders_a_report() -> None:
+    report = describe_dtypes([lookup("fp16")], devices=["cpu"])
+    for fmt in OutputFormat:
+        assert render(report, fmt, width=120).strip()
+
+
+def test_info_table_golden(golden) -> None:
+    names = ["fp16", "bf16", "e4m3", "e5m2", "e5m2fnuz", "fp4"]
+    report = describe_dtypes([lookup(n) for n in names], devices=["cpu"])
+    report = dataclasses.replace(report, torch_version="(pinned)")
+    golden("info_fp16_bf16_fp8.txt", render(report, OutputFormat.table, width=120))
+
+
+def test_integer_table_golden(golden) -> None:
+    names = ["int8", "uint8", "int4", "uint1", "int64", "bool", "quint4x2"]
+    report = describe_dtypes([lookup(n) for n in names], devices=["cpu"])
+    report = dataclasses.replace(report, torch_version="(pinned)")
+    golden("info_integers.txt", render(report, OutputFormat.table, width=120))
+
+
+def test_python_m_dtypecheck_help_smoke() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "dtypecheck", "--help"], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert done.returncode == 0
+    assert "info" in done.stdout
+
+
+def test_every_command_has_help_and_a_readme_section() -> None:
+    readme = (ROOT / "README.md").read_text()
+    commands = [c.name or (c.callback.__name__ if c.callback else "") for c in app.registered_commands]
+    assert commands
+    for command in app.registered_commands:
+        name = command.name or (command.callback.__name__.replace("_", "-") if command.callback else "")
+        assert command.callback is not None
+        assert command.callback.__doc__, f"{name} has no help text"
+        assert re.search(rf"^### `dtypecheck {re.escape(name)}\b", readme, re.MULTILINE), f"README lacks {name}"
