@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 from dtypecheck.dtypes import DtypeSpec, FloatFormat, float_specs
+from dtypecheck.promotion import Defaults, PromotionReport, defaults, promote
 from dtypecheck.rounding import round_to_format
 
 if TYPE_CHECKING:
@@ -139,6 +140,10 @@ class InfoReport:
     dtypes: tuple[FloatInfo | IntInfo, ...]
     measured_devices: tuple[str, ...] = field(default=())
     torch_version: str = ""
+    defaults: Defaults | None = None
+    """The default dtype in effect and what plain constructors give."""
+    promotion: PromotionReport | None = None
+    """torch's type promotion of the dtypes asked for (``--promote``)."""
 
 
 # --- torch.finfo / torch.iinfo, and where they are wrong -------------------------------------------------
@@ -472,8 +477,11 @@ def _int_info(spec: DtypeSpec) -> IntInfo:
     )
 
 
-def describe_dtypes(specs: Sequence[DtypeSpec] | None = None, devices: Sequence[str] | None = None) -> InfoReport:
-    """The info report for ``specs`` (all available float dtypes when ``None``), measured on ``devices``."""
+def describe_dtypes(
+    specs: Sequence[DtypeSpec] | None = None, devices: Sequence[str] | None = None, *, with_promotion: bool = False
+) -> InfoReport:
+    """The info report for ``specs`` (all available float dtypes when ``None``), measured on ``devices``;
+    ``with_promotion`` adds torch's type promotion of ``specs``."""
     import torch
 
     chosen = list(specs) if specs else float_specs()
@@ -481,4 +489,10 @@ def describe_dtypes(specs: Sequence[DtypeSpec] | None = None, devices: Sequence[
     infos: list[FloatInfo | IntInfo] = [
         _float_info(s, where) if s.is_floating_or_complex else _int_info(s) for s in chosen
     ]
-    return InfoReport(dtypes=tuple(infos), measured_devices=tuple(where), torch_version=torch.__version__)
+    return InfoReport(
+        dtypes=tuple(infos),
+        measured_devices=tuple(where),
+        torch_version=torch.__version__,
+        defaults=defaults(),
+        promotion=promote(chosen) if with_promotion else None,
+    )

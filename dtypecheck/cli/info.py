@@ -20,6 +20,9 @@ def info(
     all_dtypes: Annotated[
         bool, typer.Option("--all", help="Every dtype this torch build has, integers included.")
     ] = False,
+    promote: Annotated[
+        bool, typer.Option("--promote", help="Show torch's type promotion of the given dtypes and the rule behind it.")
+    ] = False,
     fmt: FormatOption = OutputFormat.table,
     output: OutputOption = None,
     quiet: QuietOption = False,
@@ -33,6 +36,8 @@ def info(
     if all_dtypes and dtypes:
         raise UsageError("--all and explicit dtype names conflict; give one or the other")
     specs = [s for s in REGISTRY if s.available] if all_dtypes else parse_dtype_list(dtypes)
-    report = describe_dtypes(specs or None)
+    if promote and len(specs) < 2:
+        raise UsageError("--promote needs at least two dtypes, e.g. 'dtypecheck info --promote fp16 bf16 int8'")
+    report = describe_dtypes(specs or None, with_promotion=promote)
     emit(report, fmt, output, quiet=quiet)
     return ExitCode.OK

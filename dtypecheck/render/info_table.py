@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dtypecheck.info import FloatInfo, InfoReport, IntInfo
+from dtypecheck.promotion import Defaults, PromotionReport
 from dtypecheck.render.table import fmt_float, fmt_pow2, table_renderer
 
 COLUMNS_PER_TABLE = 5
@@ -192,6 +193,38 @@ def _int_table(ints: Sequence[IntInfo]) -> Table:
     return table
 
 
+def _promotion(report: PromotionReport) -> list[RenderableType]:
+    table = Table(title=f"type promotion of {', '.join(report.inputs)}", header_style="bold", title_justify="left")
+    table.add_column("a")
+    table.add_column("b")
+    table.add_column("result", style="bold")
+    table.add_column("rule", overflow="fold")
+    table.add_column("what is lost", style="yellow", overflow="fold")
+    for pair in report.pairs:
+        lost = "\n".join(pair.losses) if pair.losses else ("" if pair.error is None else pair.error)
+        table.add_row(pair.inputs[0], pair.inputs[1], pair.result or "error", pair.rule, lost)
+    scalars = Table(
+        title="against Python scalars and 0-dim tensors (where the tensor's dtype changes)",
+        header_style="bold",
+        title_justify="left",
+    )
+    for name in ("tensor", "with", "result", "rule"):
+        scalars.add_column(name, overflow="fold")
+    for s in report.scalars:
+        if s.result != s.dtype:
+            scalars.add_row(s.dtype, s.other, s.result or "error", s.rule)
+    folded = report.result or "none: torch refuses at least one pair"
+    out: list[RenderableType] = [table, Text(f"all together: {folded}", style="bold")]
+    if scalars.row_count:
+        out.append(scalars)
+    return out
+
+
+def _defaults(defaults: Defaults) -> Text:
+    made = ", ".join(f"{expr} -> {dtype}" for expr, dtype in defaults.constructors.items())
+    return Text(f"default dtype: {defaults.default_dtype}; {made}", style="dim")
+
+
 @table_renderer(InfoReport)
 def render_info(report: InfoReport) -> list[RenderableType]:
     floats = [d for d in report.dtypes if isinstance(d, FloatInfo)]
@@ -204,5 +237,9 @@ def render_info(report: InfoReport) -> list[RenderableType]:
         out.append(Group(*number_line(floats)))
     if ints:
         out.append(_int_table(ints))
+    if report.promotion is not None:
+        out += _promotion(report.promotion)
+    if report.defaults is not None:
+        out.append(_defaults(report.defaults))
     out.append(Text(f"measured on: {', '.join(report.measured_devices)} (torch {report.torch_version})", style="dim"))
     return out
