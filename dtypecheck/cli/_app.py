@@ -30,7 +30,10 @@ class FailOn(str, Enum):
 
 
 FormatOption = Annotated[
-    OutputFormat, typer.Option("--format", "-f", help="Output format: a rich table, or one JSON document.")
+    OutputFormat,
+    typer.Option(
+        "--format", "-f", help="table (rich), json (one document), sarif (SARIF 2.1.0) or github (annotations)."
+    ),
 ]
 OutputOption = Annotated[
     Path | None,

@@ -12,6 +12,8 @@ from typing import Any, NoReturn
 class OutputFormat(str, Enum):
     table = "table"
     json = "json"
+    sarif = "sarif"
+    github = "github"
 
 
 def _assert_never(value: NoReturn) -> NoReturn:
@@ -28,6 +30,14 @@ def render(report: Any, fmt: OutputFormat, *, color: bool = False, width: int | 
         from dtypecheck.render.json import render_json
 
         return render_json(report)
+    if fmt is OutputFormat.sarif:
+        from dtypecheck.render.sarif import render_sarif
+
+        return render_sarif(report)
+    if fmt is OutputFormat.github:
+        from dtypecheck.render.github import render_github
+
+        return render_github(report)
     _assert_never(fmt)
 
 

@@ -1,0 +1,296 @@
+"""Project configuration: ``[tool.dtypecheck]`` in ``pyproject.toml``, found from the working directory upwards.
+
+Like ruff and mypy, the nearest ``pyproject.toml`` that has a ``[tool.dtypecheck]`` table wins; ``--config FILE``
+points elsewhere (a ``pyproject.toml``, or a ``dtypecheck.toml`` whose top level is the table itself). Every key is
+validated here, so an unknown key or a bad value is a usage error naming it, before any work starts. Options given
+on the command line override the file.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dtypecheck.dtypes import lookup_available
+from dtypecheck.errors import UsageError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+LEVELS = ("fail", "warn")
+CHECKS = ("nonfinite", "overflow", "underflow", "subnormal", "scaled_underflow")
+
+
+@dataclass(frozen=True)
+class IgnoreRule:
+    """Tensors whose name matches ``pattern`` (a glob) are exempt from ``checks`` for ``targets``."""
+
+    pattern: str
+    reason: str
+    checks: tuple[str, ...] = CHECKS
+    targets: tuple[str, ...] = ()
+    """Empty: every target."""
+
+    def matches(self, tensor: str, check: str, target: str | None) -> bool:
+        if check not in self.checks or not fnmatch.fnmatchcase(tensor, self.pattern):
+            return False
+        return not self.targets or target is None or target in self.targets
+
+
+@dataclass(frozen=True)
+class ScanPolicy:
+    """How scan findings are judged: what is ignored, and how much underflow is acceptable per target."""
+
+    ignore: tuple[IgnoreRule, ...] = ()
+    max_underflow_fraction: Mapping[str, float] = field(default_factory=dict)
+    max_subnormal_fraction: Mapping[str, float] = field(default_factory=dict)
+
+    def ignored(self, tensor: str, check: str, target: str | None = None) -> IgnoreRule | None:
+        return next((rule for rule in self.ignore if rule.matches(tensor, check, target)), None)
+
+    def tolerated(self, check: str, target: str, count: int, numel: int) -> bool:
+        """True when ``count`` of ``numel`` values is within the configured fraction for ``target``."""
+        limits = {"underflow": self.max_underflow_fraction, "subnormal": self.max_subnormal_fraction}.get(check)
+        if not limits or target not in limits or numel == 0:
+            return False
+        return count <= limits[target] * numel
+
+
+@dataclass(frozen=True)
+class Config:
+    """Validated settings; ``sections`` maps a command name to its option values (CLI spelling, dashes)."""
+
+    path: Path | None
+    sections: Mapping[str, Mapping[str, Any]]
+    scan_policy: ScanPolicy = field(default_factory=ScanPolicy)
+
+    def get(self, command: str, key: str, default: Any = None) -> Any:
+        """The command's own setting, else the top-level one, else ``default``."""
+        for section in (command, ""):
+            values = self.sections.get(section, {})
+            if key in values:
+                return values[key]
+        return default
+
+
+EMPTY = Config(None, {})
+
+# --- validation ----------------------------------------------------------------------------------------
+
+Validator = Callable[[str, Any], Any]
+
+
+def _fail(where: str, message: str) -> UsageError:
+    return UsageError(f"{where}: {message}")
+
+
+def _one_of(*choices: str) -> Validator:
+    def check(where: str, value: Any) -> Any:
+        if value not in choices:
+            raise _fail(where, f"expected one of {', '.join(repr(c) for c in choices)}, got {value!r}")
+        return value
+
+    return check
+
+
+def _boolean(where: str, value: Any) -> Any:
+    if not isinstance(value, bool):
+        raise _fail(where, f"expected true or false, got {value!r}")
+    return value
+
+
+def _positive_int(where: str, value: Any) -> Any:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise _fail(where, f"expected a positive integer, got {value!r}")
+    return value
+
+
+def _fraction(where: str, value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise _fail(where, f"expected a number between 0 and 1, got {value!r}")
+    return float(value)
+
+
+def _string(where: str, value: Any) -> Any:
+    if not isinstance(value, str) or not value:
+        raise _fail(where, f"expected a non-empty string, got {value!r}")
+    return value
+
+
+def _dtype(where: str, value: Any) -> str:
+    _string(where, value)
+    try:
+        return lookup_available(value).name
+    except UsageError as exc:
+        raise _fail(where, exc.message()) from None
+
+
+def _dtype_list(where: str, value: Any) -> Any:
+    if isinstance(value, str):
+        value = [part for part in value.split(",") if part.strip()]
+    if not isinstance(value, list) or not value:
+        raise _fail(where, f"expected a list of dtype names, got {value!r}")
+    return [_dtype(f"{where}[{i}]", v) for i, v in enumerate(value)]
+
+
+def _per_target_fraction(where: str, value: Any) -> Any:
+    if not isinstance(value, dict):
+        raise _fail(where, f"expected a table of target = fraction, got {value!r}")
+    return {_dtype(f"{where}.{k}", k): _fraction(f"{where}.{k}", v) for k, v in value.items()}
+
+
+def _ignore_rules(where: str, value: Any) -> Any:
+    if not isinstance(value, list):
+        raise _fail(where, "expected an array of tables ([[...ignore]] with pattern and reason)")
+    rules = []
+    for i, entry in enumerate(value):
+        here = f"{where}[{i}]"
+        if not isinstance(entry, dict):
+            raise _fail(here, "expected a table with pattern and reason")
+        unknown = set(entry) - {"pattern", "reason", "checks", "targets"}
+        if unknown:
+            raise _fail(here, f"unknown key {sorted(unknown)[0]!r} (allowed: pattern, reason, checks, targets)")
+        if "reason" not in entry:
+            raise _fail(here, "an ignore rule needs a reason, so the next reader knows why")
+        checks = entry.get("checks", list(CHECKS))
+        if not isinstance(checks, list) or any(c not in CHECKS for c in checks):
+            raise _fail(f"{here}.checks", f"expected a list drawn from {', '.join(CHECKS)}, got {checks!r}")
+        targets = _dtype_list(f"{here}.targets", entry["targets"]) if "targets" in entry else []
+        rules.append(
+            IgnoreRule(
+                _string(f"{here}.pattern", entry.get("pattern")),
+                _string(f"{here}.reason", entry["reason"]),
+                tuple(checks),
+                tuple(targets),
+            )
+        )
+    return tuple(rules)
+
+
+COMMON_KEYS: dict[str, Validator] = {
+    "fail-on": _one_of(*LEVELS),
+    "format": _one_of("table", "json", "sarif", "github"),
+    "quiet": _boolean,
+}
+SECTION_KEYS: dict[str, dict[str, Validator]] = {
+    "": COMMON_KEYS,
+    "info": {**COMMON_KEYS},
+    "scan-model": {
+        **COMMON_KEYS,
+        "targets": _dtype_list,
+        "all": _boolean,
+        "ignore": _ignore_rules,
+        "max-underflow-fraction": _per_target_fraction,
+        "max-subnormal-fraction": _per_target_fraction,
+        "baseline": _string,
+    },
+    "nan-trace": {
+        **COMMON_KEYS,
+        "warn-frac": _fraction,
+        "history": _positive_int,
+        "steps": _positive_int,
+        "keep-going": _boolean,
+        "autocast": _one_of("float16", "bfloat16", "fp16", "bf16"),
+        "device": _string,
+    },
+    "estimate-memory": {
+        **COMMON_KEYS,
+        "dtypes": _dtype_list,
+        "optimizer": _string,
+        "world-size": _positive_int,
+        "strategy": _one_of("none", "ddp", "zero1", "zero2", "zero3", "fsdp"),
+        "batch-size": _positive_int,
+        "seq-len": _positive_int,
+    },
+}
+
+
+def validate(table: Mapping[str, Any], origin: str) -> Config:
+    """Validate a ``[tool.dtypecheck]`` table; ``origin`` names the file in messages."""
+    sections: dict[str, dict[str, Any]] = {"": {}}
+    for key, value in table.items():
+        where = f"{origin}: [tool.dtypecheck] {key}"
+        if key in SECTION_KEYS and key != "":
+            if not isinstance(value, dict):
+                raise _fail(where, "expected a table")
+            allowed = SECTION_KEYS[key]
+            checked: dict[str, Any] = {}
+            for sub, sub_value in value.items():
+                if sub not in allowed:
+                    raise _fail(
+                        f"{origin}: [tool.dtypecheck.{key}]",
+                        f"unknown key {sub!r} (allowed: {', '.join(sorted(allowed))})",
+                    )
+                checked[sub] = allowed[sub](f"{origin}: [tool.dtypecheck.{key}] {sub}", sub_value)
+            sections[key] = checked
+        elif key in COMMON_KEYS:
+            sections[""][key] = COMMON_KEYS[key](where, value)
+        else:
+            known = sorted(set(COMMON_KEYS) | {k for k in SECTION_KEYS if k})
+            raise _fail(f"{origin}: [tool.dtypecheck]", f"unknown key {key!r} (allowed: {', '.join(known)})")
+    scan = sections.get("scan-model", {})
+    policy = ScanPolicy(
+        ignore=scan.get("ignore", ()),
+        max_underflow_fraction=scan.get("max-underflow-fraction", {}),
+        max_subnormal_fraction=scan.get("max-subnormal-fraction", {}),
+    )
+    return Config(Path(origin), sections, policy)
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            document: dict[str, Any] = tomllib.load(handle)
+            return document
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path}: not valid TOML ({exc})") from None
+    except OSError as exc:
+        raise UsageError(f"cannot read config {path}: {exc.strerror or exc}") from None
+
+
+def _table_of(path: Path, document: dict[str, Any]) -> dict[str, Any] | None:
+    if path.name == "pyproject.toml":
+        tool = document.get("tool", {})
+        found = tool.get("dtypecheck") if isinstance(tool, dict) else None
+        if found is not None and not isinstance(found, dict):
+            raise UsageError(f"{path}: [tool.dtypecheck] must be a table")
+        return found
+    return document.get("tool", {}).get("dtypecheck", document) if "tool" in document else document
+
+
+def find_config(start: Path | None = None) -> Path | None:
+    """The nearest ``pyproject.toml`` with a ``[tool.dtypecheck]`` table, from ``start`` upwards."""
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        candidate = folder / "pyproject.toml"
+        if candidate.is_file():
+            try:
+                with candidate.open("rb") as handle:
+                    document = tomllib.load(handle)
+            except (OSError, tomllib.TOMLDecodeError):
+                continue  # someone else's broken pyproject is not ours to judge unless it has our table
+            if isinstance(document.get("tool"), dict) and "dtypecheck" in document["tool"]:
+                return candidate
+    return None
+
+
+def load_config(explicit: Path | None = None, start: Path | None = None) -> Config:
+    """Load and validate the configuration; ``EMPTY`` when there is none."""
+    if explicit is not None:
+        if not explicit.is_file():
+            raise UsageError(f"--config {explicit}: no such file")
+        table = _table_of(explicit, _read_toml(explicit))
+        if table is None:
+            raise UsageError(f"--config {explicit}: no [tool.dtypecheck] table in it")
+        return validate(table, str(explicit))
+    found = find_config(start)
+    if found is None:
+        return EMPTY
+    table = _table_of(found, _read_toml(found)) or {}
+    return validate(table, str(found))

