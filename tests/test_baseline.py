@@ -1,0 +1,76 @@
+"""Baselines: gate only on what is new or worse since an earlier scan."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dtypecheck.baseline import compare, load_baseline
+from dtypecheck.errors import InputError
+
+
+def _doc(*tensors: dict[str, Any], findings: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"schema": "dtypecheck.scan/1", "tensors": list(tensors), "findings": findings or []}
+
+
+def _tensor(name: str, *, nan: int = 0, underflow: int = 0, overflow: int = 0, level: str = "warn") -> dict[str, Any]:
+    cast = {"overflow": overflow, "underflow": underflow, "subnormal": 0, "level": level}
+    return {"name": name, "nan": nan, "posinf": 0, "neginf": 0, "casts": {"float16": cast}}
+
+
+def test_unchanged_findings_do_not_gate() -> None:
+    old = _doc(_tensor("a", underflow=3))
+    result = compare(_doc(_tensor("a", underflow=3)), old)
+    assert result.level == "ok"
+    assert [(c.check, c.state) for c in result.changes] == [("underflow:float16", "unchanged")]
+
+
+def test_new_and_worse_gate_at_their_level() -> None:
+    old = _doc(_tensor("a", underflow=3), _tensor("b", underflow=1))
+    new = _doc(_tensor("a", underflow=5), _tensor("b", underflow=1), _tensor("c", overflow=1, level="fail"))
+    result = compare(new, old)
+    states = {(c.tensor, c.check): c.state for c in result.changes}
+    assert states == {
+        ("a", "underflow:float16"): "worse",
+        ("b", "underflow:float16"): "unchanged",
+        ("c", "overflow:float16"): "new",
+    }
+    assert result.level == "fail"
+    assert result.counts == {"new": 1, "worse": 1, "unchanged": 1, "improved": 0, "fixed": 0}
+
+
+def test_fixed_and_improved_are_reported_but_pass() -> None:
+    old = _doc(_tensor("a", nan=2), _tensor("b", underflow=9))
+    result = compare(_doc(_tensor("a"), _tensor("b", underflow=4)), old)
+    assert {(c.tensor, c.check, c.state) for c in result.changes} == {
+        ("a", "nonfinite", "fixed"),
+        ("b", "underflow:float16", "improved"),
+    }
+    assert result.level == "ok"
+
+
+def test_failing_scan_passes_with_its_own_baseline_and_fails_again_when_it_worsens() -> None:
+    failing = _doc(_tensor("w", nan=1), findings=[{"kind": "pickle-global", "level": "fail", "detail": "os.system"}])
+    assert compare(failing, _doc()).level == "fail"
+    assert compare(failing, failing).level == "ok"
+    worse = _doc(_tensor("w", nan=2), findings=failing["findings"])
+    assert compare(worse, failing).level == "fail"
+
+
+def test_checks_the_policy_downgraded_to_ok_are_not_gated() -> None:
+    assert compare(_doc(_tensor("a", underflow=3, level="ok")), _doc()).changes == ()
+
+
+def test_load_baseline_rejects_what_is_not_a_scan_report(tmp_path: Path) -> None:
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(_doc()))
+    assert load_baseline(good)["schema"] == "dtypecheck.scan/1"
+    for name, body in [("bad.json", "{"), ("info.json", json.dumps({"schema": "dtypecheck.info/1"}))]:
+        (tmp_path / name).write_text(body)
+        with pytest.raises(InputError):
+            load_baseline(tmp_path / name)
+    with pytest.raises(InputError, match="no such file"):
+        load_baseline(tmp_path / "missing.json")
