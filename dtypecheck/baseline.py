@@ -86,7 +86,7 @@ def compare(current: Mapping[str, Any], baseline: Mapping[str, Any], source: str
             changes.append(Change(key[0], key[1], count, 0, "fixed", level))
     gated = [c.level for c in changes if c.state in ("new", "worse")]
     level = max(gated, key=_LEVEL_ORDER.__getitem__, default="ok")
-    counts = {state: sum(1 for c in changes if c.state == state) for state in STATES}
+    counts: dict[str, int] = {state: sum(1 for c in changes if c.state == state) for state in STATES}
     return BaselineComparison(source, tuple(changes), counts, level)
 
 
