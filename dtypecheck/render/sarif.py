@@ -10,7 +10,6 @@ from dtypecheck import __version__
 from dtypecheck.diagnostics import RULES, Diagnostic, diagnostics
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
-INFORMATION_URI = "https://pypi.org/project/dtypecheck/"
 _SARIF_LEVEL = {"fail": "error", "warn": "warning", "note": "note"}
 _BASELINE_STATE = {"new": "new", "worse": "updated", "unchanged": "unchanged", "fixed": "absent"}
 
@@ -64,7 +63,6 @@ def sarif_log(document: dict[str, Any]) -> dict[str, Any]:
             "driver": {
                 "name": "dtypecheck",
                 "version": __version__,
-                "informationUri": INFORMATION_URI,
                 "rules": rules,
             }
         },
