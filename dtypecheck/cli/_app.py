@@ -6,13 +6,18 @@ import os
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
 
 import typer
 
 from dtypecheck import __version__
 from dtypecheck.errors import ExitCode
 from dtypecheck.render import OutputFormat, render, write_atomically
+
+if TYPE_CHECKING:
+    from dtypecheck.config import Config
+
+T = TypeVar("T")
 
 app = typer.Typer(
     name="dtypecheck",
@@ -43,7 +48,33 @@ QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="No progress ba
 TracebackOption = Annotated[
     bool, typer.Option("--traceback", help="Show the full Python traceback on errors (or DTYPECHECK_TRACEBACK=1).")
 ]
-FailOnOption = Annotated[FailOn, typer.Option("--fail-on", help="Lowest level that makes the exit code 1 (findings).")]
+FailOnOption = Annotated[
+    FailOn | None,
+    typer.Option("--fail-on", help="Lowest level that makes the exit code 1 (findings): fail (default) or warn."),
+]
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        help="Read [tool.dtypecheck] from FILE instead of the nearest pyproject.toml above the working directory.",
+        dir_okay=False,
+    ),
+]
+
+
+def project_config(explicit: Path | None) -> Config:
+    """The validated project configuration (``EMPTY`` when there is none); bad keys are usage errors."""
+    from dtypecheck.config import load_config
+
+    return load_config(explicit)
+
+
+def pick(value: T | None, config: Config, command: str, key: str, default: T) -> T:
+    """A command-line value wins; else the config's (the command's section, then the top level); else default."""
+    if value is not None:
+        return value
+    configured = config.get(command, key)
+    return default if configured is None else cast(T, configured)
 
 
 def _version_callback(value: bool) -> None:
@@ -83,8 +114,8 @@ def emit(report: Any, fmt: OutputFormat, output: Path | None, *, quiet: bool) ->
     sys.stdout.flush()
 
 
-def level_exit_code(level: str, fail_on: FailOn) -> ExitCode:
-    """Findings exit 1 when the report's level reaches ``--fail-on``."""
-    if level == "fail" or (level == "warn" and fail_on is FailOn.warn):
+def level_exit_code(level: str, fail_on: FailOn | str | None) -> ExitCode:
+    """Findings exit 1 when the report's level reaches ``--fail-on`` (``fail`` when not given)."""
+    if level == "fail" or (level == "warn" and FailOn(fail_on or "fail") is FailOn.warn):
         return ExitCode.FINDINGS
     return ExitCode.OK
