@@ -3,6 +3,28 @@
 A loader never materialises a whole checkpoint. ``TensorRecord.source`` reads the tensor's bytes on demand
 (usually from a memory map of the file), so a scanner can walk a 1 GiB tensor in 64 MiB chunks and a 100 GB
 sharded checkpoint one tensor at a time.
+
+How to consume a checkpoint:
+
+- ``open_checkpoint(target)`` parses headers only (safetensors JSON, torch pickles through the safe unpickler,
+  GGUF headers, shard indexes, ``torch.distributed.checkpoint`` metadata) and checks every offset, length and
+  shape against the file sizes, so a bad file fails here with ``InputError``, never halfway through a scan.
+  ``records()`` yields every tensor's name, dtype and shape without reading any tensor data, so it is also the
+  cheap path for memory estimates. ``records()`` may be iterated more than once. (A ``file.py:factory`` target
+  is the exception: opening it runs the user's file and factory.)
+- Data is read only through ``record.source.iter_chunks(max_bytes)``, after ``open_checkpoint`` and before
+  ``close()``. ``source`` is ``None`` only when the data cannot be read at all (a meta-device parameter of a
+  live model, a GGUF block-quantized tensor without the ``gguf`` package; a finding says so). A zero-size tensor
+  has a source that yields no chunks.
+- ``record.saved_device`` is the device the tensor was saved from (``"cpu"``, ``"cuda:0"`` for a GPU-saved torch
+  file), or ``None`` where the format does not say (safetensors, GGUF). Data is always read on the CPU.
+- Parallel scanning: ``checkpoint.parts()`` returns independent sub-checkpoints (one per shard file of a sharded
+  folder; ``[checkpoint]`` itself for a single file). Each part may be consumed in its own thread (its own
+  ``records()`` and sources; the memory maps are read-only). Their records together are exactly
+  ``checkpoint.records()``. Do not close parts; close the parent once, after every thread is done.
+- ``checkpoint.findings`` is complete as soon as ``open_checkpoint`` returns, and for a sharded checkpoint it
+  already includes every part's findings (deduplicated): read the parent's, not the parts'.
+- ``close()`` unmaps the files; chunks still referenced keep their map alive until they are freed.
 """
 
 from __future__ import annotations
@@ -60,12 +82,29 @@ class Finding:
 
 
 class Checkpoint(Protocol):
-    """An opened checkpoint. ``records()`` may be called once; ``findings`` is complete after it is exhausted."""
+    """An opened checkpoint (see the module docstring for how to consume one)."""
 
-    source: str
-    format: str
-    findings: list[Finding]
+    @property
+    def source(self) -> str:
+        """The path (or ``file.py:factory``) it was opened from."""
+        ...
+
+    @property
+    def format(self) -> str:
+        """``safetensors``, ``torch-zip``, ``torch-legacy``, ``hf-sharded``, ``folder``, ``torch-dcp``, ``gguf``
+        or ``live-model``."""
+        ...
+
+    @property
+    def findings(self) -> list[Finding]:
+        """Non-numeric findings: ``pickle-global`` (detail ``module.name``), ``missing-shard``,
+        ``index-mismatch``, ``index-total-size``, ``unsupported-tensor``, ``gguf-quantized``..."""
+        ...
 
     def records(self) -> Iterator[TensorRecord]: ...
+
+    def parts(self) -> list[Checkpoint]:
+        """Independent sub-checkpoints that may be scanned in parallel threads (``[self]`` for a single file)."""
+        ...
 
     def close(self) -> None: ...

@@ -7,19 +7,16 @@ anything is read, and the data is memory-mapped so a tensor is read in chunks.
 from __future__ import annotations
 
 import json
-import mmap
 import struct
-import warnings
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from dtypecheck.errors import InputError
-from dtypecheck.loaders.base import Finding, TensorRecord
-
-if TYPE_CHECKING:
-    import torch
+from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord
+from dtypecheck.loaders.mapped import EMPTY_SOURCE, FileMap, MappedSource
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
 
@@ -54,29 +51,12 @@ def looks_like_safetensors(head: bytes, file_size: int) -> bool:
     return 0 < length <= min(MAX_HEADER_BYTES, file_size - 8) and head[8:9] == b"{"
 
 
-@dataclass(frozen=True)
-class MappedSource:
-    """A byte range of a memory-mapped file, viewed as a flat tensor of one dtype."""
-
-    buffer: mmap.mmap
-    offset: int
-    nbytes: int
-    dtype: str
-
-    def iter_chunks(self, max_bytes: int) -> Iterator[torch.Tensor]:
-        import torch
-
-        torch_dtype = getattr(torch, self.dtype)
-        itemsize = torch.empty((), dtype=torch_dtype).element_size()
-        step = max(itemsize, (max_bytes // itemsize) * itemsize)
-        for start in range(0, self.nbytes, step):
-            length = min(step, self.nbytes - start)
-            view = memoryview(self.buffer)[self.offset + start : self.offset + start + length]
-            with warnings.catch_warnings():
-                # The map is read-only and we never write through the tensor; torch warns regardless.
-                warnings.simplefilter("ignore", UserWarning)
-                chunk = torch.frombuffer(view, dtype=torch.uint8)
-            yield chunk.view(torch_dtype)
+def truncated_safetensors_header(head: bytes, file_size: int) -> int | None:
+    """The declared header length when ``head`` starts like safetensors but the file ends inside the header."""
+    if len(head) < 9 or head[8:9] != b"{":
+        return None
+    (length,) = struct.unpack("<Q", head[:8])
+    return length if file_size - 8 < length <= MAX_HEADER_BYTES else None
 
 
 @dataclass
@@ -87,8 +67,7 @@ class SafetensorsCheckpoint:
     findings: list[Finding] = field(default_factory=list)
     metadata: dict[str, str] = field(default_factory=dict)
     _entries: list[tuple[str, str, tuple[int, ...], int, int]] = field(default_factory=list)
-    _file: object = None
-    _map: mmap.mmap | None = None
+    _map: FileMap | None = None
 
     def __post_init__(self) -> None:
         self.source = str(self.path)
@@ -102,8 +81,8 @@ class SafetensorsCheckpoint:
                 raise InputError(f"{self.path}: safetensors header length {length} exceeds the file or the limit")
             raw = handle.read(length)
         try:
-            header = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            header = json.loads(raw, object_pairs_hook=_no_duplicate_keys)
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise InputError(f"{self.path}: malformed safetensors header ({exc})") from None
         if not isinstance(header, dict):
             raise InputError(f"{self.path}: safetensors header is not a JSON object")
@@ -116,6 +95,10 @@ class SafetensorsCheckpoint:
                 continue
             self._entries.append(self._check_entry(name, entry, data_start, data_size))
         self._entries.sort(key=lambda e: e[3])
+        for before, after in zip(self._entries, self._entries[1:], strict=False):
+            if before[3] + before[4] > after[3]:
+                raise InputError(f"{self.path}: tensors {before[0]!r} and {after[0]!r} overlap in the file")
+        self._map = FileMap(self.path) if size > 8 + length else None
 
     def _check_entry(
         self, name: str, entry: object, data_start: int, data_size: int
@@ -125,12 +108,14 @@ class SafetensorsCheckpoint:
         code, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
         if code not in ST_DTYPES:
             raise InputError(f"{self.path}: tensor {name!r} has unknown safetensors dtype {code!r}")
-        if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
+        if not isinstance(shape, list) or not all(
+            isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape
+        ):
             raise InputError(f"{self.path}: tensor {name!r} has a malformed shape {shape!r}")
         if (
             not isinstance(offsets, list)
             or len(offsets) != 2
-            or not all(isinstance(o, int) for o in offsets)
+            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
             or not 0 <= offsets[0] <= offsets[1] <= data_size
         ):
             raise InputError(f"{self.path}: tensor {name!r} has data offsets {offsets!r} outside the file")
@@ -141,7 +126,7 @@ class SafetensorsCheckpoint:
         bits = {"float4_e2m1fn_x2": 4, "bool": 8}.get(dtype)
         import torch
 
-        itemsize_bits = bits if bits is not None else torch.empty((), dtype=getattr(torch, dtype)).element_size() * 8
+        itemsize_bits = bits if bits is not None else getattr(torch, dtype).itemsize * 8
         expected = (numel * itemsize_bits + 7) // 8
         if offsets[1] - offsets[0] != expected:
             raise InputError(
@@ -151,19 +136,22 @@ class SafetensorsCheckpoint:
         return name, dtype, tuple(shape), data_start + offsets[0], offsets[1] - offsets[0]
 
     def records(self) -> Iterator[TensorRecord]:
-        if self._map is None and self._entries and any(e[4] for e in self._entries):
-            handle = self.path.open("rb")
-            self._file = handle
-            self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        buffer = self._map.buffer if self._map is not None else None
         for name, dtype, shape, offset, nbytes in self._entries:
-            source = MappedSource(self._map, offset, nbytes, dtype) if self._map is not None and nbytes else None
+            source = MappedSource(buffer, offset, nbytes, dtype) if buffer is not None else EMPTY_SOURCE
             yield TensorRecord(name, dtype, shape, nbytes, source)
+
+    def parts(self) -> list[Checkpoint]:
+        return [self]
 
     def close(self) -> None:
         if self._map is not None:
             self._map.close()
-            self._map = None
-        handle = self._file
-        if handle is not None:
-            handle.close()  # type: ignore[attr-defined]
-            self._file = None
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        counts = Counter(key for key, _ in pairs)
+        raise ValueError(f"duplicate key {next(key for key, count in counts.items() if count > 1)!r}")
+    return result

@@ -1,0 +1,175 @@
+"""Checkpoints made of several files: Hugging Face sharded folders (``*.index.json``) and model folders.
+
+A sharded checkpoint is a ``CompositeCheckpoint`` whose ``parts()`` are the shard files, each opened by content,
+so a scanner can read shards in parallel. The index is checked against the shards' own headers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from dtypecheck.errors import InputError
+from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord
+from dtypecheck.loaders.pickle_globals import worst_first
+
+MAX_INDEX_BYTES = 64 * 1024 * 1024
+INDEX_PREFERENCE = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+SAME_WEIGHTS = (("model.safetensors", "pytorch_model.bin"), ("adapter_model.safetensors", "adapter_model.bin"))
+"""Hugging Face folders often hold the same weights twice; the safetensors copy is read."""
+OpenFile = Callable[[Path], Checkpoint]
+
+
+class CompositeCheckpoint:
+    """Several part checkpoints read as one; ``findings`` holds its own plus every part's, deduplicated."""
+
+    def __init__(self, source: str, format: str, parts: list[Checkpoint], own_findings: list[Finding]) -> None:
+        self.source = source
+        self.format = format
+        self._parts = parts
+        self._own = own_findings
+
+    @property
+    def findings(self) -> list[Finding]:
+        merged: dict[tuple[str, str, str, str | None], Finding] = {}
+        for finding in [*self._own, *(f for part in self._parts for f in part.findings)]:
+            merged.setdefault((finding.kind, finding.level, finding.detail, finding.tensor), finding)
+        return worst_first(list(merged.values()))
+
+    def records(self) -> Iterator[TensorRecord]:
+        for part in self._parts:
+            yield from part.records()
+
+    def parts(self) -> list[Checkpoint]:
+        return list(self._parts)
+
+    def close(self) -> None:
+        for part in self._parts:
+            part.close()
+
+
+def open_folder(folder: Path, open_file: OpenFile, sniff: Callable[[Path], bool]) -> Checkpoint:
+    """A folder holding an index with its shards, or one or more checkpoint files."""
+    indexes = sorted(folder.glob("*.index.json"))
+    if indexes:
+        preferred = [folder / name for name in INDEX_PREFERENCE if (folder / name).is_file()]
+        return open_sharded(preferred[0] if preferred else indexes[0], open_file)
+    files = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".") and sniff(p))
+    if not files:
+        raise InputError(f"{folder}: no checkpoint found in this folder")
+    names = {p.name for p in files}
+    for safetensors, duplicate in SAME_WEIGHTS:
+        if safetensors in names:
+            files = [p for p in files if p.name != duplicate]
+    if len(files) == 1:
+        return open_file(files[0])
+    # Several files (a Trainer checkpoint: model, optimizer, scheduler...): each file's names get its stem as a
+    # prefix, so the optimizer's tensors read "optimizer.state.0.exp_avg_sq".
+    stems = [p.stem for p in files]
+    prefixes = stems if len(set(stems)) == len(stems) else [p.name for p in files]
+    parts: list[Checkpoint] = [
+        PrefixedCheckpoint(part, prefix + ".")
+        for part, prefix in zip(_open_all(files, open_file), prefixes, strict=True)
+    ]
+    return CompositeCheckpoint(str(folder), "folder", parts, [])
+
+
+class PrefixedCheckpoint:
+    """A part of a folder whose tensor names are prefixed with the file's stem."""
+
+    def __init__(self, inner: Checkpoint, prefix: str) -> None:
+        self.inner = inner
+        self.prefix = prefix
+        self.source = inner.source
+        self.format = inner.format
+
+    @property
+    def findings(self) -> list[Finding]:
+        return [replace(f, tensor=self.prefix + f.tensor) if f.tensor is not None else f for f in self.inner.findings]
+
+    def records(self) -> Iterator[TensorRecord]:
+        for record in self.inner.records():
+            yield replace(record, name=self.prefix + record.name)
+
+    def parts(self) -> list[Checkpoint]:
+        return [self]
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def _open_all(paths: list[Path], open_file: OpenFile) -> list[Checkpoint]:
+    opened: list[Checkpoint] = []
+    try:
+        for path in paths:
+            opened.append(open_file(path))
+    except BaseException:
+        for part in opened:
+            part.close()
+        raise
+    return opened
+
+
+def _read_index(index: Path) -> tuple[dict[str, str], Any]:
+    if index.stat().st_size > MAX_INDEX_BYTES:
+        raise InputError(f"{index}: index file larger than {MAX_INDEX_BYTES} bytes")
+    try:
+        document = json.loads(index.read_bytes())
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise InputError(f"{index}: malformed index JSON ({exc})") from None
+    weight_map = document.get("weight_map") if isinstance(document, dict) else None
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+    ):
+        raise InputError(f"{index}: index has no weight_map of tensor name -> shard file")
+    metadata = document.get("metadata")
+    total_size = metadata.get("total_size") if isinstance(metadata, dict) else None
+    return weight_map, total_size
+
+
+def open_sharded(index: Path, open_file: OpenFile) -> Checkpoint:
+    """A Hugging Face sharded checkpoint; the index is checked against what the shards hold."""
+    folder = index.parent
+    weight_map, total_size = _read_index(index)
+    findings: list[Finding] = []
+    shard_names: dict[str, list[str]] = {}
+    for tensor, shard in weight_map.items():
+        shard_names.setdefault(shard, []).append(tensor)
+    shards: list[str] = []
+    for shard in sorted(shard_names):
+        path = folder / shard
+        inside = not Path(shard).is_absolute() and ".." not in Path(shard).parts
+        if not inside:
+            findings.append(Finding("missing-shard", "fail", f"index names a shard outside the folder: {shard}"))
+        elif not path.is_file():
+            findings.append(
+                Finding("missing-shard", "fail", f"{shard} missing ({len(shard_names[shard])} tensors not scanned)")
+            )
+        else:
+            shards.append(shard)
+    parts = _open_all([folder / shard for shard in shards], open_file)
+    real_total = 0
+    for shard, part in zip(shards, parts, strict=True):
+        listed = set(shard_names[shard])
+        present: set[str] = set()
+        for record in part.records():
+            present.add(record.name)
+            real_total += record.nbytes
+            if record.name not in weight_map:
+                findings.append(Finding("index-mismatch", "warn", f"not in the index, found in {shard}", record.name))
+            elif weight_map[record.name] != shard:
+                where = f"index says {weight_map[record.name]}, found in {shard}"
+                findings.append(Finding("index-mismatch", "warn", where, record.name))
+        findings.extend(
+            Finding("index-mismatch", "fail", f"in the index but not in {shard}", name)
+            for name in sorted(listed - present)
+        )
+    complete = len(shards) == len(shard_names)
+    if complete and isinstance(total_size, int) and not isinstance(total_size, bool) and total_size != real_total:
+        findings.append(
+            Finding("index-total-size", "warn", f"index metadata.total_size {total_size} != {real_total} bytes")
+        )
+    return CompositeCheckpoint(str(folder), "hf-sharded", parts, findings)

@@ -1,0 +1,200 @@
+"""Memory-mapped byte ranges: bounded reads for parsers, and tensor sources that read data in chunks.
+
+Every loader maps its file once (mapping reads nothing) and hands out views of it, so a 1 GiB tensor is walked
+in ``max_bytes`` chunks and the process's private memory stays small whatever the checkpoint's size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import mmap
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dtypecheck.errors import InputError
+
+if TYPE_CHECKING:
+    import torch
+
+    from dtypecheck.loaders.base import TensorSource
+
+
+class FileMap:
+    """A read-only map of a whole file, closed with the checkpoint that opened it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        with path.open("rb") as handle:
+            self.size = path.stat().st_size
+            if self.size == 0:
+                raise InputError(f"{path}: empty file")
+            self.buffer = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+
+    def close(self) -> None:
+        # A caller may still hold a chunk viewing the map; it is unmapped when that chunk is freed.
+        with contextlib.suppress(BufferError):
+            self.buffer.close()
+
+
+class Window(io.RawIOBase):
+    """A read-only file object over ``buffer[start:start+length]`` whose reads never go past the window.
+
+    Parsers (``zipfile``, ``pickletools``) believe lengths written in the file; here a length larger than what is
+    left simply returns less, so a hostile length cannot make anyone allocate it.
+    """
+
+    def __init__(self, buffer: mmap.mmap | bytes, start: int, length: int) -> None:
+        super().__init__()
+        self.buffer = buffer
+        self.start = start
+        self.length = length
+        self.pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self.pos, 2: self.length}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
+
+    def read(self, size: int | None = -1) -> bytes:
+        remaining = max(0, self.length - self.pos)
+        count = remaining if size is None or size < 0 else min(size, remaining)
+        begin = self.start + self.pos
+        self.pos += count
+        return bytes(self.buffer[begin : begin + count])
+
+    def readinto(self, target: bytearray | memoryview) -> int:  # type: ignore[override]
+        data = self.read(len(target))
+        target[: len(data)] = data
+        return len(data)
+
+    def readline(self, size: int | None = -1) -> bytes:
+        limit = max(0, self.length - self.pos) if size is None or size < 0 else min(size, self.length - self.pos)
+        begin = self.start + self.pos
+        found = self.buffer.find(b"\n", begin, begin + limit)
+        count = limit if found < 0 else found - begin + 1
+        return self.read(count)
+
+
+def itemsize_of(dtype: str) -> int:
+    import torch
+
+    size: int = getattr(torch, dtype).itemsize
+    return size
+
+
+def _frombuffer(buffer: mmap.mmap, offset: int, nbytes: int, dtype: str) -> torch.Tensor:
+    import torch
+
+    view = memoryview(buffer)[offset : offset + nbytes]
+    with warnings.catch_warnings():
+        # The map is read-only and we never write through the tensor; torch warns regardless.
+        warnings.simplefilter("ignore", UserWarning)
+        chunk = torch.frombuffer(view, dtype=torch.uint8)
+    return chunk.view(getattr(torch, dtype))
+
+
+@dataclass(frozen=True)
+class MappedSource:
+    """A contiguous byte range of a mapped file, read as a flat tensor of one dtype."""
+
+    buffer: mmap.mmap
+    offset: int
+    nbytes: int
+    dtype: str
+
+    def iter_chunks(self, max_bytes: int) -> Iterator[torch.Tensor]:
+        itemsize = itemsize_of(self.dtype)
+        step = max(itemsize, (max_bytes // itemsize) * itemsize)
+        for start in range(0, self.nbytes, step):
+            yield _frombuffer(self.buffer, self.offset + start, min(step, self.nbytes - start), self.dtype)
+
+
+@dataclass(frozen=True)
+class StridedSource:
+    """A non-contiguous view (strides, storage offset) of a mapped storage, yielded in logical order.
+
+    Each chunk is a copy of at most ``max_bytes``, gathered with ``torch.as_strided`` from the map.
+    """
+
+    buffer: mmap.mmap
+    storage_offset: int
+    storage_nbytes: int
+    dtype: str
+    element_offset: int
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+
+    def iter_chunks(self, max_bytes: int) -> Iterator[torch.Tensor]:
+        import torch
+
+        itemsize = itemsize_of(self.dtype)
+        usable = (self.storage_nbytes // itemsize) * itemsize
+        base = _frombuffer(self.buffer, self.storage_offset, usable, self.dtype)
+        view = torch.as_strided(base, self.shape, self.stride, self.element_offset)
+        yield from _ordered_chunks(view, max(1, max_bytes // itemsize))
+
+
+def _ordered_chunks(view: torch.Tensor, max_elements: int) -> Iterator[torch.Tensor]:
+    total = view.numel()
+    if total == 0:
+        return
+    if total <= max_elements or view.dim() == 0:
+        yield view.reshape(-1).contiguous()
+        return
+    rows = view.shape[0]
+    per_row = total // rows
+    if per_row <= max_elements:
+        step = max_elements // per_row
+        for begin in range(0, rows, step):
+            yield view[begin : begin + step].reshape(-1).contiguous()
+    else:
+        for row in range(rows):
+            yield from _ordered_chunks(view[row], max_elements)
+
+
+@dataclass(frozen=True)
+class ChainSource:
+    """Several sources read one after the other (a tensor stored as several chunks)."""
+
+    parts: tuple[TensorSource, ...]
+
+    def iter_chunks(self, max_bytes: int) -> Iterator[torch.Tensor]:
+        for part in self.parts:
+            yield from part.iter_chunks(max_bytes)
+
+
+@dataclass(frozen=True)
+class LiveSource:
+    """A tensor already in memory (a live model's parameter), read in chunks and copied to the CPU."""
+
+    tensor: torch.Tensor
+
+    def iter_chunks(self, max_bytes: int) -> Iterator[torch.Tensor]:
+        flat = self.tensor.detach().reshape(-1)
+        step = max(1, max_bytes // max(1, flat.element_size()))
+        for begin in range(0, flat.numel(), step):
+            yield flat[begin : begin + step].cpu()
+
+
+@dataclass(frozen=True)
+class EmptySource:
+    """The data of a zero-size tensor: no chunks."""
+
+    def iter_chunks(self, max_bytes: int) -> Iterator[torch.Tensor]:
+        return iter(())
+
+
+EMPTY_SOURCE = EmptySource()

@@ -1,0 +1,208 @@
+"""torch zip checkpoints (``torch.save``'s default since 1.6): ``<prefix>/data.pkl`` plus one stored (uncompressed)
+entry ``<prefix>/data/<key>`` per storage.
+
+``zipfile`` reads only the central directory; each storage's data offset is computed from its local file header
+and checked against the archive's bounds, then the storage is read through the file's memory map.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dtypecheck.errors import InputError
+from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord, TensorSource
+from dtypecheck.loaders.mapped import FileMap, MappedSource, StridedSource, Window, itemsize_of
+from dtypecheck.loaders.pickle_globals import global_findings, worst_first
+from dtypecheck.loaders.pickle_vm import unpickle
+from dtypecheck.loaders.torch_objects import (
+    StorageRef,
+    TensorRef,
+    collect_tensors,
+    storage_from_pid,
+    torch_call,
+    torch_dtype_available,
+)
+
+LOCAL_HEADER = struct.Struct("<4s22xHH")
+MAX_PICKLE_BYTES = 1 << 30
+"""A checkpoint's pickle describes tensors in ~40 bytes each; a gigabyte of it is not a real checkpoint."""
+MAX_ZIP_ENTRIES = 2_000_000
+"""One entry per storage; ``zipfile`` keeps ~0.5 KB per entry, so this bounds its memory near 1 GB."""
+EXPANSION_LIMIT = 64
+"""A view may show more elements than its storage holds (stride 0), but not this many times the file's bytes."""
+
+
+@dataclass(frozen=True)
+class ZipEntry:
+    offset: int
+    """Absolute offset of the entry's data in the mapped buffer."""
+    size: int
+
+
+def read_zip_entries(buffer: mmap.mmap, start: int, length: int, where: str) -> dict[str, ZipEntry]:
+    """Names -> data ranges of a zip held in ``buffer[start:start+length]``, each range checked to lie inside."""
+    try:
+        _check_entry_count(Window(buffer, start, length), where)
+        with zipfile.ZipFile(Window(buffer, start, length)) as archive:
+            infos = archive.infolist()
+    except (
+        zipfile.BadZipFile,
+        zipfile.LargeZipFile,
+        NotImplementedError,  # "zip file version 22.1": a corrupt version field
+        OSError,
+        ValueError,
+        OverflowError,
+        IndexError,
+        KeyError,
+        struct.error,
+        EOFError,
+    ) as exc:
+        raise InputError(f"{where}: corrupt zip archive ({exc})") from None
+    entries: dict[str, ZipEntry] = {}
+    for info in infos:
+        if info.flag_bits & 0x1:
+            raise InputError(f"{where}: zip entry {info.filename!r} is encrypted")
+        header_at = info.header_offset
+        if not 0 <= header_at <= length - LOCAL_HEADER.size:
+            raise InputError(f"{where}: zip entry {info.filename!r} points outside the archive")
+        signature, name_length, extra_length = LOCAL_HEADER.unpack(
+            buffer[start + header_at : start + header_at + LOCAL_HEADER.size]
+        )
+        if signature != b"PK\x03\x04":
+            raise InputError(f"{where}: zip entry {info.filename!r} has no local header (corrupt zip)")
+        data_at = header_at + LOCAL_HEADER.size + name_length + extra_length
+        if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
+            entries[info.filename] = ZipEntry(-1, info.file_size)  # compressed: usable only if never read
+            continue
+        if data_at + info.file_size > length:
+            raise InputError(f"{where}: zip entry {info.filename!r} runs past the end of the file (truncated?)")
+        entries[info.filename] = ZipEntry(start + data_at, info.file_size)
+    return entries
+
+
+def _check_entry_count(window: Window, where: str) -> None:
+    """Refuse a central directory listing millions of entries before ``zipfile`` builds an object for each."""
+    end_record = getattr(zipfile, "_EndRecData", None)  # private, but stable since Python 2; skip if it goes
+    if end_record is None:
+        return
+    record = end_record(window)
+    if record is None:
+        raise zipfile.BadZipFile("File is not a zip file")
+    entries = record[zipfile._ECD_ENTRIES_TOTAL]  # type: ignore[attr-defined]
+    if entries > MAX_ZIP_ENTRIES:
+        raise InputError(f"{where}: zip archive lists {entries} entries, over the {MAX_ZIP_ENTRIES} limit")
+
+
+def archive_prefix(entries: dict[str, ZipEntry], where: str) -> str:
+    candidates = sorted(name[: -len("data.pkl")] for name in entries if name.endswith("/data.pkl"))
+    candidates = [prefix for prefix in candidates if prefix.count("/") == 1]
+    if not candidates:
+        raise InputError(f"{where}: zip archive is not a torch checkpoint (no data.pkl)")
+    return candidates[0]
+
+
+@dataclass
+class TorchArchive:
+    """The tensors of one torch zip held in a buffer (a whole file, or a byte range of a ``.distcp`` file)."""
+
+    buffer: mmap.mmap
+    start: int
+    length: int
+    where: str
+    file_size: int
+    findings: list[Finding] = field(default_factory=list)
+    tensors: list[tuple[str, TensorRef]] = field(default_factory=list)
+    entries: dict[str, ZipEntry] = field(default_factory=dict)
+    prefix: str = ""
+
+    def __post_init__(self) -> None:
+        self.entries = read_zip_entries(self.buffer, self.start, self.length, self.where)
+        self.prefix = archive_prefix(self.entries, self.where)
+        order = self.entries.get(self.prefix + "byteorder")
+        if order is not None and self._read(order, "byteorder") not in {b"little", b""}:
+            raise InputError(f"{self.where}: big-endian checkpoints are not supported")
+        pickle_entry = self.entries[self.prefix + "data.pkl"]
+        if pickle_entry.size > MAX_PICKLE_BYTES:
+            raise InputError(f"{self.where}: data.pkl is {pickle_entry.size} bytes, over the {MAX_PICKLE_BYTES} limit")
+        pickled = self._read(pickle_entry, "data.pkl")
+        root, globals_seen = unpickle(pickled, where=self.where, call=torch_call, persistent_load=self._storage)
+        self.findings.extend(global_findings(globals_seen))
+        self.tensors, unsupported = collect_tensors(root, self.where)
+        self.findings[:] = worst_first([*self.findings, *unsupported])
+        self._records = [self._record(name, ref) for name, ref in self.tensors]  # bounds checked before any read
+
+    def _read(self, entry: ZipEntry, what: str) -> bytes:
+        if entry.offset < 0:
+            raise InputError(f"{self.where}: {what} is compressed; torch writes it stored")
+        return bytes(self.buffer[entry.offset : entry.offset + entry.size])
+
+    def _storage(self, pid: object) -> StorageRef:
+        storage = storage_from_pid(pid)
+        entry = self.entries.get(f"{self.prefix}data/{storage.key}")
+        if entry is None:
+            raise InputError(f"{self.where}: storage data/{storage.key} is missing from the archive")
+        if entry.offset < 0:
+            raise InputError(f"{self.where}: storage data/{storage.key} is compressed; it cannot be mapped")
+        return storage
+
+    def _record(self, name: str, ref: TensorRef) -> TensorRecord:
+        entry = self.entries[f"{self.prefix}data/{ref.storage.key}"]
+        return make_record(name, ref, self.buffer, entry.offset, entry.size, self.where, self.file_size)
+
+    def records(self) -> Iterator[TensorRecord]:
+        return iter(self._records)
+
+
+def make_record(
+    name: str, ref: TensorRef, buffer: mmap.mmap, offset: int, storage_nbytes: int, where: str, file_size: int
+) -> TensorRecord:
+    """A record for ``ref`` whose storage lies at ``buffer[offset:offset+storage_nbytes]``, bounds checked."""
+    if not torch_dtype_available(ref.dtype) or ref.dtype.startswith("q"):
+        raise InputError(f"{where}: tensor {name!r} has dtype {ref.dtype}, which this torch cannot read")
+    itemsize = itemsize_of(ref.dtype)
+    nbytes = ref.numel * itemsize
+    storage_elements = storage_nbytes // itemsize
+    if ref.numel and ref.last_element() >= storage_elements:
+        raise InputError(
+            f"{where}: tensor {name!r} of shape {ref.shape} reaches element {ref.last_element()} "
+            f"of a storage holding {storage_elements}"
+        )
+    if nbytes > EXPANSION_LIMIT * file_size + (64 << 20):
+        raise InputError(f"{where}: tensor {name!r} claims {nbytes} bytes, far beyond the file's {file_size}")
+    source: TensorSource
+    if ref.is_contiguous():
+        source = MappedSource(buffer, offset + ref.offset * itemsize, nbytes, ref.dtype)
+    else:
+        source = StridedSource(buffer, offset, storage_nbytes, ref.dtype, ref.offset, ref.shape, ref.stride)
+    device = ref.storage.location
+    return TensorRecord(name, ref.dtype, ref.shape, nbytes, source, saved_device=device)
+
+
+class TorchZipCheckpoint:
+    """A ``torch.save`` zip file (``.pt``, ``.pth``, ``.bin``, Lightning ``.ckpt``)."""
+
+    format = "torch-zip"
+
+    def __init__(self, path: Path) -> None:
+        self.source = str(path)
+        self._map = FileMap(path)
+        try:
+            self._archive = TorchArchive(self._map.buffer, 0, self._map.size, self.source, self._map.size)
+        except BaseException:
+            self._map.close()
+            raise
+        self.findings: list[Finding] = self._archive.findings
+
+    def records(self) -> Iterator[TensorRecord]:
+        return self._archive.records()
+
+    def parts(self) -> list[Checkpoint]:
+        return [self]
+
+    def close(self) -> None:
+        self._map.close()
