@@ -1,0 +1,107 @@
+"""``dtypecheck scan-model``."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dtypecheck.cli._app import (
+    ConfigOption,
+    FailOn,
+    FailOnOption,
+    FormatOption,
+    OutputOption,
+    QuietOption,
+    TracebackOption,
+    app,
+    emit,
+    level_exit_code,
+    pick,
+    project_config,
+)
+from dtypecheck.errors import UsageError
+from dtypecheck.render import OutputFormat
+
+DEFAULT_TOP = 20
+
+
+@app.command("scan-model")
+def scan_model(
+    checkpoint: Annotated[
+        str,
+        typer.Argument(
+            metavar="CKPT",
+            help="A checkpoint file (safetensors, torch .pt/.pth/.bin/.ckpt, legacy torch, GGUF), a sharded or "
+            "distributed checkpoint folder, or path/to/file.py:factory returning an nn.Module.",
+        ),
+    ],
+    target: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--target",
+            "-t",
+            help="Target dtype to judge casts to; repeatable, comma lists (any float incl. float8/float4, or an "
+            "integer dtype). Default: float16,bfloat16.",
+        ),
+    ] = None,
+    show_all: Annotated[
+        bool, typer.Option("--all", help="Show every tensor in the table, not only the worst.")
+    ] = False,
+    top: Annotated[
+        int, typer.Option("--top", min=1, help="How many tensors the table shows, worst first (without --all).")
+    ] = DEFAULT_TOP,
+    plot: Annotated[
+        Path | None,
+        typer.Option(
+            "--plot",
+            dir_okay=False,
+            help="Also draw the checkpoint's log2-magnitude distribution against the targets' ranges to FILE.png "
+            "(needs the 'plot' extra: matplotlib).",
+        ),
+    ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option("--workers", min=1, help="Threads scanning chunks (default: the CPU count, at most 8)."),
+    ] = None,
+    fail_on: FailOnOption = None,
+    config: ConfigOption = None,
+    fmt: FormatOption = OutputFormat.table,
+    output: OutputOption = None,
+    quiet: QuietOption = False,
+    traceback: TracebackOption = False,
+) -> int:
+    """Every tensor of a checkpoint against the limits of its own dtype and of target dtypes: NaN/inf, min/max,
+    and exact overflow / underflow / subnormal counts for each target (float8 targets also after per-tensor
+    scaling).
+
+    Exit codes: 0 ok, 1 a tensor or finding at or above --fail-on, 2 usage error, 3 unreadable checkpoint.
+    """
+    from dtypecheck.dtypes import parse_dtype_list
+    from dtypecheck.render.progress import progress_bar
+    from dtypecheck.scan import check_targets, scan_checkpoint
+
+    settings = project_config(config)
+    names = target or pick(None, settings, "scan-model", "targets", [])
+    targets = check_targets(parse_dtype_list(names)) if names else None
+    everything = pick(show_all, settings, "scan-model", "all", False)
+    threshold = FailOn(pick(fail_on, settings, "scan-model", "fail-on", FailOn.fail))
+    if plot is not None:
+        from dtypecheck.render.scan_plot import require_matplotlib
+
+        require_matplotlib()
+        if plot.suffix.lower() != ".png":
+            raise UsageError(f"--plot {plot}: the plot is written as PNG; name the file *.png")
+    with progress_bar("scanning", quiet=quiet, unit="bytes") as progress:
+        report = scan_checkpoint(checkpoint, targets, progress=progress, workers=workers)
+    report = dataclasses.replace(report, display_limit=None if everything else top)
+    if plot is not None:
+        from dtypecheck.render.scan_plot import write_plot
+
+        write_plot(report, plot)
+    emit(report, fmt, output, quiet=quiet)
+    if plot is not None and not quiet:
+        typer.echo(f"wrote {plot}", err=True)
+    return int(level_exit_code(report.summary.level, threshold))

@@ -1,0 +1,182 @@
+"""The ``scan-model`` table: worst tensors first, one column per target, a log2-magnitude sparkline each."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from rich.console import Group, RenderableType
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from dtypecheck.render.table import LEVEL_STYLE, fmt_bytes, fmt_float, table_renderer
+from dtypecheck.scan_report import CastCounts, Float8CastCounts, Log2Histogram, ScanReport, TensorScan, severity
+
+SPARK_WIDTH = 12
+NAME_MIN_WIDTH = 16
+TARGET_WIDTH = 13
+SPARK_LEVELS = "▁▂▃▄▅▆▇█"
+SHORT_NAMES = {
+    "float64": "fp64",
+    "float32": "fp32",
+    "float16": "fp16",
+    "bfloat16": "bf16",
+    "float8_e4m3fn": "e4m3",
+    "float8_e4m3fnuz": "e4m3fnuz",
+    "float8_e5m2": "e5m2",
+    "float8_e5m2fnuz": "e5m2fnuz",
+    "float8_e8m0fnu": "e8m0",
+    "float4_e2m1fn_x2": "fp4",
+}
+
+
+def legend(report: ScanReport, axis: tuple[int, int]) -> str:
+    parts = ["ovf: overflows the target's max", "unf: flushed to zero", "sub: becomes subnormal"]
+    if any(t.startswith("float8_") for t in report.targets):
+        parts.append("unf@amax: flushed to zero even after scaling the tensor to the target's max")
+    parts.append(f"log2|x|: values per binade from 2^{axis[0]} to 2^{axis[1]} (log scale)")
+    return " · ".join(parts)
+
+
+def compact(count: int) -> str:
+    """Counts as people read them in a table (the JSON keeps them exact): 987, 12.3k, 4.5M, 1.2G."""
+    if count < 10_000:
+        return str(count)
+    for scale, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if count >= scale:
+            return f"{count / scale:.3g}{unit}"
+    raise AssertionError("unreachable")
+
+
+def _cast_cell(cast: CastCounts) -> Text:
+    if cast.overflow is None:
+        return Text("-", style="dim")
+    parts = []
+    if cast.overflow:
+        parts.append(f"{compact(cast.overflow)} ovf")
+    if cast.underflow:
+        parts.append(f"{compact(cast.underflow)} unf")
+    if cast.subnormal:
+        parts.append(f"{compact(cast.subnormal)} sub")
+    if isinstance(cast, Float8CastCounts) and cast.scaled_underflow:
+        parts.append(f"{compact(cast.scaled_underflow)} unf@amax")
+    text = Text(cast.level, style=LEVEL_STYLE[cast.level])
+    if parts:
+        text.append("\n" + "\n".join(parts))
+    return text
+
+
+def _nonfinite_cell(tensor: TensorScan) -> Text:
+    if tensor.nan is None:
+        return Text("-", style="dim")
+    infinite = (tensor.posinf or 0) + (tensor.neginf or 0)
+    parts = [f"{compact(count)} {label}" for count, label in ((tensor.nan, "nan"), (infinite, "inf")) if count]
+    return Text(" ".join(parts), style=LEVEL_STYLE["fail"]) if parts else Text("0", style="dim")
+
+
+def _axis(histograms: Sequence[Log2Histogram]) -> tuple[int, int]:
+    start = min(h.start for h in histograms)
+    stop = max(h.start + len(h.counts) for h in histograms)
+    return start, stop
+
+
+def sparkline(histogram: Log2Histogram | None, start: int, stop: int, width: int = SPARK_WIDTH) -> str:
+    """One character per ``ceil((stop - start) / width)`` binades on a shared axis; heights on a log scale so
+    that a handful of outliers stay visible next to millions of ordinary values."""
+    if histogram is None:
+        return ""
+    per_cell = max(1, math.ceil((stop - start) / width))
+    cells = [0] * math.ceil((stop - start) / per_cell)
+    for offset, count in enumerate(histogram.counts):
+        cells[(histogram.start + offset - start) // per_cell] += count
+    peak = math.log1p(max(cells))
+    return "".join(
+        " " if c == 0 else SPARK_LEVELS[min(len(SPARK_LEVELS) - 1, int(math.log1p(c) / peak * len(SPARK_LEVELS)))]
+        for c in cells
+    )
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "x".join(str(s) for s in shape) if shape else "()"
+
+
+def _tensor_table(report: ScanReport, shown: Sequence[TensorScan], start: int, stop: int) -> Table:
+    table = Table(header_style="bold", show_edge=False, pad_edge=False, collapse_padding=True)
+    longest = max((len(t.name) for t in shown), default=6)
+    table.add_column("tensor", overflow="fold", min_width=min(longest, NAME_MIN_WIDTH))
+    table.add_column("dtype shape", overflow="fold")
+    table.add_column("absmax", justify="right", no_wrap=True)
+    table.add_column("min|x|>0", justify="right", no_wrap=True)
+    table.add_column("nan/inf", overflow="fold")
+    for target in report.targets:
+        table.add_column(SHORT_NAMES.get(target, target), overflow="fold", max_width=TARGET_WIDTH)
+    table.add_column("log2|x|", no_wrap=True, min_width=SPARK_WIDTH)
+    for tensor in shown:
+        dtype = Text(f"{SHORT_NAMES.get(tensor.dtype, tensor.dtype)} {_shape(tensor.shape)}")
+        casts = [tensor.casts.get(target) for target in report.targets]
+        table.add_row(
+            Text(tensor.name, style=LEVEL_STYLE[tensor.level] if tensor.level != "ok" else ""),
+            dtype,
+            fmt_float(_as_float(tensor.absmax), 4),
+            fmt_float(_as_float(tensor.min_abs_nonzero), 3),
+            _nonfinite_cell(tensor),
+            *(_cast_cell(c) if c is not None else Text("n/a", style="dim") for c in casts),
+            Text(sparkline(tensor.log2_histogram, start, stop), style="cyan"),
+        )
+    return table
+
+
+def _as_float(value: float | int | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def _summary(report: ScanReport) -> Panel:
+    s = report.summary
+    line = Text()
+    line.append(f"{s.tensors:,} tensors · {s.numel:,} elements · {fmt_bytes(s.bytes)} · ")
+    for level in ("ok", "warn", "fail"):
+        line.append(f"{getattr(s, level):,} {level}", style=LEVEL_STYLE[level])
+        line.append(" · " if level != "fail" else "")
+    lines: list[RenderableType] = [
+        Text(f"{report.source} ({report.format}) → {', '.join(report.targets)}"),
+        line,
+    ]
+    benign = 0
+    for finding in report.findings:
+        if finding.level == "ok":
+            benign += 1
+            continue
+        where = f" [{finding.tensor}]" if finding.tensor else ""
+        text = Text(f"{finding.level:<4} ", style=LEVEL_STYLE[finding.level])
+        text.append(f"{finding.kind}: {finding.detail}{where}")
+        lines.append(text)
+    if benign:
+        noun = "finding" if benign == 1 else "findings"
+        lines.append(Text(f"{benign} {noun} at level ok (listed with --format json)", style="dim"))
+    return Panel(
+        Group(*lines),
+        title=Text(f"scan: {s.level}", style=LEVEL_STYLE[s.level]),
+        title_align="left",
+        expand=False,
+    )
+
+
+@table_renderer(ScanReport)
+def render_scan(report: ScanReport) -> list[RenderableType]:
+    ordered = sorted(report.tensors, key=severity)
+    limit = report.display_limit
+    shown = ordered if limit is None else ordered[:limit]
+    histograms = [t.log2_histogram for t in shown if t.log2_histogram is not None]
+    start, stop = _axis(histograms) if histograms else (0, 1)
+    out: list[RenderableType] = []
+    if shown:
+        out.append(_tensor_table(report, shown, start, stop))
+    hidden = len(ordered) - len(shown)
+    if hidden:
+        worst_hidden = ordered[len(shown)].level
+        out.append(Text(f"{hidden} more tensors not shown (the next is {worst_hidden}); --all shows every tensor"))
+    if shown:
+        out.append(Text(legend(report, (start, stop)), style="dim"))
+    out.append(_summary(report))
+    return out

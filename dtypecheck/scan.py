@@ -1,0 +1,220 @@
+"""``dtypecheck scan-model``: every tensor of a checkpoint against the limits of its own dtype and of targets.
+
+The checkpoint is read tensor by tensor in bounded chunks (never materialised). Chunks are processed on a pool
+of threads (the kernel releases the GIL) with a bounded number in flight, so private memory stays at a few
+chunks however large a tensor is, and reading one chunk from disk overlaps with computing on the others. The
+chunks of a sharded checkpoint's parts are interleaved, so every shard file is read at the same time.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import cache, partial
+from itertools import zip_longest
+from typing import TYPE_CHECKING, Any
+
+from dtypecheck.dtypes import DtypeSpec, lookup
+from dtypecheck.errors import UsageError
+from dtypecheck.loaders import Checkpoint, Finding, open_checkpoint
+from dtypecheck.progress import ProgressCallback, no_progress
+from dtypecheck.scan_kernel import Kernels, kernels
+from dtypecheck.scan_report import ScanReport, summarise
+from dtypecheck.scan_tensor import TensorScanner
+
+if TYPE_CHECKING:
+    import torch
+
+DEFAULT_TARGETS = ("float16", "bfloat16")
+MAX_WORKERS = 8
+
+
+def check_targets(targets: Sequence[DtypeSpec]) -> list[DtypeSpec]:
+    """Targets must be real float or integer dtypes (a cast to bool or complex has no overflow rule)."""
+    for spec in targets:
+        if spec.kind not in ("float", "int", "uint") or spec.quantized:
+            raise UsageError(f"--target {spec.name}: a target must be a float or integer dtype")
+    return list(targets)
+
+
+def scan_checkpoint(
+    target: str,
+    targets: Sequence[DtypeSpec] | None = None,
+    *,
+    progress: ProgressCallback = no_progress,
+    workers: int | None = None,
+    compiled: bool | None = None,
+) -> ScanReport:
+    """Scan every tensor of the checkpoint (file, folder or ``file.py:factory``) at ``target``.
+
+    ``targets`` default to float16 and bfloat16. ``compiled=False`` forces the numpy kernels (same results).
+    """
+    specs = check_targets(targets) if targets else [lookup(name) for name in DEFAULT_TARGETS]
+    checkpoint = open_checkpoint(target)
+    try:
+        return _scan(checkpoint, specs, progress, workers or default_workers(), kernels(compiled))
+    finally:
+        checkpoint.close()
+
+
+def default_workers() -> int:
+    return max(1, min(os.cpu_count() or 1, MAX_WORKERS))
+
+
+def _parts(checkpoint: Checkpoint) -> list[Checkpoint]:
+    parts = getattr(checkpoint, "parts", None)
+    found = parts() if callable(parts) else None
+    return list(found) if found else [checkpoint]
+
+
+def _scan(
+    checkpoint: Checkpoint, targets: list[DtypeSpec], progress: ProgressCallback, workers: int, k: Kernels
+) -> ScanReport:
+    parts = _parts(checkpoint)
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dtypecheck-scan") as pool:
+        listed = (
+            list(pool.map(lambda part: list(part.records()), parts)) if len(parts) > 1 else [list(parts[0].records())]
+        )
+        scanners_by_part = [[TensorScanner(r, targets, k) for r in records] for records in listed]
+        scanners = [s for part in scanners_by_part for s in part]
+        pipeline = _Pipeline(pool, limit=2 * workers, progress=progress)
+        pipeline.total = sum(s.record.nbytes for s in scanners if s.readable)
+        pipeline.run(_interleave([_first_pass_jobs(part) for part in scanners_by_part]))
+        _second_pass(pipeline, scanners)
+    tensors = tuple(s.result() for s in scanners)
+    findings = _dedupe(list(checkpoint.findings))
+    return ScanReport(
+        source=checkpoint.source,
+        format=checkpoint.format,
+        targets=tuple(t.name for t in targets),
+        tensors=tensors,
+        findings=findings,
+        summary=summarise(tensors, findings),
+    )
+
+
+Job = tuple[Callable[[], Any], Callable[[Any], None], int, str]
+"""(work on a pool thread, merge on the main thread, source bytes, tensor name)."""
+
+
+def _chunks(scanner: TensorScanner) -> Iterator[torch.Tensor]:
+    source = scanner.record.source
+    if source is None or not scanner.readable:
+        return iter(())
+    return source.iter_chunks(scanner.chunk_bytes())
+
+
+def _nbytes(chunk: torch.Tensor) -> int:
+    return int(chunk.numel() * chunk.element_size())
+
+
+def _first_pass_jobs(scanners: list[TensorScanner]) -> Iterator[Job]:
+    for scanner in scanners:
+        for chunk in _chunks(scanner):
+            advise_willneed(chunk)
+            yield partial(scanner.process, chunk), scanner.merge, _nbytes(chunk), scanner.record.name
+
+
+_MADV_WILLNEED = 3
+_PAGE = 4096
+
+
+@cache
+def _madvise() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        function = libc.madvise
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return function
+
+
+def advise_willneed(chunk: torch.Tensor) -> None:
+    """Start reading a memory-mapped chunk's pages from disk now, asynchronously (``madvise(MADV_WILLNEED)``).
+
+    Chunks are advised when they are queued, a few chunks ahead of the workers, so with a cold page cache the
+    disk reads overlap with computing on earlier chunks instead of stalling a worker on each page fault. For
+    memory that is not a file mapping the advice does nothing; a failure is ignored.
+    """
+    madvise = _madvise()
+    nbytes = _nbytes(chunk)
+    if madvise is None or nbytes == 0:
+        return
+    address = chunk.data_ptr()
+    start = address - address % _PAGE
+    madvise(ctypes.c_void_p(start), address + nbytes - start, _MADV_WILLNEED)
+
+
+def _interleave(streams: list[Iterator[Job]]) -> Iterator[Job]:
+    """Round-robin over the parts' jobs, so each shard file is read concurrently rather than one after another."""
+    if len(streams) == 1:
+        yield from streams[0]
+        return
+    for batch in zip_longest(*streams):
+        yield from (job for job in batch if job is not None)
+
+
+def _second_pass(pipeline: _Pipeline, scanners: list[TensorScanner]) -> None:
+    """float8 targets: the scaled-underflow count needs each tensor's absmax, known only after the first pass."""
+    again = [s for s in scanners if s.needs_second_pass()]
+    if not again:
+        return
+    with_inf = [s for s in again if s.needs_finite_absmax()]
+    pipeline.total += sum(s.record.nbytes for s in with_inf + again)
+    pipeline.run(
+        (partial(s.finite_max_pass, c), s.merge_finite_max, _nbytes(c), s.record.name)
+        for s in with_inf
+        for c in _chunks(s)
+    )
+    pipeline.run(job for s in again for job in _scaled_jobs(s))
+
+
+def _scaled_jobs(scanner: TensorScanner) -> Iterator[Job]:
+    absmax = scanner.scaling_absmax()
+    for chunk in _chunks(scanner):
+        yield partial(scanner.second_pass, chunk, absmax), scanner.merge_second, _nbytes(chunk), scanner.record.name
+
+
+class _Pipeline:
+    """Runs jobs on the pool with at most ``limit`` in flight, merging results in submission order."""
+
+    def __init__(self, pool: ThreadPoolExecutor, limit: int, progress: ProgressCallback) -> None:
+        self.pool = pool
+        self.limit = limit
+        self.progress = progress
+        self.total = 0
+        self.done = 0
+
+    def run(self, jobs: Iterator[Job]) -> None:
+        in_flight: deque[tuple[Future[Any], Callable[[Any], None], int, str]] = deque()
+        try:
+            for work, merge, nbytes, name in jobs:
+                if len(in_flight) >= self.limit:
+                    self._finish(in_flight.popleft())
+                in_flight.append((self.pool.submit(work), merge, nbytes, name))
+            while in_flight:
+                self._finish(in_flight.popleft())
+        except BaseException:
+            for future, *_ in in_flight:
+                future.cancel()
+            raise
+
+    def _finish(self, item: tuple[Future[Any], Callable[[Any], None], int, str]) -> None:
+        future, merge, nbytes, name = item
+        merge(future.result())
+        self.done += nbytes
+        self.progress(self.done, max(self.total, self.done), name)
+
+
+def _dedupe(findings: list[Finding]) -> tuple[Finding, ...]:
+    seen: dict[tuple[str, str, str, str | None], Finding] = {}
+    for finding in findings:
+        seen.setdefault((finding.kind, finding.level, finding.detail, finding.tensor), finding)
+    return tuple(seen.values())

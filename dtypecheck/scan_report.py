@@ -1,0 +1,132 @@
+"""The ``dtypecheck.scan/1`` report: frozen dataclasses whose fields are the JSON keys (docs/json.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
+
+from dtypecheck.loaders.base import Finding
+
+Level = Literal["ok", "warn", "fail"]
+LEVEL_RANK: dict[str, int] = {"ok": 0, "warn": 1, "fail": 2}
+
+Number = float | int
+
+
+def worst(levels: list[Level]) -> Level:
+    return max(levels, key=LEVEL_RANK.__getitem__, default="ok")
+
+
+@dataclass(frozen=True)
+class CastCounts:
+    """What casting a tensor's values to one target does to them (CONTRACT.md rounding rules)."""
+
+    overflow: int | None
+    """Finite values whose rounded magnitude exceeds the target's max (for an integer target: outside its range
+    after truncation toward zero). Null for an empty tensor."""
+    underflow: int | None
+    """Nonzero finite values that round to zero (always 0 for integer targets)."""
+    subnormal: int | None
+    """Values that round to a nonzero subnormal of the target (always 0 for integer targets)."""
+    level: Level
+
+
+@dataclass(frozen=True)
+class Float8CastCounts(CastCounts):
+    scaled_underflow: int | None = None
+    """Nonzero finite values that still round to zero after scaling the tensor by ``target.max / absmax``
+    (absmax over the finite values), as fp8 training and inference do."""
+
+
+@dataclass(frozen=True)
+class Log2Histogram:
+    """How many values lie in each binade: ``counts[i]`` values have ``floor(log2|x|) == start + i``.
+
+    Counted over every ``sampled_every``-th value (1 for tensors up to 2**20 values, 16 above: the exact
+    counts elsewhere in the report do not depend on it). Zeros, inf, NaN and values below float32's
+    (float64's) smallest normal are not in any bin."""
+
+    start: int
+    counts: tuple[int, ...]
+    sampled_every: int = 1
+
+
+@dataclass(frozen=True)
+class TensorScan:
+    """One tensor's statistics. Float statistics are over its values (for complex tensors: the real and
+    imaginary parts, so counts go up to twice ``numel``); all statistics are null for an empty tensor."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    numel: int
+    bytes: int
+    min: Number | None
+    """Smallest value, NaN ignored (-inf if present)."""
+    max: Number | None
+    absmax: Number | None
+    min_abs_nonzero: Number | None
+    nan: int | None
+    posinf: int | None
+    neginf: int | None
+    zeros: int | None
+    subnormal: int | None
+    """Subnormal values in the tensor's own dtype."""
+    casts: Mapping[str, CastCounts]
+    level: Level
+    log2_histogram: Log2Histogram | None = None
+    """Extra: the magnitude distribution the table's sparkline and ``--plot`` draw (null for integer tensors)."""
+    note: str | None = None
+    """Extra: why a tensor was not scanned (a dtype dtypecheck cannot read the values of)."""
+
+
+@dataclass(frozen=True)
+class ScanSummary:
+    tensors: int
+    numel: int
+    bytes: int
+    ok: int
+    warn: int
+    fail: int
+    level: Level
+
+
+@dataclass(frozen=True)
+class ScanReport:
+    SCHEMA: ClassVar[str] = "dtypecheck.scan/1"
+
+    source: str
+    format: str
+    targets: tuple[str, ...]
+    tensors: tuple[TensorScan, ...]
+    findings: tuple[Finding, ...]
+    summary: ScanSummary
+    display_limit: int | None = field(default=None, repr=False, compare=False)
+    """How many tensors the table shows (None: all); not part of the JSON document."""
+
+
+def summarise(tensors: tuple[TensorScan, ...], findings: tuple[Finding, ...]) -> ScanSummary:
+    counts = {"ok": 0, "warn": 0, "fail": 0}
+    for tensor in tensors:
+        counts[tensor.level] += 1
+    finding_levels: list[Level] = [f.level for f in findings]
+    return ScanSummary(
+        tensors=len(tensors),
+        numel=sum(t.numel for t in tensors),
+        bytes=sum(t.bytes for t in tensors),
+        ok=counts["ok"],
+        warn=counts["warn"],
+        fail=counts["fail"],
+        level=worst([t.level for t in tensors] + finding_levels),
+    )
+
+
+def severity(tensor: TensorScan) -> tuple[int, int, int, str]:
+    """Sort key, worst first: level, then values that fail (non-finite, overflow), then values that warn."""
+    failing = (tensor.nan or 0) + (tensor.posinf or 0) + (tensor.neginf or 0)
+    warning = 0
+    for cast in tensor.casts.values():
+        failing += cast.overflow or 0
+        warning += (cast.underflow or 0) + (cast.subnormal or 0)
+    return (-LEVEL_RANK[tensor.level], -failing, -warning, tensor.name)
