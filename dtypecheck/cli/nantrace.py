@@ -1,0 +1,116 @@
+"""``dtypecheck nan-trace``."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from dtypecheck.cli._app import (
+    ConfigOption,
+    FailOn,
+    FailOnOption,
+    FormatOption,
+    OutputOption,
+    QuietOption,
+    TracebackOption,
+    app,
+    emit,
+    level_exit_code,
+    pick,
+    project_config,
+)
+from dtypecheck.errors import UsageError
+from dtypecheck.render import OutputFormat
+
+AUTOCAST_DTYPES = ("float16", "bfloat16")
+COMMAND = "nan-trace"
+
+
+@app.command(COMMAND)
+def nan_trace(
+    target: Annotated[
+        str,
+        typer.Argument(
+            help="A script (train.py), run as __main__; or file.py:factory returning (model, inputs[, loss_fn])."
+        ),
+    ],
+    script_args: Annotated[
+        list[str] | None, typer.Argument(help="Arguments for the script, after '--'.", show_default=False)
+    ] = None,
+    steps: Annotated[
+        int | None, typer.Option("--steps", min=1, help="Factory mode: forward+backward+SGD steps [default: 3]")
+    ] = None,
+    autocast: Annotated[
+        str | None, typer.Option("--autocast", help="Run under torch.autocast in this dtype: float16 or bfloat16.")
+    ] = None,
+    device: Annotated[
+        str | None, typer.Option("--device", help="Device for autocast, new tensors and the factory's model.")
+    ] = None,
+    history: Annotated[
+        int | None, typer.Option("--history", min=0, help="Ops shown before each event [default: 20]")
+    ] = None,
+    warn_frac: Annotated[
+        float | None,
+        typer.Option(
+            "--warn-frac",
+            min=0.0,
+            max=1.0,
+            help="Warn when an op's absmax reaches this share of its dtype's max [default: 0.5]",
+        ),
+    ] = None,
+    keep_going: Annotated[
+        bool, typer.Option("--keep-going", help="Collect every non-finite producer instead of stopping at the first.")
+    ] = False,
+    fail_on: FailOnOption = None,
+    config: ConfigOption = None,
+    fmt: FormatOption = OutputFormat.table,
+    output: OutputOption = None,
+    quiet: QuietOption = False,
+    traceback: TracebackOption = False,
+) -> int:
+    """Run a training script or factory with every op checked; name the first op, module and line that produced
+    NaN/Inf, why, and what came close before.
+
+    Exit codes: 0 clean, 1 NaN/Inf found (or warnings with --fail-on warn), 2 usage, 3 script not runnable or raised.
+    """
+    from dtypecheck.dtypes import lookup
+    from dtypecheck.nantrace.runner import RunSettings, run_factory, run_script, split_target
+    from dtypecheck.nantrace.tracer import TraceOptions
+    from dtypecheck.render.progress import progress_bar
+
+    settings = project_config(config)
+    autocast = pick(autocast, settings, COMMAND, "autocast", None)
+    device = pick(device, settings, COMMAND, "device", None)
+    autocast_name = None
+    if autocast is not None:
+        autocast_name = lookup(autocast).name
+        if autocast_name not in AUTOCAST_DTYPES:
+            raise UsageError(f"--autocast takes float16 or bfloat16, not {autocast!r}")
+    if device is not None:
+        import torch
+
+        try:
+            torch.device(device)
+        except RuntimeError as exc:
+            raise UsageError(f"--device {device!r}: {exc}") from None
+    options = TraceOptions(
+        keep_going=pick(True if keep_going else None, settings, COMMAND, "keep-going", False),
+        history=pick(history, settings, COMMAND, "history", 20),
+        warn_frac=pick(warn_frac, settings, COMMAND, "warn-frac", 0.5),
+    )
+    run = RunSettings(options, autocast_name, device)
+    threshold = FailOn(pick(fail_on, settings, COMMAND, "fail-on", FailOn.fail))
+    path, factory = split_target(target)
+    if factory is not None:
+        if script_args:
+            raise UsageError("script arguments after '--' apply to scripts, not to file.py:factory")
+        with progress_bar("nan-trace", quiet=quiet, unit="steps") as progress:
+            report = run_factory(path, factory, pick(steps, settings, COMMAND, "steps", 3), run, progress=progress)
+    else:
+        # stdout must hold only the document: the script's own prints go to stderr.
+        script_stdout = sys.stderr if fmt is not OutputFormat.table else None
+        report = run_script(path, list(script_args or []), run, stdout=script_stdout)
+    emit(report, fmt, output, quiet=quiet)
+    return int(level_exit_code(report.level, threshold))

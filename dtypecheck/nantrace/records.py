@@ -1,0 +1,105 @@
+"""What the cheap pass keeps per op: references and on-device reductions, no host sync."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from dtypecheck.nantrace.frames import FrameKey
+from dtypecheck.nantrace.ops import OpInfo
+
+if TYPE_CHECKING:
+    import torch
+
+CHECKED_DTYPES_NAMES = ("float16", "bfloat16", "float32", "float64")
+HALF_NAMES = ("float16", "bfloat16")
+
+
+class Checked:
+    """One floating tensor examined by an on-device ``aminmax`` (NaN-propagating), read back at the next flush."""
+
+    __slots__ = ("absmax", "has_inf", "has_nan", "hi", "lo", "small", "small_count", "tensor", "version")
+
+    def __init__(self, tensor: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, small: torch.Tensor | None) -> None:
+        self.tensor = tensor
+        self.version: int = tensor._version
+        self.lo: torch.Tensor | None = lo
+        self.hi: torch.Tensor | None = hi
+        self.small: torch.Tensor | None = small
+        """Half precision only: how many values are below the smallest normal (zeros included)."""
+        self.absmax = 0.0
+        self.has_nan = False
+        self.has_inf = False
+        self.small_count = 0
+
+    @property
+    def nonfinite(self) -> bool:
+        return self.has_nan or self.has_inf
+
+
+class OpRecord:
+    """One traced op: enough to decide, after the flush, whether it produced the first non-finite value."""
+
+    __slots__ = (
+        "args",
+        "checked",
+        "clones",
+        "frame",
+        "func",
+        "grad_enabled",
+        "grad_fn",
+        "index",
+        "info",
+        "inputs",
+        "kwargs",
+        "module",
+        "node",
+        "phase",
+        "pre",
+        "result",
+        "step",
+    )
+
+    def __init__(
+        self,
+        index: int,
+        func: Any,
+        info: OpInfo,
+        node: Any,
+        module: str | None,
+        frame: FrameKey | None,
+        grad_enabled: bool,
+        step: int,
+    ) -> None:
+        self.index = index
+        self.func = func
+        self.info = info
+        self.node = node
+        """The autograd node running this op (backward), else None."""
+        self.module = module
+        self.frame = frame
+        self.grad_enabled = grad_enabled
+        self.step = step
+        self.args: tuple[Any, ...] = ()
+        self.kwargs: dict[str, Any] = {}
+        self.inputs: list[tuple[torch.Tensor, int]] = []
+        """Floating tensors the op read, with their version counters at call time."""
+        self.pre: list[Checked] = []
+        """Arguments it read and then overwrote, examined before it ran."""
+        self.clones: dict[int, torch.Tensor] = {}
+        """Copies of those arguments as they were before the op, by ``id`` of the argument, for the re-run."""
+        self.checked: list[Checked] = []
+        self.result: torch.Tensor | None = None
+        """The first tensor it returned, whose ``grad_fn`` maps backward ops back to this forward line."""
+        self.phase = "other"
+        self.grad_fn: str | None = None
+
+    def release(self) -> None:
+        """Drop the references once the flush has judged the op (keeps what the history shows)."""
+        self.args = ()
+        self.kwargs = {}
+        self.inputs = []
+        self.clones = {}
+        self.result = None
+        self.node = None
+        self.pre = []
+        self.checked = []

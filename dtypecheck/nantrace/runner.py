@@ -1,0 +1,219 @@
+"""Running the user's code under tracing: an unmodified script as ``__main__``, or a factory's model for N steps."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import runpy
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from dtypecheck.errors import InputError, UserCodeError
+from dtypecheck.nantrace.report import NanTraceReport
+from dtypecheck.nantrace.tracer import StopTracing, TraceOptions, Tracer
+from dtypecheck.progress import ProgressCallback, no_progress
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+_OUR_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    options: TraceOptions
+    autocast: str | None = None
+    """``float16`` or ``bfloat16``: run under ``torch.autocast`` in that dtype."""
+    device: str | None = None
+
+
+def split_target(target: str) -> tuple[Path, str | None]:
+    """``train.py`` -> (train.py, None); ``file.py:factory`` -> (file.py, "factory")."""
+    path, sep, name = target.rpartition(":")
+    if sep and name.isidentifier() and path:
+        return Path(path), name
+    return Path(target), None
+
+
+def _check_python_file(path: Path) -> str:
+    if not path.exists():
+        raise InputError(f"no such script: {path}")
+    if not path.is_file():
+        raise InputError(f"not a file: {path}")
+    try:
+        source = path.read_text(encoding="utf-8")
+        compile(source, str(path), "exec")
+    except UnicodeDecodeError:
+        raise InputError(f"not a Python script (not UTF-8 text): {path}") from None
+    except SyntaxError as exc:
+        raise InputError(f"not a Python script: {path}: {exc.msg} (line {exc.lineno})") from None
+    except ValueError as exc:  # source with NUL bytes
+        raise InputError(f"not a Python script: {path}: {exc}") from None
+    return source
+
+
+def _user_traceback(exc: BaseException, user_file: Path) -> str:
+    """The exception's traceback from the user's first frame on, without dtypecheck's or runpy's frames."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    user = str(user_file.resolve())
+    start = next((i for i, f in enumerate(frames) if str(Path(f.filename).resolve()) == user), 0)
+    kept = [f for f in frames[start:] if not f.filename.startswith(_OUR_ROOT)]
+    lines = ["Traceback (most recent call last):\n", *traceback.StackSummary.from_list(kept).format()]
+    lines += traceback.format_exception_only(type(exc), exc)
+    return "".join(lines)
+
+
+def _raise_user_error(exc: BaseException, what: str, user_file: Path) -> None:
+    summary = f"{what} raised {type(exc).__name__}: {exc}".rstrip(": ")
+    raise UserCodeError(summary, _user_traceback(exc, user_file)) from None
+
+
+@contextlib.contextmanager
+def _autocast(settings: RunSettings) -> Iterator[None]:
+    import torch
+
+    if settings.autocast is None:
+        yield
+        return
+    device_type = torch.device(settings.device or "cpu").type
+    with torch.autocast(device_type=device_type, dtype=getattr(torch, settings.autocast)):
+        yield
+
+
+def _finish(tracer: Tracer, settings: RunSettings, source: str, **extra: Any) -> NanTraceReport:
+    return tracer.report(source=source, autocast=settings.autocast, device=settings.device, **extra)
+
+
+def run_script(path: Path, argv: list[str], settings: RunSettings, *, stdout: TextIO | None = None) -> NanTraceReport:
+    """Run ``path`` as ``__main__`` with ``argv`` under tracing; its prints go to ``stdout`` when given."""
+    import torch
+
+    _check_python_file(path)
+    saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
+    sys.argv = [str(path), *argv]
+    sys.path.insert(0, str(path.resolve().parent))
+    tracer = Tracer(dataclasses.replace(settings.options, stop_run=True))
+    try:
+        with contextlib.ExitStack() as stack:
+            if stdout is not None:
+                stack.enter_context(contextlib.redirect_stdout(stdout))
+            if settings.device is not None:
+                stack.enter_context(torch.device(settings.device))
+            stack.enter_context(_autocast(settings))
+            stack.enter_context(tracer)
+            runpy.run_path(str(path), run_name="__main__")
+    except StopTracing:
+        pass
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            raise UserCodeError(f"{path.name} exited with status {exc.code}") from None
+    except Exception as exc:  # noqa: BLE001  (the user's own exception becomes exit 3 with their traceback)
+        _raise_user_error(exc, path.name, path)
+    finally:
+        sys.argv = saved_argv
+        if saved_path0 is not None and sys.path and sys.path[0] == str(path.resolve().parent):
+            sys.path.pop(0)
+    return _finish(tracer, settings, str(path))
+
+
+FactoryResult = tuple["nn.Module", Any, "Callable[[Any], torch.Tensor] | None"]
+
+
+def load_factory(path: Path, name: str) -> FactoryResult:
+    """Import ``path``, call ``name()``, and check it returned (model, inputs) or (model, inputs, loss_fn)."""
+    import torch
+
+    _check_python_file(path)
+    try:
+        namespace = runpy.run_path(str(path), run_name="__dtypecheck_factory__")
+    except Exception as exc:  # noqa: BLE001
+        _raise_user_error(exc, path.name, path)
+    factory = namespace.get(name)
+    if factory is None:
+        raise InputError(f"no function {name!r} in {path}")
+    if not callable(factory):
+        raise InputError(f"{path}:{name} is not a function (it is a {type(factory).__name__})")
+    try:
+        made = factory()
+    except Exception as exc:  # noqa: BLE001
+        _raise_user_error(exc, f"{name}()", path)
+    wrong = (
+        f"{path}:{name}() must return (model, inputs) or (model, inputs, loss_fn), with model a torch.nn.Module; "
+        f"got {type(made).__name__}"
+    )
+    if not isinstance(made, tuple | list) or len(made) not in (2, 3):
+        raise InputError(wrong)
+    model, inputs, loss_fn = made[0], made[1], made[2] if len(made) == 3 else None
+    if not isinstance(model, torch.nn.Module) or (loss_fn is not None and not callable(loss_fn)):
+        raise InputError(wrong)
+    return model, inputs, loss_fn
+
+
+def _to_device(value: Any, device: torch.device) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: _to_device(v, device) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_to_device(v, device) for v in value)
+    return value
+
+
+def _default_loss(output: Any) -> torch.Tensor:
+    import torch
+
+    tensor = output
+    while not isinstance(tensor, torch.Tensor):
+        if isinstance(tensor, dict) and tensor:
+            tensor = next(iter(tensor.values()))
+        elif isinstance(tensor, list | tuple) and tensor:
+            tensor = tensor[0]
+        else:
+            raise InputError(f"the model returned {type(output).__name__} with no tensor; give a loss_fn")
+    return tensor if tensor.dim() == 0 else tensor.float().pow(2).mean()
+
+
+def run_factory(
+    path: Path, name: str, steps: int, settings: RunSettings, *, progress: ProgressCallback = no_progress
+) -> NanTraceReport:
+    """Run ``steps`` forward + backward + SGD steps of the factory's model under tracing."""
+    import torch
+
+    model, inputs, loss_fn = load_factory(path, name)
+    model = getattr(model, "_orig_mod", model)  # an already-compiled model runs its original eagerly
+    device = torch.device(settings.device or "cpu")
+    model = model.to(device)
+    inputs = _to_device(inputs, device)
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    names = {id(m): n for n, m in model.named_modules()}
+    tracer = Tracer(dataclasses.replace(settings.options, stop_run=True), module_names=names)
+    done = 0
+    try:
+        with tracer:
+            for done in range(1, steps + 1):
+                optimizer.zero_grad()
+                with _autocast(settings):
+                    if isinstance(inputs, dict):
+                        output = model(**inputs)
+                    elif isinstance(inputs, tuple | list):
+                        output = model(*inputs)
+                    else:
+                        output = model(inputs)
+                    loss = loss_fn(output) if loss_fn is not None else _default_loss(output)
+                loss.backward()  # type: ignore[no-untyped-call]
+                optimizer.step()
+                progress(done, steps, f"step {done}/{steps}")
+    except StopTracing:
+        pass
+    except InputError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        _raise_user_error(exc, f"{name}'s model", path)
+    return _finish(tracer, settings, f"{path}:{name}", steps=done)

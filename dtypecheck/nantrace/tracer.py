@@ -1,0 +1,280 @@
+"""The cheap pass: a dispatch mode that sees every aten op (forward, backward, optimizer) and defers its checks.
+
+Per op it takes an on-device ``aminmax`` of each floating output (one NaN-propagating reduction gives NaN, inf and
+the largest magnitude), a frame walk for the user's line, and the module on top of the stack; nothing is read back
+until a window of ops is full, the phase changes (forward -> backward), or tracing ends. Only then are the ops
+judged, and only the one that fired is re-run in detail.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from dtypecheck.nantrace.frames import FrameFinder
+from dtypecheck.nantrace.judge import Judge, written_tensors
+from dtypecheck.nantrace.modules import ModuleStack
+from dtypecheck.nantrace.ops import OpInfo, OpKind, classify, iter_tensors, mutated_argument
+from dtypecheck.nantrace.records import CHECKED_DTYPES_NAMES, HALF_NAMES, Checked, OpRecord
+from dtypecheck.nantrace.report import NanTraceReport
+
+if TYPE_CHECKING:
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+
+class StopTracing(BaseException):
+    """Raised into the traced code at the first event to end the run (a BaseException, so that the user's own
+    ``except Exception`` cannot swallow it)."""
+
+
+@dataclass(frozen=True)
+class TraceOptions:
+    keep_going: bool = False
+    """Collect every producer instead of stopping at the first."""
+    history: int = 20
+    """Checked ops kept before each event."""
+    warn_frac: float = 0.5
+    """``near_overflow`` when an op's absmax reaches this fraction of its dtype's max."""
+    window: int = 512
+    """Ops between read-backs of the cheap reductions."""
+    held_bytes: int = 512 << 20
+    """Read back sooner once the window keeps this much alive (outputs, pre-op copies of in-place targets), so
+    that deferring the checks never costs a large model much memory."""
+    stop_run: bool = False
+    """Raise ``StopTracing`` into the traced code at the first event (the CLI runners); the Python API just stops
+    checking and lets the block finish."""
+
+
+def _dispatch_mode_class() -> type[TorchDispatchMode]:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CheckMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
+        def __init__(self, tracer: Tracer) -> None:
+            super().__init__()  # type: ignore[no-untyped-call]
+            self.tracer = tracer
+
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+        ) -> Any:
+            return self.tracer.dispatch(func, args, kwargs or {})
+
+    return CheckMode
+
+
+class Tracer:
+    """``with Tracer(...) as t:`` traces the block; ``t.report`` is the result (also from ``dtypecheck.trace()``)."""
+
+    def __init__(self, options: TraceOptions | None = None, *, module_names: dict[int, str] | None = None) -> None:
+        import torch
+
+        self.options = options or TraceOptions()
+        self.modules = ModuleStack(module_names)
+        self.judge = Judge(
+            history=self.options.history,
+            warn_frac=self.options.warn_frac,
+            keep_going=self.options.keep_going,
+            owner_of=self.modules.owner_of,
+        )
+        self.frames = FrameFinder()
+        self.ops = 0
+        self.backward_passes = 0
+        self.compile_calls = 0
+        self.stopped = False
+        self._step = 1
+        self._in_backward = False
+        self._after_backward = False
+        self._window: list[OpRecord] = []
+        self._held = 0
+        self._infos: dict[Any, OpInfo] = {}
+        self._checked_dtypes = frozenset(getattr(torch, n) for n in CHECKED_DTYPES_NAMES)
+        self._half = {getattr(torch, n): _tiny(n) for n in HALF_NAMES}
+        # torch < 2.1 cannot say which node is running: every op then counts as forward/other.
+        self._current_node = getattr(torch._C, "_current_autograd_node", lambda: None)
+        self._aminmax = torch.aminmax
+        self._strided = torch.strided
+        self._is_grad_enabled = torch.is_grad_enabled
+        self._mode: Any = None
+        self._restore: list[tuple[Any, str, Any]] = []
+        self._report: NanTraceReport | None = None
+
+    # -- context -----------------------------------------------------------------------------------------------
+    def __enter__(self) -> Tracer:
+        self._run_compile_eagerly()
+        self.modules.install()
+        self._mode = _dispatch_mode_class()(self)
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        try:
+            self._mode.__exit__(None, None, None)
+            if not self.stopped:
+                self.flush()
+        finally:
+            self.modules.remove()
+            for owner, name, value in reversed(self._restore):
+                setattr(owner, name, value)
+            self._restore.clear()
+
+    def _run_compile_eagerly(self) -> None:
+        """Make ``torch.compile`` hand back the model itself: compiled kernels would bypass the dispatch mode."""
+        import torch
+
+        tracer = self
+
+        def compile_eagerly(model: Any = None, **kwargs: Any) -> Any:
+            tracer.compile_calls += 1
+            return model if model is not None else (lambda fn: fn)
+
+        def module_compile_eagerly(module: Any, *args: Any, **kwargs: Any) -> None:
+            tracer.compile_calls += 1
+
+        self._restore.append((torch, "compile", torch.compile))
+        torch.compile = compile_eagerly
+        if hasattr(torch.nn.Module, "compile"):  # torch >= 2.2
+            self._restore.append((torch.nn.Module, "compile", torch.nn.Module.compile))
+            torch.nn.Module.compile = module_compile_eagerly  # type: ignore[method-assign,assignment]
+        dynamo_config = sys.modules.get("torch._dynamo.config")
+        if isinstance(dynamo_config, types.ModuleType):
+            # Functions compiled before tracing began: dynamo leaves frames alone while disabled.
+            self._restore.append((dynamo_config, "disable", getattr(dynamo_config, "disable", False)))
+            setattr(dynamo_config, "disable", True)  # noqa: B010  (a module attribute mypy cannot see)
+
+    # -- the cheap pass ----------------------------------------------------------------------------------------
+    def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        self.ops += 1
+        if self.stopped:
+            return func(*args, **kwargs)
+        info = self._infos.get(func)
+        if info is None:
+            info = self._infos[func] = classify(func)
+        node = self._current_node()
+        backward = node is not None
+        if backward != self._in_backward:
+            self._phase_changed(backward)
+        if info.kind is OpKind.SCALAR or info.kind is OpKind.UNINITIALISED:
+            return func(*args, **kwargs)
+        module = self.modules.current
+        if self._after_backward and not backward and module is not None:
+            self._step += 1
+            self._after_backward = False
+        grad_enabled = self._is_grad_enabled()
+        if info.kind is OpKind.PASS and (backward or not grad_enabled):
+            return func(*args, **kwargs)
+        # In backward the walk finds the user's .backward() call, or their own autograd.Function.backward;
+        # the judge prefers the forward line recorded on the node when there is one.
+        frame = self.frames.user_frame()
+        record = OpRecord(self.ops - 1, func, info, node, module, frame, grad_enabled, self._step)
+        record.args, record.kwargs = args, kwargs
+        if info.kind is OpKind.CHECK:
+            self._before(record, info)
+        out = func(*args, **kwargs)
+        record.result = next(iter_tensors(out), None)
+        if info.kind is OpKind.CHECK:
+            self._after(record, out)
+        self._window.append(record)
+        if len(self._window) >= self.options.window or self._held >= self.options.held_bytes:
+            self.flush()
+        return out
+
+    def _before(self, record: OpRecord, info: OpInfo) -> None:
+        import torch
+
+        written: set[int] = set()
+        for where in info.written:
+            for tensor in iter_tensors(mutated_argument(record.args, record.kwargs, where)):
+                written.add(id(tensor))
+        for where in info.read_mutated:
+            for tensor in iter_tensors(mutated_argument(record.args, record.kwargs, where)):
+                checked = self._check(tensor)
+                if checked is not None:
+                    record.pre.append(checked)
+                    # The op is about to overwrite what it reads: keep a copy for the detailed re-run, unless
+                    # that would hold too much (a fused optimizer updating every state at once).
+                    if self._held + tensor.nbytes <= self.options.held_bytes:
+                        record.clones[id(tensor)] = tensor.detach().clone()
+                        self._held += tensor.nbytes
+        inputs = record.inputs
+        for value in (*record.args, *record.kwargs.values()):
+            if isinstance(value, torch.Tensor):
+                if value.is_floating_point() and id(value) not in written:
+                    inputs.append((value, value._version))
+            elif isinstance(value, list | tuple):
+                for item in value:
+                    if isinstance(item, torch.Tensor) and item.is_floating_point() and id(item) not in written:
+                        inputs.append((item, item._version))
+
+    def _after(self, record: OpRecord, out: Any) -> None:
+        for tensor in written_tensors(record, out):
+            checked = self._check(tensor)
+            if checked is not None:
+                record.checked.append(checked)
+                self._held += tensor.nbytes
+
+    def _check(self, tensor: torch.Tensor) -> Checked | None:
+        if (
+            tensor.dtype not in self._checked_dtypes
+            or tensor.layout is not self._strided
+            or tensor.numel() == 0
+            or tensor.is_meta
+        ):
+            return None
+        try:
+            lo, hi = self._aminmax(tensor.detach())
+        except (RuntimeError, NotImplementedError):
+            return None  # a tensor subclass or backend without aminmax: unchecked rather than broken
+        tiny = self._half.get(tensor.dtype)
+        small = None if tiny is None else (tensor.detach().abs() < tiny).sum()
+        return Checked(tensor, lo, hi, small)
+
+    def _phase_changed(self, backward: bool) -> None:
+        # Forward nodes must carry their line before backward runs them: flush first.
+        self.flush()
+        self._in_backward = backward
+        if backward:
+            self.backward_passes += 1
+            self._after_backward = True
+
+    def flush(self) -> None:
+        """Read back the window's reductions and judge its ops; at the first event, stop (unless keep-going)."""
+        window, self._window = self._window, []
+        self._held = 0
+        if window:
+            self.judge.judge_window(window)
+        if self.judge.events and not self.options.keep_going and not self.stopped:
+            self.stopped = True
+            if self.options.stop_run:
+                raise StopTracing
+
+    # -- the result --------------------------------------------------------------------------------------------
+    def notes(self) -> tuple[str, ...]:
+        if not self.compile_calls:
+            return ()
+        return (
+            f"torch.compile was called {self.compile_calls} time(s) and ran eagerly under tracing, so that every op "
+            "could be checked; compiled kernels may round differently",
+        )
+
+    def report(self, *, steps: int | None = None, **extra: Any) -> NanTraceReport:
+        events = tuple(self.judge.events)
+        report = NanTraceReport(
+            status="nonfinite" if events else "clean",
+            first=events[0] if events else None,
+            warnings=tuple(self.judge.warnings),
+            ops=self.ops,
+            steps=self.backward_passes if steps is None else steps,
+            events=events,
+            stopped_early=bool(events) and not self.options.keep_going,
+            notes=self.notes(),
+        )
+        return dataclasses.replace(report, **extra) if extra else report
+
+
+def _tiny(name: str) -> float:
+    from dtypecheck.dtypes import lookup
+
+    return lookup(name).fmt.smallest_normal
