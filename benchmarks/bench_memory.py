@@ -1,0 +1,207 @@
+"""Accuracy and speed of ``dtypecheck estimate-memory`` (issue 5).
+
+Accuracy: for an MLP, a CNN and a transformer (dtypecheck's Llama-style decoder from a config), each at a small
+batch (model states dominate) and a large one (activations dominate), the estimated peak of one AdamW training
+step against the peak PyTorch's MemTracker measures on a real CPU step (after a warm-up step, so the optimizer
+states exist). Rows: float32 and bfloat16 autocast (amp). Target: |error| <= 10%.
+
+Speed: wall time of estimating a Llama-2-70B-shaped config (default grid, every row), median of --repeats runs
+in fresh processes, and the same with the deep model traced in full instead of extrapolated from shallow copies.
+
+    .venv/bin/python benchmarks/bench_memory.py --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+HERE = Path(__file__).resolve()
+
+
+# --- factories (this file is also the factory file the estimate imports) ----------------------------------
+
+
+def _mlp(batch: int) -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    layers: list[nn.Module] = [nn.Linear(512, 1024), nn.GELU()]
+    for _ in range(3):
+        layers += [nn.Linear(1024, 1024), nn.GELU()]
+    layers.append(nn.Linear(1024, 10))
+    return nn.Sequential(*layers), torch.randn(batch, 512)
+
+
+def _cnn(batch: int) -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+
+    def stage(c_in: int, c_out: int) -> nn.Sequential:
+        return nn.Sequential(
+            nn.Conv2d(c_in, c_out, 3, padding=1, bias=False),
+            nn.BatchNorm2d(c_out),
+            nn.ReLU(),
+            nn.Conv2d(c_out, c_out, 3, padding=1, bias=False),
+            nn.BatchNorm2d(c_out),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+
+    model = nn.Sequential(
+        stage(3, 64), stage(64, 128), stage(128, 256), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(256, 100)
+    )
+    return model, torch.randn(batch, 3, 32, 32)
+
+
+def mlp_small() -> tuple[nn.Module, torch.Tensor]:
+    return _mlp(8)
+
+
+def mlp_large() -> tuple[nn.Module, torch.Tensor]:
+    return _mlp(4096)
+
+
+def cnn_small() -> tuple[nn.Module, torch.Tensor]:
+    return _cnn(2)
+
+
+def cnn_large() -> tuple[nn.Module, torch.Tensor]:
+    return _cnn(64)
+
+
+DECODER = {
+    "model_type": "dtypecheck-decoder",
+    "vocab_size": 8000,
+    "hidden_size": 256,
+    "intermediate_size": 768,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "tie_word_embeddings": True,
+}
+LLAMA_70B = {
+    "model_type": "dtypecheck-decoder",
+    "vocab_size": 32000,
+    "hidden_size": 8192,
+    "intermediate_size": 28672,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+}
+
+
+def accuracy(folder: Path) -> list[tuple[str, str, int, int, float, str]]:
+    from dtypecheck.dtypes import lookup
+    from dtypecheck.memory import EstimateOptions, estimate_memory, open_subject
+    from dtypecheck.memory.measure import measure_row
+    from dtypecheck.memory.states import Precision
+
+    config = folder / "decoder" / "config.json"
+    config.parent.mkdir(exist_ok=True)
+    config.write_text(json.dumps(DECODER), encoding="utf-8")
+    cases = [
+        ("MLP 4x1024", "batch 8", f"{HERE}:mlp_small", {}),
+        ("MLP 4x1024", "batch 4096", f"{HERE}:mlp_large", {}),
+        ("CNN 6 conv+BN", "batch 2", f"{HERE}:cnn_small", {}),
+        ("CNN 6 conv+BN", "batch 64", f"{HERE}:cnn_large", {}),
+        ("decoder 4x256", "batch 1x64", str(config), {"batch_size": 1, "seq_len": 64}),
+        ("decoder 4x256", "batch 16x256", str(config), {"batch_size": 16, "seq_len": 256}),
+    ]
+    rows = []
+    for model, batch, target, kwargs in cases:
+        configurations: tuple[tuple[str, Precision], ...] = (("float32", "pure"), ("bfloat16", "amp"))
+        for dtype, precision in configurations:
+            subject = open_subject(target, **kwargs)
+            options = EstimateOptions(dtypes=(lookup(dtype),), modes=("training",), precisions=(precision,))
+            row = estimate_memory(subject, options).estimates[0]
+            measured = measure_row(subject, row, "foreach", "cpu")
+            b = row.bytes
+            states = b.parameters + b.gradients + b.optimizer_states
+            dominant = "states" if states > (b.activations or 0) else "activations"
+            rows.append(
+                (
+                    f"{model}, {batch}",
+                    f"{dtype} {precision}",
+                    row.bytes.total,
+                    measured.peak_bytes,
+                    measured.error,
+                    dominant,
+                )
+            )
+            print(f"  {rows[-1][0]:<30} {rows[-1][1]:<14} error {measured.error:+.3%}", file=sys.stderr)
+    return rows
+
+
+def _time_cli(folder: Path, extra_env: dict[str, str] | None = None) -> float:
+    import os
+
+    env = dict(os.environ, **(extra_env or {}))
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "dtypecheck", "estimate-memory", str(folder), "-f", "json", "-q", "--context", "4096"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+    )
+    elapsed = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(done.stderr)
+    return elapsed
+
+
+FULL_TRACE = """
+import json, sys, time
+from dtypecheck.memory import EstimateOptions, estimate_memory, open_subject
+start = time.perf_counter()
+subject = open_subject(sys.argv[1])
+subject.traceable.with_layers = None
+report = estimate_memory(subject, EstimateOptions(context=4096))
+print(json.dumps([time.perf_counter() - start, [r.bytes.total for r in report.estimates]]))
+"""
+
+
+def speed(folder: Path, repeats: int, full: bool) -> None:
+    big = folder / "llama70b"
+    big.mkdir(exist_ok=True)
+    (big / "config.json").write_text(json.dumps(LLAMA_70B), encoding="utf-8")
+    times = [_time_cli(big) for _ in range(repeats)]
+    print(f"\n70B config, default grid (9 rows), whole process: median {statistics.median(times):.1f} s over {repeats}")
+    if full:
+        done = subprocess.run([sys.executable, "-c", FULL_TRACE, str(big)], capture_output=True, text=True, check=True)
+        seconds, totals = json.loads(done.stdout)
+        from dtypecheck.memory import EstimateOptions, estimate_memory, open_subject
+
+        fast = [r.bytes.total for r in estimate_memory(open_subject(str(big)), EstimateOptions(context=4096)).estimates]
+        same = "identical" if fast == totals else "DIFFERENT"
+        print(f"70B traced in full (all 80 blocks): {seconds:.1f} s; totals {same} to the extrapolated ones")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--skip-speed", action="store_true")
+    parser.add_argument("--full-trace", action="store_true", help="also trace the 70B model in full (slow)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        rows = accuracy(folder)
+        print("| model, batch | training step | estimate | measured (MemTracker) | error | dominated by |")
+        print("|---|---|---:|---:|---:|---|")
+        for name, config, estimate, measured, error, dominant in rows:
+            print(f"| {name} | {config} | {estimate:,} | {measured:,} | {error:+.3%} | {dominant} |")
+        worst = max(abs(r[4]) for r in rows)
+        print(f"\nworst |error| {worst:.3%} (target <= 10%)")
+        if not args.skip_speed:
+            speed(folder, args.repeats, args.full_trace)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,296 @@
+"""Combining model states, the traced activation profile and sharding into one row per configuration."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from dtypecheck.dtypes import DtypeSpec, lookup
+from dtypecheck.errors import InputError, UsageError
+from dtypecheck.memory import states
+from dtypecheck.memory.report import (
+    MemoryBytes,
+    MemoryEstimate,
+    MemoryReport,
+    Mode,
+    Sharding,
+    Strategy,
+)
+from dtypecheck.memory.states import Optimizer, OptimizerImpl, Precision
+from dtypecheck.memory.tracing import (
+    ActivationProfile,
+    ExtrapolatedProfile,
+    Profile,
+    Traceable,
+    linear_profiles,
+    trace_pass,
+)
+from dtypecheck.progress import ProgressCallback, no_progress
+
+if TYPE_CHECKING:
+    from dtypecheck.memory.subject import Subject
+
+DEFAULT_DTYPES = ("float32", "bfloat16", "float16", "float8_e4m3fn", "int8", "int4")
+QUANTIZED_COMPUTE_DTYPE = "bfloat16"
+"""Weight-only quantized and float8 models compute (and keep their KV cache) in bfloat16."""
+
+
+@dataclass(frozen=True)
+class EstimateOptions:
+    dtypes: tuple[DtypeSpec, ...] = ()
+    """Empty: the default grid."""
+    modes: tuple[Mode, ...] = ()
+    """Empty: inference and training."""
+    optimizer: Optimizer = "adamw"
+    precisions: tuple[Precision, ...] = ()
+    """Empty: ``pure`` for 32/64-bit floats, ``amp`` below."""
+    strategy: Strategy = "none"
+    world_size: int = 1
+    context: int | None = None
+    checkpointing: bool = False
+    keep_unquantized: bool = False
+    group_size: int = 128
+    optimizer_impl: OptimizerImpl = "foreach"
+
+
+@dataclass(frozen=True)
+class _Row:
+    spec: DtypeSpec
+    mode: Mode
+    precision: Precision
+
+
+def plan_rows(options: EstimateOptions) -> tuple[list[_Row], list[str]]:
+    """The configurations to estimate, and those of the default grid left out (with why).
+
+    A dtype the user named together with an explicit ``--mode training`` that it cannot train in is a usage error.
+    """
+    dtypes = options.dtypes or tuple(lookup(name) for name in DEFAULT_DTYPES)
+    modes = options.modes or ("inference", "training")
+    rows: list[_Row] = []
+    skipped: list[str] = []
+    for spec in dtypes:
+        for mode in modes:
+            if mode == "inference":
+                rows.append(_Row(spec, mode, "pure"))
+                continue
+            if not states.can_train(spec):
+                why = "int and float8 storage is not trained directly; train in bfloat16, then quantize"
+                if options.dtypes and options.modes:
+                    raise UsageError(f"cannot estimate training in {spec.name}: {why}")
+                skipped.append(f"{spec.name} training: {why}")
+                continue
+            wide = spec.bits >= 32
+            precisions = options.precisions or (("pure",) if wide else ("amp",))
+            for precision in precisions:
+                if wide and precision != "pure":
+                    skipped.append(f"{spec.name} {precision}: the same as pure for a {spec.bits}-bit dtype")
+                    continue
+                rows.append(_Row(spec, mode, precision))
+    return rows, skipped
+
+
+def _compute_dtype(row: _Row) -> DtypeSpec:
+    return row.spec if states.can_train(row.spec) else lookup(QUANTIZED_COMPUTE_DTYPE)
+
+
+def _shards(strategy: Strategy, world_size: int) -> tuple[int, int, int]:
+    """How many ways (optimizer states, gradients, parameters) are split across devices."""
+    n = world_size
+    return {
+        "none": (1, 1, 1),
+        "ddp": (1, 1, 1),
+        "zero1": (n, 1, 1),
+        "zero2": (n, n, 1),
+        "zero3": (n, n, n),
+        "fsdp": (n, n, n),
+    }[strategy]
+
+
+SHALLOW_LAYERS = (2, 3, 4)
+"""Block counts traced to extrapolate a deep model: two to extrapolate from, a third to check linearity."""
+
+
+class _Profiles:
+    """Traces each distinct pass once: rows that compute alike share a profile. A model of many identical
+    blocks (a config's ``num_hidden_layers``) is traced at 2, 3 and 4 blocks and extrapolated when the bytes
+    grow by the same step per block, which is what keeps a 70B config to seconds."""
+
+    def __init__(self, subject: Subject, checkpointing: bool, progress: ProgressCallback, total: int) -> None:
+        self.subject = subject
+        self.checkpointing = checkpointing
+        self.progress = progress
+        self.total = total
+        self.cache: dict[tuple[int, str, bool], Profile | None] = {}
+        self.shallow: dict[int, Traceable] = {}
+        self.extrapolated = False
+
+    def get(self, row: _Row) -> Profile | None:
+        traceable = self.subject.traceable
+        if traceable is None:
+            return None
+        compute = _compute_dtype(row)
+        amp = row.mode == "training" and row.precision == "amp"
+        # Byte counts depend on the element size, not the format: float16 and bfloat16 passes are the same.
+        key = (compute.bits, "amp" if amp else "cast", row.mode == "training")
+        if key not in self.cache:
+            self.progress(len(self.cache), self.total, f"tracing {row.mode} in {compute.name}")
+            self.cache[key] = self._profile(traceable, row, compute, amp)
+        return self.cache[key]
+
+    def _profile(self, traceable: Traceable, row: _Row, compute: DtypeSpec, amp: bool) -> Profile:
+        layers = traceable.layers
+        if layers and traceable.with_layers is not None and layers > SHALLOW_LAYERS[-1]:
+            try:
+                for count in SHALLOW_LAYERS:
+                    if count not in self.shallow:
+                        self.shallow[count] = traceable.with_layers(count)
+            except InputError:
+                traceable.with_layers = None  # this config cannot be built shallower: trace it whole
+                return self._trace(traceable, row, compute, amp)
+            profiles = [self._trace(self.shallow[count], row, compute, amp) for count in SHALLOW_LAYERS]
+            if linear_profiles(profiles):
+                self.extrapolated = True
+                return ExtrapolatedProfile(profiles[0], profiles[1], SHALLOW_LAYERS[0], layers)
+        return self._trace(traceable, row, compute, amp)
+
+    def _trace(self, traceable: Traceable, row: _Row, compute: DtypeSpec, amp: bool) -> ActivationProfile:
+        import torch
+
+        from dtypecheck.memory.fakes import cast_module
+
+        weights_dtype = torch.float32 if amp else compute.torch_dtype()
+        assert weights_dtype is not None  # only available dtypes reach the estimate
+        cast_module(traceable.module, weights_dtype, traceable.fake_mode)
+        return trace_pass(
+            traceable,
+            train=row.mode == "training",
+            autocast_dtype=compute.torch_dtype() if amp else None,
+            checkpointing=self.checkpointing,
+            input_dtype=None if amp else weights_dtype,
+        )
+
+
+def _ceil_div(value: int, parts: int) -> int:
+    return math.ceil(value / parts)
+
+
+def _kv_cache_bytes(subject: Subject, row: _Row, context: int | None, batch: int) -> int:
+    if row.mode != "inference" or not context or subject.decoder is None:
+        return 0
+    bits = _compute_dtype(row).bits
+    return subject.decoder.kv_elements(context) * batch * bits // 8
+
+
+def estimate_row(subject: Subject, row: _Row, options: EstimateOptions, profile: Profile | None) -> MemoryEstimate:
+    inventory = subject.inventory
+    spec, precision = row.spec, row.precision
+    training = row.mode == "training"
+    opt_parts, grad_parts, param_parts = _shards(options.strategy, options.world_size)
+    plan = states.plan_weights(
+        inventory, spec, precision, keep_unquantized=options.keep_unquantized, group_size=options.group_size
+    )
+    weights = _ceil_div(plan.weight_bytes, param_parts)
+    buffers = inventory.buffer_bytes
+    batch = subject.batch_size or 1
+    kv_cache = _kv_cache_bytes(subject, row, options.context, batch)
+    weight_bits = 32 if (training and precision == "amp") else spec.bits
+    gathered = 0
+    if param_parts > 1:
+        # The block in use and the one prefetched are unsharded; in training their gradients are too.
+        grad_bits = (32 if precision == "amp" else spec.bits) if training else 0
+        gathered = inventory.largest_unit_parameters * (2 * weight_bits + grad_bits) // 8
+    if not training:
+        activations = profile.peak_activations if profile else None
+        total = weights + buffers + kv_cache + gathered + (profile.peak() if profile else 0)
+        return MemoryEstimate(
+            dtype=spec.name,
+            mode="inference",
+            optimizer=None,
+            precision=precision,
+            sharding=Sharding(options.strategy, options.world_size),
+            batch_size=subject.batch_size,
+            bytes=MemoryBytes(
+                weights, 0, 0, 0, activations, total, buffers, kv_cache, plan.quantization_overhead, 0, gathered
+            ),
+            seq_len=subject.seq_len,
+            context=options.context if kv_cache else None,
+            checkpointing=False,
+            peak_phase="forward",
+        )
+    full_gradients = states.gradient_bytes(inventory, spec, precision)
+    gradients = _ceil_div(full_gradients, grad_parts)
+    # DDP copies gradients into communication buckets of the same size (unless gradient_as_bucket_view).
+    ddp_buckets = full_gradients if options.strategy == "ddp" else 0
+    optimizer_states = _ceil_div(states.optimizer_state_bytes(inventory, options.optimizer, spec, precision), opt_parts)
+    master = _ceil_div(states.master_weight_bytes(inventory, precision), opt_parts)
+    transient = _ceil_div(
+        states.optimizer_step_transient(inventory, options.optimizer, spec, precision, options.optimizer_impl),
+        opt_parts,
+    )
+    # Steady state: optimizer states (and master weights) live through the whole step; gradients are set to
+    # None before the forward pass and accumulate during backward.
+    resident = weights + buffers + optimizer_states + master + ddp_buckets
+    forward_backward = resident + gathered + (profile.peak(1 / grad_parts) if profile else gradients)
+    optimizer_step = resident + gradients + transient + (profile.input_bytes if profile else 0)
+    total = max(forward_backward, optimizer_step)
+    return MemoryEstimate(
+        dtype=spec.name,
+        mode="training",
+        optimizer=options.optimizer,
+        precision=precision,
+        sharding=Sharding(options.strategy, options.world_size),
+        batch_size=subject.batch_size,
+        bytes=MemoryBytes(
+            weights,
+            gradients + ddp_buckets,
+            optimizer_states,
+            master,
+            profile.peak_activations if profile else None,
+            total,
+            buffers,
+            0,
+            plan.quantization_overhead,
+            transient,
+            gathered,
+        ),
+        seq_len=subject.seq_len,
+        context=None,
+        checkpointing=options.checkpointing,
+        peak_phase="forward-backward" if forward_backward >= optimizer_step else "optimizer-step",
+    )
+
+
+def validate(subject: Subject, options: EstimateOptions) -> None:
+    if options.strategy == "none" and options.world_size != 1:
+        raise UsageError("--world-size needs a --strategy (ddp, zero1, zero2, zero3 or fsdp)")
+    if options.world_size < 1:
+        raise UsageError(f"--world-size must be at least 1, not {options.world_size}")
+    if options.group_size < 1:
+        raise UsageError(f"--group-size must be at least 1, not {options.group_size}")
+    if options.context is not None and subject.decoder is None:
+        raise UsageError(
+            "--context needs a decoder model whose config gives num_hidden_layers, num_attention_heads and "
+            "hidden_size (a config.json, or a module with such a .config)"
+        )
+
+
+def estimate_memory(
+    subject: Subject, options: EstimateOptions, progress: ProgressCallback = no_progress
+) -> MemoryReport:
+    """Every requested configuration's per-device bytes; nothing is allocated for real."""
+    validate(subject, options)
+    rows, skipped = plan_rows(options)
+    profiles = _Profiles(subject, options.checkpointing, progress, total=len(rows))
+    estimates = tuple(estimate_row(subject, row, options, profiles.get(row)) for row in rows)
+    progress(len(rows), len(rows), "done")
+    info = subject.model_info()
+    if profiles.extrapolated:
+        note = (
+            f"activations of {subject.traceable.layers if subject.traceable else 0} identical blocks extrapolated "
+            f"from traces with {', '.join(map(str, SHALLOW_LAYERS))} blocks (their growth per block checked equal)"
+        )
+        info = dataclasses.replace(info, notes=(*info.notes, note))
+    return MemoryReport(info, estimates, None, tuple(skipped))

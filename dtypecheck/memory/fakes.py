@@ -1,0 +1,85 @@
+"""Turning modules and inputs into fake tensors without allocating their data."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+
+def new_fake_mode() -> FakeTensorMode:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    # Real tensors may meet fake ones (a constant a module creates in forward): treat them as fake too.
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def fake_tensor(mode: FakeTensorMode, tensor: torch.Tensor) -> torch.Tensor:
+    """A fake copy of ``tensor`` on its own device, or on the CPU for a meta tensor (never reading data)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if isinstance(tensor, FakeTensor):
+        return tensor
+    if tensor.device.type == "meta":
+        return FakeTensor(mode, tensor.detach(), torch.device("cpu"))
+    return mode.from_tensor(tensor.detach())
+
+
+def fakify_module(module: torch.nn.Module, mode: FakeTensorMode) -> torch.nn.Module:
+    """Replace every parameter and buffer by a fake one in place, keeping ties (one tensor, one fake)."""
+    from torch import nn
+
+    memo: dict[int, Any] = {}
+    for sub in module.modules():
+        for name, param in list(sub._parameters.items()):
+            if param is None:
+                continue
+            if id(param) not in memo:
+                with mode:
+                    memo[id(param)] = nn.Parameter(fake_tensor(mode, param), requires_grad=param.requires_grad)
+            sub._parameters[name] = memo[id(param)]
+        for name, buffer in list(sub._buffers.items()):
+            if buffer is None:
+                continue
+            if id(buffer) not in memo:
+                memo[id(buffer)] = fake_tensor(mode, buffer)
+            sub._buffers[name] = memo[id(buffer)]
+    return module
+
+
+def fake_inputs(mode: FakeTensorMode, value: Any) -> Any:
+    """The same nesting of inputs with every tensor replaced by a fake one."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda v: fake_tensor(mode, v) if isinstance(v, torch.Tensor) else v, value)
+
+
+def cast_module(module: torch.nn.Module, dtype: torch.dtype, mode: FakeTensorMode) -> None:
+    """``module.to(dtype)`` for fake parameters (whose weak references forbid ``Module.to``'s tensor swap):
+    floating parameters and buffers get new fake tensors in ``dtype``, ties kept."""
+    from torch import nn
+
+    memo: dict[int, Any] = {}
+
+    def convert(tensor: torch.Tensor) -> torch.Tensor:
+        if not tensor.is_floating_point() or tensor.dtype == dtype:
+            return tensor
+        if id(tensor) not in memo:
+            with mode:
+                converted = tensor.detach().to(dtype)
+            if isinstance(tensor, nn.Parameter) or getattr(tensor, "_is_param", False):
+                converted = nn.Parameter(converted, requires_grad=tensor.requires_grad)
+            memo[id(tensor)] = converted
+        return memo[id(tensor)]  # type: ignore[no-any-return]
+
+    for sub in module.modules():
+        for name, param in list(sub._parameters.items()):
+            if param is not None:
+                sub._parameters[name] = convert(param)  # type: ignore[assignment]
+        for name, buffer in list(sub._buffers.items()):
+            if buffer is not None:
+                sub._buffers[name] = convert(buffer)

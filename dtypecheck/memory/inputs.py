@@ -1,0 +1,236 @@
+"""Reading what to estimate: ``file.py:factory``, a checkpoint file or folder, or a ``config.json``."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import traceback
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dtypecheck.errors import InputError, UsageError, UserCodeError
+from dtypecheck.memory.inventory import Inventory, inventory_of_module, inventory_of_records
+from dtypecheck.memory.subject import DecoderShape, Subject
+
+if TYPE_CHECKING:
+    import torch
+
+    from dtypecheck.memory.tracing import Inputs
+
+DEFAULT_SEQ_LEN = 512
+CHECKPOINT_NOTE = (
+    "a checkpoint holds no forward pass: activations are not included (give file.py:factory or a config.json)"
+)
+
+
+def open_subject(target: str, *, batch_size: int | None = None, seq_len: int | None = None) -> Subject:
+    """Dispatch on what ``target`` is: a factory spec, a config, or a checkpoint."""
+    path_part = target.rsplit(":", 1)[0] if ":" in target else target
+    if path_part.endswith(".py"):
+        if seq_len is not None:
+            raise UsageError("--seq-len applies to a config's inputs; a factory gives its own example inputs")
+        return load_factory(target, batch_size=batch_size)
+    path = Path(target)
+    if not path.exists():
+        raise InputError(f"no such file or directory: {target}")
+    if path.is_dir() and (path / "config.json").is_file():
+        return load_config(path / "config.json", batch_size=batch_size, seq_len=seq_len)
+    if path.is_file() and path.name.endswith(".json") and not path.name.endswith(".index.json"):
+        return load_config(path, batch_size=batch_size, seq_len=seq_len)
+    if batch_size is not None or seq_len is not None:
+        raise UsageError("--batch-size and --seq-len need a factory or a config: a checkpoint has no forward pass")
+    return load_checkpoint(target)
+
+
+# --- file.py:factory ---------------------------------------------------------------------------------------
+
+
+def _user_frames(exc: BaseException, user_file: Path) -> str:
+    """The traceback from the first frame in the user's file on: their code only, never dtypecheck's."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    start = next((i for i, f in enumerate(frames) if Path(f.filename).resolve() == user_file), 0)
+    lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames[start:])]
+    lines += traceback.format_exception_only(type(exc), exc)
+    return "".join(lines)
+
+
+def _call_user(func: Callable[[], Any], what: str, user_file: Path) -> Any:
+    try:
+        return func()
+    except Exception as exc:
+        summary = f"{what} raised {type(exc).__name__}: {exc}".rstrip(": ")
+        raise UserCodeError(summary, _user_frames(exc, user_file)) from exc
+
+
+def _import_user_file(path: Path) -> Any:
+    spec = importlib.util.spec_from_file_location(f"dtypecheck_user_{uuid.uuid4().hex}", path)
+    if spec is None or spec.loader is None:
+        raise InputError(f"{path}: cannot be imported as a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent))
+    try:
+        _call_user(lambda: spec.loader.exec_module(module), str(path), path)  # type: ignore[union-attr]
+    finally:
+        sys.path.remove(str(path.parent))
+    return module
+
+
+def call_factory(target: str) -> tuple[torch.nn.Module, Any]:
+    """Import ``file.py`` and call ``factory()``: a module, or ``(module, example_inputs)``."""
+    from torch import nn
+
+    if ":" not in target:
+        raise UsageError(f"{target}: name the factory function too, as {target}:NAME")
+    file_part, name = target.rsplit(":", 1)
+    path = Path(file_part).resolve()
+    if not path.is_file():
+        raise InputError(f"no such file: {file_part}")
+    module = _import_user_file(path)
+    factory = getattr(module, name, None)
+    if factory is None:
+        raise InputError(f"{file_part}: no function named {name!r}")
+    if not callable(factory):
+        raise InputError(f"{file_part}: {name!r} is not callable")
+    result = _call_user(factory, f"{name}()", path)
+    inputs: Any = None
+    if isinstance(result, tuple | list) and len(result) == 2 and isinstance(result[0], nn.Module):
+        result, inputs = result
+    if not isinstance(result, nn.Module):
+        raise InputError(
+            f"{name}() returned {type(result).__name__}; it must return an nn.Module or (module, example_inputs)"
+        )
+    return result, inputs
+
+
+def _as_call(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if isinstance(inputs, dict):
+        return (), dict(inputs)
+    if isinstance(inputs, tuple | list):
+        return tuple(inputs), {}
+    return (inputs,), {}
+
+
+def _first_batch_dim(inputs: Any) -> int | None:
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    for value in tree_flatten(inputs)[0]:
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            return int(value.shape[0])
+    return None
+
+
+def _resize_batch(inputs: Any, old: int | None, new: int | None, *, real: bool) -> Any:
+    """Every tensor whose first dimension is the batch gets ``new`` rows (repeating real rows for --measure);
+    the others are copied, so that the batch is counted as memory the step holds."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    def resize(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        if new is None or old is None or value.dim() == 0 or value.shape[0] != old or new == old:
+            return value.clone()
+        if real:
+            reps = -(-new // old)
+            return value.repeat(reps, *([1] * (value.dim() - 1)))[:new].clone()
+        return torch.empty((new, *value.shape[1:]), dtype=value.dtype, device=value.device)
+
+    return tree_map(resize, inputs)
+
+
+def load_factory(target: str, *, batch_size: int | None = None) -> Subject:
+    from dtypecheck.memory.fakes import fake_inputs, fakify_module, new_fake_mode
+    from dtypecheck.memory.tracing import Traceable
+
+    module, inputs = call_factory(target)
+    inventory = inventory_of_module(module)
+    decoder = DecoderShape.from_config(getattr(module, "config", None) or {})
+    notes: list[str] = []
+    traceable = None
+    original_batch = _first_batch_dim(inputs) if inputs is not None else None
+    batch = batch_size or original_batch
+    if inputs is None:
+        if batch_size is not None:
+            raise UsageError("--batch-size needs example inputs: have the factory return (module, example_inputs)")
+        notes.append("the factory gave no example inputs: activations are not included")
+    else:
+        mode = new_fake_mode()
+        fakify_module(module, mode)
+        fake = fake_inputs(mode, inputs)
+
+        def make_inputs() -> Inputs:
+            return _as_call(_resize_batch(fake, original_batch, batch, real=False))
+
+        traceable = Traceable(mode, module, make_inputs, batch)
+
+    def real() -> tuple[torch.nn.Module, Callable[[], Inputs]]:
+        real_module, real_inputs = call_factory(target)
+        return real_module, lambda: _as_call(_resize_batch(real_inputs, original_batch, batch, real=True))
+
+    return Subject(
+        source=target,
+        kind="factory",
+        architecture=type(module).__name__,
+        inventory=inventory,
+        parameter_bytes=sum(p.nbytes for p in inventory.parameters),
+        traceable=traceable,
+        decoder=decoder,
+        batch_size=batch,
+        seq_len=None,
+        notes=tuple(notes),
+        real=real if inputs is not None else None,
+    )
+
+
+# --- checkpoints -------------------------------------------------------------------------------------------
+
+
+def load_checkpoint(target: str) -> Subject:
+    from dtypecheck.loaders import open_checkpoint
+
+    checkpoint = open_checkpoint(target)
+    try:
+        inventory: Inventory = inventory_of_records(checkpoint.records())
+        fmt = checkpoint.format
+    finally:
+        checkpoint.close()
+    if not inventory.parameters:
+        raise InputError(f"{target}: the checkpoint holds no floating-point tensors to estimate")
+    return Subject(
+        source=target,
+        kind="checkpoint",
+        architecture=fmt,
+        inventory=inventory,
+        parameter_bytes=sum(p.nbytes for p in inventory.parameters),
+        traceable=None,
+        decoder=None,
+        batch_size=None,
+        seq_len=None,
+        notes=(CHECKPOINT_NOTE,),
+    )
+
+
+# --- config.json -------------------------------------------------------------------------------------------
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not a UTF-8 text file") from exc
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: a config must be a JSON object")
+    return data
+
+
+def load_config(path: Path, *, batch_size: int | None = None, seq_len: int | None = None) -> Subject:
+    from dtypecheck.memory.config_models import build_from_config
+
+    data = read_config(path)
+    return build_from_config(path, data, batch_size=batch_size or 1, seq_len=seq_len or DEFAULT_SEQ_LEN)

@@ -1,0 +1,200 @@
+"""What a model holds, independent of where it came from: one entry per distinct parameter and buffer.
+
+The inventory is built from a live (fake or meta) module or from a checkpoint's tensor records, and everything
+the estimate needs about model states (weights, gradients, optimizer states) is computed from it alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    import torch
+
+    from dtypecheck.loaders.base import TensorRecord
+
+LayerKind = Literal["embedding", "norm", "other"]
+"""``embedding`` and ``norm`` are the layers weight quantizers usually leave alone."""
+
+_EMBEDDING_NAME_HINTS = ("embed", "wte", "wpe", "word_embeddings", "position_embeddings", "tok_embeddings")
+_NORM_NAME_HINTS = ("norm", "ln_", ".ln", "layernorm", "rmsnorm")
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """One distinct tensor of the model (a tied weight appears once, under its first name)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    """torch dtype name without ``torch.``."""
+    itemsize_bits: int
+    trainable: bool
+    floating: bool
+    layer: LayerKind
+
+    @property
+    def numel(self) -> int:
+        count = 1
+        for size in self.shape:
+            count *= size
+        return count
+
+    @property
+    def nbytes(self) -> int:
+        return (self.numel * self.itemsize_bits + 7) // 8
+
+
+@dataclass(frozen=True)
+class Inventory:
+    parameters: tuple[TensorEntry, ...]
+    buffers: tuple[TensorEntry, ...]
+    largest_unit_parameters: int
+    """Parameter count of the largest repeated block (or leaf module): what ZeRO-3/FSDP gathers at once."""
+
+    @property
+    def parameter_count(self) -> int:
+        return sum(p.numel for p in self.parameters)
+
+    @property
+    def trainable(self) -> tuple[TensorEntry, ...]:
+        return tuple(p for p in self.parameters if p.trainable)
+
+    @property
+    def trainable_count(self) -> int:
+        return sum(p.numel for p in self.trainable)
+
+    @property
+    def buffer_count(self) -> int:
+        return sum(b.numel for b in self.buffers)
+
+    @property
+    def buffer_bytes(self) -> int:
+        return sum(b.nbytes for b in self.buffers)
+
+
+def _layer_kind_of_module(module: object) -> LayerKind:
+    from torch import nn
+
+    if isinstance(module, nn.Embedding | nn.EmbeddingBag):
+        return "embedding"
+    norm_types: tuple[type, ...] = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._NormBase)
+    rms = getattr(nn, "RMSNorm", None)
+    if rms is not None:
+        norm_types += (rms,)
+    if isinstance(module, norm_types) or "norm" in type(module).__name__.lower():
+        return "norm"
+    return "other"
+
+
+def layer_kind_of_name(name: str) -> LayerKind:
+    """Guess the layer kind from a checkpoint key, where no module type is known."""
+    lowered = name.lower()
+    if any(hint in lowered for hint in _EMBEDDING_NAME_HINTS):
+        return "embedding"
+    if any(hint in lowered for hint in _NORM_NAME_HINTS):
+        return "norm"
+    return "other"
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _itemsize_bits(dtype: torch.dtype) -> int:
+    from dtypecheck.dtypes import spec_of
+
+    return spec_of(dtype).itemsize_bits
+
+
+def _unit_parameter_count(module: torch.nn.Module) -> int:
+    """Largest element of any ModuleList/Sequential (the usual FSDP wrapping unit), else largest leaf module."""
+    from torch import nn
+
+    best = 0
+    for sub in module.modules():
+        if isinstance(sub, nn.ModuleList | nn.Sequential):
+            for child in sub.children():
+                best = max(best, sum(p.numel() for p in child.parameters()))
+    if best:
+        return best
+    for sub in module.modules():
+        best = max(best, sum(p.numel() for p in sub.parameters(recurse=False)))
+    return best
+
+
+def inventory_of_module(module: torch.nn.Module) -> Inventory:
+    """Every distinct parameter and buffer; tied parameters (one tensor under two names) count once."""
+    seen: set[int] = set()
+    params: list[TensorEntry] = []
+    for module_name, sub in module.named_modules(remove_duplicate=False):
+        kind = _layer_kind_of_module(sub)
+        for name, param in sub.named_parameters(recurse=False):
+            if id(param) in seen:
+                continue
+            seen.add(id(param))
+            full = f"{module_name}.{name}" if module_name else name
+            params.append(_entry(full, param, kind, trainable=param.requires_grad))
+    buffers: list[TensorEntry] = []
+    for name, buffer in module.named_buffers():
+        if id(buffer) in seen:
+            continue
+        seen.add(id(buffer))
+        buffers.append(_entry(name, buffer, "other", trainable=False))
+    return Inventory(tuple(params), tuple(buffers), _unit_parameter_count(module))
+
+
+def _entry(name: str, tensor: torch.Tensor, kind: LayerKind, *, trainable: bool) -> TensorEntry:
+    floating = tensor.is_floating_point() or tensor.is_complex()
+    return TensorEntry(
+        name=name,
+        shape=tuple(tensor.shape),
+        dtype=_dtype_name(tensor.dtype),
+        itemsize_bits=_itemsize_bits(tensor.dtype),
+        trainable=trainable and floating,
+        floating=floating,
+        layer=kind,
+    )
+
+
+TRAINING_STATE_KEYS = frozenset(
+    {"optimizer", "optim", "optimizer_state_dict", "optimizer_states", "scheduler", "lr_scheduler", "scaler"}
+)
+"""Top-level keys of a training checkpoint that hold the trainer's state, not the model's."""
+
+
+def is_training_state(name: str) -> bool:
+    return name.split(".", 1)[0].lower() in TRAINING_STATE_KEYS
+
+
+def inventory_of_records(records: Iterable[TensorRecord]) -> Inventory:
+    """A checkpoint's tensors from their headers: every floating tensor is taken for a trainable parameter
+    (a state dict does not say which are buffers); integer tensors are counted as buffers. A training
+    checkpoint's optimizer and scheduler entries are left out: the estimate computes its own."""
+    from dtypecheck.dtypes import lookup
+
+    params: list[TensorEntry] = []
+    buffers: list[TensorEntry] = []
+    largest = 0
+    for record in records:
+        if is_training_state(record.name):
+            continue
+        spec = lookup(record.dtype)
+        floating = spec.is_floating_or_complex
+        numel = record.numel
+        # The record's own byte count is authoritative (packed and quantized storage included).
+        bits = (record.nbytes * 8) // numel if numel else spec.itemsize_bits
+        entry = TensorEntry(
+            name=record.name,
+            shape=tuple(record.shape),
+            dtype=spec.name,
+            itemsize_bits=bits or spec.itemsize_bits,
+            trainable=floating,
+            floating=floating,
+            layer=layer_kind_of_name(record.name),
+        )
+        (params if floating else buffers).append(entry)
+        largest = max(largest, numel)
+    return Inventory(tuple(params), tuple(buffers), largest)

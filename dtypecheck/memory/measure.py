@@ -1,0 +1,187 @@
+"""``--measure``: one real step on CUDA (when present) or the CPU, its peak beside the estimate.
+
+On the CPU, PyTorch's own ``MemTracker`` is the referee (it counts every live tensor storage, as the CUDA caching
+allocator's ``max_memory_allocated`` does on a GPU). A warm-up step runs first so that the optimizer states exist,
+as they do in every step but the first; the measured step starts with gradients set to None.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dtypecheck.errors import UsageError
+from dtypecheck.memory.report import Measurement, MemoryEstimate
+from dtypecheck.memory.states import OptimizerImpl
+
+if TYPE_CHECKING:
+    import torch
+
+    from dtypecheck.memory.subject import Subject
+    from dtypecheck.memory.tracing import Inputs
+
+TORCH_OPTIMIZERS = ("adamw", "adam", "sgd", "adafactor")
+MEASURE_FRACTION = 0.8
+"""Refuse to measure a step estimated to need more than this share of the device's free memory."""
+
+
+def _available_bytes(device: torch.device) -> int | None:
+    import os
+
+    import torch
+
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:  # MemAvailable counts reclaimable page cache, which free pages alone do not
+        for line in Path("/proc/meminfo").read_text(encoding="ascii").splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def make_optimizer(name: str, params: list[torch.nn.Parameter], impl: OptimizerImpl) -> torch.optim.Optimizer:
+    """The torch optimizer the estimate's formulas describe (SGD with momentum 0.9)."""
+    import torch
+
+    foreach = impl == "foreach"
+    fused = True if impl == "fused" else None
+    if name == "adamw":
+        return torch.optim.AdamW(params, foreach=foreach, fused=fused)
+    if name == "adam":
+        return torch.optim.Adam(params, foreach=foreach, fused=fused)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=0.01, momentum=0.9, foreach=foreach, fused=fused)
+    if name == "adafactor":
+        return torch.optim.Adafactor(params, foreach=foreach)
+    raise UsageError(f"--measure runs torch's own optimizers ({', '.join(TORCH_OPTIMIZERS)}), not {name}")
+
+
+def _to_device(inputs: Inputs, device: torch.device) -> Inputs:
+    import torch
+    from torch.utils._pytree import tree_map
+
+    def move(value: Any) -> Any:
+        return value.to(device) if isinstance(value, torch.Tensor) else value
+
+    args, kwargs = inputs
+    return tree_map(move, args), tree_map(move, kwargs)
+
+
+def run_step(
+    module: torch.nn.Module,
+    make_inputs: Callable[[], Inputs],
+    optimizer: torch.optim.Optimizer | None,
+    autocast_dtype: torch.dtype | None,
+    device: torch.device,
+    input_dtype: torch.dtype | None = None,
+) -> None:
+    """One training step (or, without an optimizer, one no-grad forward pass), dropping every reference."""
+    import torch
+
+    from dtypecheck.memory.tracing import cast_inputs, loss_of
+
+    args, kwargs = _to_device(cast_inputs(make_inputs(), input_dtype), device)
+    autocast = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
+    if optimizer is None:
+        with torch.no_grad(), autocast:
+            module(*args, **kwargs)
+        return
+    with autocast:
+        output = module(*args, **kwargs)
+        loss = loss_of(output)
+    del output
+    # The batch stays referenced through backward and the step, as a loop's ``for batch in loader`` keeps it.
+    loss.backward()  # type: ignore[no-untyped-call]
+    del loss
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    del args, kwargs
+
+
+def measured_peak(
+    module: torch.nn.Module,
+    make_inputs: Callable[[], Inputs],
+    optimizer: torch.optim.Optimizer | None,
+    autocast_dtype: torch.dtype | None,
+    device: torch.device,
+    input_dtype: torch.dtype | None = None,
+) -> int:
+    """Warm up, then the peak bytes of one more step (model states included)."""
+    import torch
+
+    module.train(optimizer is not None)
+    run_step(module, make_inputs, optimizer, autocast_dtype, device, input_dtype)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        run_step(module, make_inputs, optimizer, autocast_dtype, device, input_dtype)
+        torch.cuda.synchronize(device)
+        return int(torch.cuda.max_memory_allocated(device))
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = MemTracker()
+    tracker.track_external(module, *([optimizer] if optimizer is not None else []))
+    with warnings.catch_warnings():
+        # Its module tracker warns about autograd nodes of modules already collected; the bytes are unaffected.
+        warnings.simplefilter("ignore", UserWarning)
+        with tracker:
+            run_step(module, make_inputs, optimizer, autocast_dtype, device, input_dtype)
+    return int(tracker.get_tracker_snapshot("peak")[device]["Total"])
+
+
+def measure_row(
+    subject: Subject, row: MemoryEstimate, impl: OptimizerImpl, device_name: str | None = None
+) -> Measurement:
+    import torch
+
+    from dtypecheck.dtypes import lookup
+
+    if subject.real is None:
+        raise UsageError("--measure needs a model to run: a factory that returns example inputs, or a config")
+    if row.sharding.strategy != "none":
+        raise UsageError("--measure runs on one device; leave out --strategy")
+    spec = lookup(row.dtype)
+    if not spec.is_float or spec.bits < 16:
+        raise UsageError(f"--measure runs float dtypes (float32, bfloat16, float16), not {row.dtype}")
+    if row.precision == "master":
+        raise UsageError("--measure runs pure and amp precision; master-weight training needs a trainer's loop")
+    if row.checkpointing:
+        raise UsageError("--measure does not apply --checkpointing; measure without it")
+    device = torch.device(device_name or ("cuda" if torch.cuda.is_available() else "cpu"))
+    available = _available_bytes(device)
+    if available is not None and row.bytes.total > MEASURE_FRACTION * available:
+        raise UsageError(
+            f"--measure would need about {row.bytes.total / 2**30:.1f} GiB on {device}, more than "
+            f"{MEASURE_FRACTION:.0%} of the {available / 2**30:.1f} GiB available"
+        )
+    module, make_inputs = subject.real()
+    amp = row.mode == "training" and row.precision == "amp"
+    if any(t.device.type == "meta" for t in (*module.parameters(), *module.buffers())):
+        module = module.to_empty(device=device)  # values do not change what a step allocates
+    module = module.to(device=device, dtype=torch.float32 if amp else spec.torch_dtype())
+    optimizer = None
+    if row.mode == "training":
+        optimizer = make_optimizer(row.optimizer or "adamw", [p for p in module.parameters() if p.requires_grad], impl)
+    autocast_dtype = spec.torch_dtype() if amp else None
+    input_dtype = None if amp else spec.torch_dtype()
+    peak = measured_peak(module, make_inputs, optimizer, autocast_dtype, device, input_dtype)
+    estimate = row.bytes.total
+    return Measurement(
+        device=str(device) if device.type == "cpu" else f"{device.type}:{device.index or 0}",
+        peak_bytes=peak,
+        error=(estimate - peak) / peak if peak else 0.0,
+        estimate_bytes=estimate,
+        dtype=row.dtype,
+        mode=row.mode,
+        precision=row.precision,
+        referee="MemTracker" if device.type == "cpu" else "torch.cuda.max_memory_allocated",
+    )

@@ -1,0 +1,316 @@
+"""Live-byte tracing of a forward (and backward) pass on fake tensors: nothing is allocated for real.
+
+A ``TorchDispatchMode`` sees every tensor an op returns; each distinct storage is counted while it lives (a weak
+reference's callback takes it off again), so the profile is what an allocator would hold after every op,
+whatever the module does. Parameters and buffers are registered up front and not counted: the model states are
+computed exactly by ``states.py``. Gradients are told apart from activations as autograd accumulates them, so
+sharding can scale them separately.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from torch.utils._python_dispatch import TorchDispatchMode
+
+if TYPE_CHECKING:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+
+Inputs = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+class Profile(Protocol):
+    """What the estimate needs from a traced pass."""
+
+    @property
+    def peak_activations(self) -> int: ...
+
+    @property
+    def input_bytes(self) -> int: ...
+
+    def peak(self, gradient_scale: float = 1.0) -> int: ...
+
+
+@dataclass(frozen=True)
+class ActivationProfile:
+    """Live bytes over one pass, beyond the model states."""
+
+    peak_activations: int
+    """The most bytes of activations (inputs, saved tensors, temporaries, outputs) alive at once."""
+    frontier: tuple[tuple[int, int], ...]
+    """(activation bytes, gradient bytes) at every moment that can be the peak, whatever the gradients'
+    share per device: the Pareto front of the whole timeline."""
+    ops: int
+    input_bytes: int = 0
+    """The batch itself, still referenced by the training loop during the optimizer step."""
+
+    def peak(self, gradient_scale: float = 1.0) -> int:
+        """Peak live bytes when each device keeps ``gradient_scale`` of the gradients (1/N under ZeRO-2)."""
+        return max((a + int(g * gradient_scale) for a, g in self.frontier), default=0)
+
+
+@dataclass(frozen=True)
+class ExtrapolatedProfile:
+    """A model of ``layers`` identical blocks, from traces of the same model with ``base`` and ``base + 1`` blocks.
+
+    Each block adds the same bytes at the same point of the pass, so every figure grows by the same step per
+    block; ``linear_profiles`` checks that on a third trace before this is used.
+    """
+
+    smaller: ActivationProfile
+    larger: ActivationProfile
+    base: int
+    layers: int
+
+    def _extend(self, small: int, large: int) -> int:
+        return large + (self.layers - self.base - 1) * (large - small)
+
+    @property
+    def peak_activations(self) -> int:
+        return self._extend(self.smaller.peak_activations, self.larger.peak_activations)
+
+    @property
+    def input_bytes(self) -> int:
+        return self.larger.input_bytes
+
+    def peak(self, gradient_scale: float = 1.0) -> int:
+        return self._extend(self.smaller.peak(gradient_scale), self.larger.peak(gradient_scale))
+
+
+def linear_profiles(profiles: list[ActivationProfile]) -> bool:
+    """True when consecutive block counts add the same bytes to every figure the estimate reads."""
+    series = [[p.peak(scale) for p in profiles] for scale in (0.0, 0.125, 0.5, 1.0)]
+    series.append([p.peak_activations for p in profiles])
+    for values in series:
+        steps = [b - a for a, b in itertools.pairwise(values)]
+        # A scaled gradient share is rounded down to whole bytes, hence the one byte of slack.
+        if max(steps) - min(steps) > 1:
+            return False
+    return True
+
+
+class LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Counts each storage an op returns while it is alive; storages registered as external are not counted."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.activations = 0
+        self.gradients = 0
+        self.ops = 0
+        self._storages: dict[int, tuple[int, bool]] = {}  # id -> (nbytes, is_gradient)
+        self._refs: dict[int, weakref.ref[Any]] = {}
+        self._timeline: list[tuple[int, int]] = []
+        self._external: list[Any] = []
+
+    def register_external(self, tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        self._external.append(storage)  # keeps the id stable while we run
+        self._storages[id(storage)] = (0, False)
+
+    def track(self, tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        key = id(storage)
+        if key in self._storages:
+            return
+        nbytes = storage.nbytes()
+        self._storages[key] = (nbytes, False)
+        self._refs[key] = weakref.ref(storage, functools.partial(self._release, key))
+        self.activations += nbytes
+
+    def mark_gradient(self, tensor: torch.Tensor) -> None:
+        key = id(tensor.untyped_storage())
+        entry = self._storages.get(key)
+        if entry is None:
+            self.track(tensor)
+            entry = self._storages[key]
+        nbytes, is_gradient = entry
+        if not is_gradient and nbytes:
+            self._storages[key] = (nbytes, True)
+            self.activations -= nbytes
+            self.gradients += nbytes
+
+    def _release(self, key: int, _ref: object) -> None:
+        nbytes, is_gradient = self._storages.pop(key, (0, False))
+        self._refs.pop(key, None)
+        if is_gradient:
+            self.gradients -= nbytes
+        else:
+            self.activations -= nbytes
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        import torch
+        from torch.utils._pytree import tree_flatten
+
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor):
+            self.track(out)
+        else:
+            for value in tree_flatten(out)[0]:
+                if isinstance(value, torch.Tensor):
+                    self.track(value)
+        self.ops += 1
+        self._timeline.append((self.activations, self.gradients))
+        return out
+
+    def profile(self, input_bytes: int = 0) -> ActivationProfile:
+        frontier: list[tuple[int, int]] = []
+        best_gradients = -1
+        # Sweep by activations, largest first: a point is on the front when it holds more gradients than
+        # every point with more activations.
+        for activations, gradients in sorted(set(self._timeline), reverse=True):
+            if gradients > best_gradients:
+                frontier.append((activations, gradients))
+                best_gradients = gradients
+        peak = max((a for a, _ in self._timeline), default=0)
+        return ActivationProfile(peak, tuple(frontier), self.ops, input_bytes)
+
+
+@dataclass
+class Traceable:
+    """A module with fake parameters, how to make its inputs, and where its checkpointable blocks are."""
+
+    fake_mode: FakeTensorMode
+    module: torch.nn.Module
+    make_inputs: Callable[[], Inputs]
+    """Called under the fake mode and the tracker, so the batch itself is counted as activation memory."""
+    batch_size: int | None
+    layers: int | None = None
+    """How many identical blocks the model repeats, when its config says."""
+    with_layers: Callable[[int], Traceable] | None = None
+    """The same model with fewer blocks, to trace a deep model from shallow copies of it."""
+
+    def blocks(self) -> list[torch.nn.Module]:
+        """The units ``--checkpointing`` recomputes: every element of the outermost ModuleLists/Sequentials."""
+        from torch import nn
+
+        found: list[nn.Module] = []
+        covered: set[int] = set()
+        for sub in self.module.modules():
+            if id(sub) in covered:
+                continue
+            if isinstance(sub, nn.ModuleList | nn.Sequential) and sub is not self.module:
+                found.extend(sub.children())
+                covered.update(id(m) for m in sub.modules())
+        if not found and isinstance(self.module, nn.Sequential):
+            found = list(self.module.children())
+        return found
+
+
+def loss_of(output: Any) -> torch.Tensor:
+    """The model's own ``loss`` when it has one, else the sum of every differentiable floating output."""
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    loss = getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor) and loss.requires_grad:
+        return loss
+    if hasattr(output, "to_tuple"):
+        output = output.to_tuple()
+    elif isinstance(output, dict):
+        output = list(output.values())
+    tensors = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not tensors:
+        from dtypecheck.errors import InputError
+
+        raise InputError("the model's output has no tensor that requires grad, so no backward pass can be traced")
+    total = tensors[0].sum()
+    for tensor in tensors[1:]:
+        total = total + tensor.sum()
+    return total
+
+
+def cast_inputs(inputs: Inputs, dtype: torch.dtype | None) -> Inputs:
+    """Floating inputs in the dtype the weights are in (as a pure-bfloat16 training loop feeds them)."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    if dtype is None:
+        return inputs
+
+    def cast(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != dtype:
+            return value.to(dtype)
+        return value
+
+    args, kwargs = inputs
+    return tree_map(cast, args), tree_map(cast, kwargs)
+
+
+@contextlib.contextmanager
+def checkpointed(blocks: list[torch.nn.Module]) -> Iterator[None]:
+    """Non-reentrant activation checkpointing of each block, undone afterwards."""
+    from torch.utils.checkpoint import checkpoint
+
+    for block in blocks:
+        original = block.forward
+        block.forward = functools.partial(checkpoint, original, use_reentrant=False)
+    try:
+        yield
+    finally:
+        for block in blocks:
+            del block.forward
+
+
+def trace_pass(
+    traceable: Traceable,
+    *,
+    train: bool,
+    autocast_dtype: torch.dtype | None,
+    checkpointing: bool,
+    input_dtype: torch.dtype | None = None,
+) -> ActivationProfile:
+    """Run one forward (and, when training, backward) pass on fake tensors and return its live-byte profile.
+
+    The module's floating parameters must already be in the dtype the pass computes in.
+    """
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    module = traceable.module
+    tracker = LiveBytes()
+    for tensor in (*module.parameters(), *module.buffers()):
+        tracker.register_external(tensor)
+    hooks = []
+    if train:
+        for param in module.parameters():
+            if param.requires_grad:
+                hook = param.register_post_accumulate_grad_hook
+                hooks.append(hook(lambda p: tracker.mark_gradient(p.grad)))  # type: ignore[no-untyped-call]
+    module.train(train)
+    grad_mode = torch.enable_grad() if train else torch.no_grad()
+    block_list = traceable.blocks() if (checkpointing and train) else []
+    try:
+        with traceable.fake_mode, tracker, grad_mode, checkpointed(block_list):
+            args, kwargs = cast_inputs(traceable.make_inputs(), input_dtype)
+            batch = {id(v.untyped_storage()): v for v in tree_flatten((args, kwargs))[0] if isinstance(v, torch.Tensor)}
+            for value in batch.values():
+                tracker.track(value)
+            input_bytes = sum(v.untyped_storage().nbytes() for v in batch.values())
+            del batch
+            autocast = (
+                torch.autocast("cpu", dtype=autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
+            )
+            with autocast:
+                output = module(*args, **kwargs)
+                loss = loss_of(output) if train else None
+            del output
+            # The batch stays alive through backward, as a training loop's ``for batch in loader`` keeps it.
+            if loss is not None:
+                loss.backward()  # type: ignore[no-untyped-call]
+            del loss, args, kwargs
+    finally:
+        for handle in hooks:
+            handle.remove()
+        for param in module.parameters():
+            param.grad = None
+    return tracker.profile(input_bytes)

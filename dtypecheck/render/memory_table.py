@@ -1,0 +1,123 @@
+"""The table for ``dtypecheck estimate-memory``: one row per configuration, a stacked bar of its terms."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rich import box
+from rich.console import RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from dtypecheck.memory.report import MemoryEstimate, MemoryReport
+from dtypecheck.render.table import fmt_bytes, fmt_count, table_renderer
+
+BAR_WIDTH = 10
+# (letter, style, label): letters keep the bar readable without colour.
+SEGMENTS = (
+    ("W", "blue", "weights+buffers"),
+    ("G", "magenta", "gradients"),
+    ("O", "yellow", "optimizer states+master"),
+    ("A", "green", "activations"),
+    ("K", "cyan", "KV cache"),
+)
+
+
+def _terms(row: MemoryEstimate) -> tuple[int, ...]:
+    b = row.bytes
+    return (
+        b.parameters + b.buffers + b.gathered_parameters,
+        b.gradients,
+        b.optimizer_states + b.master_weights,
+        b.activations or 0,
+        b.kv_cache,
+    )
+
+
+def stacked_bar(terms: tuple[int, ...], width: int = BAR_WIDTH) -> Text:
+    """Each term's share of their sum, in whole cells (largest remainders), so the dominant term stands out."""
+    total = sum(terms)
+    bar = Text()
+    if total <= 0:
+        return bar
+    exact = [width * t / total for t in terms]
+    cells = [int(e) for e in exact]
+    order = sorted(range(len(terms)), key=lambda i: exact[i] - cells[i], reverse=True)
+    for i in order[: width - sum(cells)]:
+        cells[i] += 1
+    for (letter, style, _), count in zip(SEGMENTS, cells, strict=True):
+        bar.append(letter * count, style=style)
+    return bar
+
+
+def _dash_if_zero(count: int | None) -> str:
+    return "-" if not count else fmt_bytes(count)
+
+
+@table_renderer(MemoryReport)
+def render_memory(report: MemoryReport) -> list[RenderableType]:
+    model = report.model
+    out: list[RenderableType] = []
+    header = Text()
+    header.append(f"{model.source}", style="bold")
+    header.append(f"  ({model.kind}, {model.architecture or 'unknown'})\n")
+    header.append(
+        f"parameters {fmt_count(model.parameters)} ({fmt_count(model.trainable_parameters)} trainable), "
+        f"buffers {fmt_count(model.buffers)} ({fmt_bytes(model.buffer_bytes)})"
+    )
+    if report.estimates:
+        first = report.estimates[0]
+        shape = f"batch {first.batch_size}" if first.batch_size is not None else "no inputs"
+        if first.seq_len is not None:
+            shape += f" x {first.seq_len} tokens"
+        sharding = first.sharding
+        where = (
+            "one device" if sharding.strategy == "none" else f"per device, {sharding.strategy} x {sharding.world_size}"
+        )
+        header.append(f"\n{shape}; {where}")
+        trained = [r for r in report.estimates if r.mode == "training"]
+        if trained:
+            header.append(f"; optimizer {trained[0].optimizer}")
+            if trained[0].checkpointing:
+                header.append("; activation checkpointing")
+    out.append(header)
+
+    rows = report.estimates
+    columns = [
+        ("weights", lambda r: fmt_bytes(r.bytes.parameters + r.bytes.buffers), True),
+        ("grads", lambda r: _dash_if_zero(r.bytes.gradients), any(r.bytes.gradients for r in rows)),
+        ("optim", lambda r: _dash_if_zero(r.bytes.optimizer_states), any(r.bytes.optimizer_states for r in rows)),
+        ("master", lambda r: _dash_if_zero(r.bytes.master_weights), any(r.bytes.master_weights for r in rows)),
+        ("activ", lambda r: "n/a" if r.bytes.activations is None else fmt_bytes(r.bytes.activations), True),
+        ("KV", lambda r: _dash_if_zero(r.bytes.kv_cache), any(r.bytes.kv_cache for r in rows)),
+        ("total", lambda r: fmt_bytes(r.bytes.total), True),
+    ]
+    shown: list[tuple[str, Callable[[MemoryEstimate], str]]] = [(n, f) for n, f, keep in columns if keep]
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=0)
+    table.add_column("dtype", no_wrap=True)
+    table.add_column("mode", no_wrap=True)
+    table.add_column("precision", no_wrap=True)
+    for name, _ in shown:
+        table.add_column(name, justify="right", style="bold" if name == "total" else None, no_wrap=True)
+    table.add_column("bar", no_wrap=True, min_width=BAR_WIDTH)
+    for row in rows:
+        mode = "train" if row.mode == "training" else "infer"
+        table.add_row(row.dtype, mode, row.precision, *(cell(row) for _, cell in shown), stacked_bar(_terms(row)))
+    out.append(table)
+
+    lines = Text()
+    if report.measured is not None:
+        m = report.measured
+        lines.append(
+            f"measured on {m.device} ({m.referee}), {m.dtype} {m.mode} {m.precision}: peak {fmt_bytes(m.peak_bytes)}, "
+            f"estimate {fmt_bytes(m.estimate_bytes)}, error {m.error:+.1%}\n",
+            style="bold",
+        )
+    for note in model.notes:
+        lines.append(f"note: {note}\n", style="dim")
+    for skipped in report.skipped:
+        lines.append(f"skipped: {skipped}\n", style="dim")
+    legend = ", ".join(f"{letter} {label}" for letter, _, label in SEGMENTS)
+    lines.append(f"total is the peak of the step, not the sum of the columns; bar: {legend}", style="dim")
+    out.append(lines)
+    return out
