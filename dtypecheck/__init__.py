@@ -11,6 +11,7 @@ __version__ = "0.1.0"
 from dtypecheck.dtypes import DtypeSpec, FloatFormat, lookup
 from dtypecheck.errors import DtypecheckError, ExitCode
 from dtypecheck.info import FloatInfo, InfoReport, IntInfo, describe_dtypes
+from dtypecheck.nantrace import NanTraceReport, trace  # torch-free until a trace starts
 
 __all__ = [
     "DtypeSpec",
@@ -20,7 +21,9 @@ __all__ = [
     "FloatInfo",
     "InfoReport",
     "IntInfo",
+    "NanTraceReport",
     "__version__",
     "describe_dtypes",
     "lookup",
+    "trace",
 ]

@@ -202,7 +202,7 @@ SECTION_KEYS: dict[str, dict[str, Validator]] = {
     "estimate-memory": {
         **COMMON_KEYS,
         "dtypes": _dtype_list,
-        "optimizer": _string,
+        "optimizer": _one_of("adamw", "adam", "sgd", "lion", "adafactor", "adam8bit"),
         "world-size": _positive_int,
         "strategy": _one_of("none", "ddp", "zero1", "zero2", "zero3", "fsdp"),
         "batch-size": _positive_int,

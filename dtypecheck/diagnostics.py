@@ -132,8 +132,8 @@ def _nantrace(doc: Mapping[str, Any]) -> Iterator[Diagnostic]:
     first = doc.get("first")
     if first:
         yield _event(first, "fail")
-    for event in doc.get("events", []) if doc.get("events") else []:
-        if event is not first and event.get("kind") in ("nan", "inf"):
+    for event in doc.get("events") or []:
+        if event != first and event.get("kind") in ("nan", "inf"):
             yield _event(event, "fail")
     for event in doc.get("warnings", []):
         yield _event(event, "warn")

@@ -200,3 +200,32 @@ def test_explicit_dtypecheck_toml(tmp_path: Path) -> None:
     assert config.get("scan-model", "targets") == ["bfloat16"]
     with pytest.raises(UsageError):
         load_config(explicit=tmp_path / "missing.toml")
+
+
+def test_estimate_memory_reads_its_config_section(cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.dtypecheck.estimate-memory]\ndtypes = ["bf16"]\noptimizer = "sgd"\n'
+    )
+    (tmp_path / "model.py").write_text(
+        "import torch\n\ndef make():\n    return torch.nn.Linear(8, 4), torch.zeros(2, 8)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    result = cli("estimate-memory", "model.py:make", "--format", "json", "--quiet")
+    assert result.exit_code == 0, result.stderr
+    rows = result.json()["estimates"]
+    assert {row["dtype"] for row in rows} == {"bfloat16"}
+    assert {row["optimizer"] for row in rows if row["mode"] == "training"} == {"sgd"}
+    overridden = cli("estimate-memory", "model.py:make", "--optimizer", "adamw", "--format", "json", "--quiet")
+    assert {row["optimizer"] for row in overridden.json()["estimates"] if row["mode"] == "training"} == {"adamw"}
+    (tmp_path / "pyproject.toml").write_text('[tool.dtypecheck.estimate-memory]\noptimizer = "adagrad"\n')
+    bad = cli("estimate-memory", "model.py:make", "--quiet")
+    assert bad.exit_code == 2
+    assert "optimizer: expected one of" in bad.stderr
+
+
+def test_nantrace_first_event_is_reported_once_even_when_also_listed_in_events() -> None:
+    doc = _nantrace_doc()
+    later = {**doc["first"], "op": "aten.div.Tensor", "location": {"file": "train.py", "line": 30}}
+    doc["events"] = [json.loads(json.dumps(doc["first"])), later]  # equal but separate, as after a JSON round trip
+    found = diagnostics(doc)
+    assert [(d.rule_id, d.line) for d in found] == [("DTC201", 12), ("DTC201", 30), ("DTC202", 9)]

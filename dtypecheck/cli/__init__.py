@@ -8,6 +8,9 @@ import sys
 import typer
 
 from dtypecheck.cli import info as _info  # noqa: F401  (registers the command)
+from dtypecheck.cli import memory as _memory  # noqa: F401  (registers the command)
+from dtypecheck.cli import nantrace as _nantrace  # noqa: F401  (registers the command)
+from dtypecheck.cli import scan as _scan  # noqa: F401  (registers the command)
 from dtypecheck.cli._app import app
 from dtypecheck.errors import ExitCode, UserCodeError, describe
 

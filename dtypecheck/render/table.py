@@ -28,7 +28,12 @@ def table_renderer(report_type: type) -> Callable[[R], R]:
 
 def _load_renderers() -> None:
     # Imported for their registrations; kept here so rich loads only when a table is drawn.
-    from dtypecheck.render import info_table  # noqa: F401
+    from dtypecheck.render import (
+        info_table,  # noqa: F401
+        memory_table,  # noqa: F401
+        nantrace_table,  # noqa: F401
+        scan_table,  # noqa: F401
+    )
 
 
 def render_table(report: Any, *, color: bool = False, width: int | None = None) -> str:
