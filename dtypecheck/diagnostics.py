@@ -70,7 +70,8 @@ def _level(value: Any, default: Severity = "warn") -> Severity:
 
 def _scan(doc: Mapping[str, Any]) -> Iterator[Diagnostic]:
     source = doc.get("source")
-    states = {(c.get("tensor"), c.get("check")): c.get("state") for c in doc.get("baseline", {}).get("changes", [])}
+    changes = (doc.get("baseline") or {}).get("changes", [])
+    states = {(c.get("tensor"), c.get("check")): c.get("state") for c in changes}
     for tensor in doc.get("tensors", []):
         name = tensor.get("name")
         bad = {k: tensor.get(k) or 0 for k in ("nan", "posinf", "neginf")}

@@ -23,11 +23,14 @@ from dtypecheck.errors import UsageError
 from dtypecheck.loaders import Checkpoint, Finding, open_checkpoint
 from dtypecheck.progress import ProgressCallback, no_progress
 from dtypecheck.scan_kernel import Kernels, kernels
+from dtypecheck.scan_policy import apply_policy
 from dtypecheck.scan_report import ScanReport, summarise
 from dtypecheck.scan_tensor import TensorScanner
 
 if TYPE_CHECKING:
     import torch
+
+    from dtypecheck.config import ScanPolicy
 
 DEFAULT_TARGETS = ("float16", "bfloat16")
 MAX_WORKERS = 8
@@ -48,17 +51,21 @@ def scan_checkpoint(
     progress: ProgressCallback = no_progress,
     workers: int | None = None,
     compiled: bool | None = None,
+    policy: ScanPolicy | None = None,
 ) -> ScanReport:
     """Scan every tensor of the checkpoint (file, folder or ``file.py:factory``) at ``target``.
 
     ``targets`` default to float16 and bfloat16. ``compiled=False`` forces the numpy kernels (same results).
+    ``policy`` (the project's ignore rules and tolerances) sets the levels; the dtype-consistency findings
+    are added either way.
     """
     specs = check_targets(targets) if targets else [lookup(name) for name in DEFAULT_TARGETS]
     checkpoint = open_checkpoint(target)
     try:
-        return _scan(checkpoint, specs, progress, workers or default_workers(), kernels(compiled))
+        report = _scan(checkpoint, specs, progress, workers or default_workers(), kernels(compiled))
     finally:
         checkpoint.close()
+    return apply_policy(report, policy)
 
 
 def default_workers() -> int:

@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
+from dtypecheck.baseline import BaselineComparison
+from dtypecheck.consistency import census
 from dtypecheck.loaders.base import Finding
 
 Level = Literal["ok", "warn", "fail"]
@@ -79,6 +81,15 @@ class TensorScan:
     """Extra: the magnitude distribution the table's sparkline and ``--plot`` draw (null for integer tensors)."""
     note: str | None = None
     """Extra: why a tensor was not scanned (a dtype dtypecheck cannot read the values of)."""
+    policy: tuple[str, ...] = ()
+    """Extra: checks the project's policy ignored or tolerated for this tensor, with the reason."""
+
+
+@dataclass(frozen=True)
+class CensusEntry:
+    tensors: int
+    numel: int
+    bytes: int
 
 
 @dataclass(frozen=True)
@@ -90,6 +101,8 @@ class ScanSummary:
     warn: int
     fail: int
     level: Level
+    census: Mapping[str, CensusEntry] = field(default_factory=dict)
+    """Extra: tensors, elements and bytes per dtype, the largest share of bytes first."""
 
 
 @dataclass(frozen=True)
@@ -102,14 +115,25 @@ class ScanReport:
     tensors: tuple[TensorScan, ...]
     findings: tuple[Finding, ...]
     summary: ScanSummary
+    baseline: BaselineComparison | None = None
+    """Extra (``--baseline``): each check compared with an earlier report; the exit code follows its level."""
     display_limit: int | None = field(default=None, repr=False, compare=False)
     """How many tensors the table shows (None: all); not part of the JSON document."""
+
+    @property
+    def gate_level(self) -> Level:
+        """What the exit code follows: the report's level, or only what is new or worse than the baseline."""
+        if self.baseline is None:
+            return self.summary.level
+        level = self.baseline.level
+        return level if level in ("ok", "warn", "fail") else "fail"  # type: ignore[return-value]
 
 
 def summarise(tensors: tuple[TensorScan, ...], findings: tuple[Finding, ...]) -> ScanSummary:
     counts = {"ok": 0, "warn": 0, "fail": 0}
     for tensor in tensors:
         counts[tensor.level] += 1
+    dtypes = {row.dtype: CensusEntry(row.tensors, row.numel, row.bytes) for row in census(tensors)}
     finding_levels: list[Level] = [f.level for f in findings]
     return ScanSummary(
         tensors=len(tensors),
@@ -119,6 +143,7 @@ def summarise(tensors: tuple[TensorScan, ...], findings: tuple[Finding, ...]) ->
         warn=counts["warn"],
         fail=counts["fail"],
         level=worst([t.level for t in tensors] + finding_levels),
+        census=dtypes,
     )
 
 

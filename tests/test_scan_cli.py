@@ -80,6 +80,12 @@ def test_json_document_follows_the_contract(cli, example) -> None:
     assert by_name["optimizer.state.0.exp_avg_sq"]["casts"]["float16"]["level"] == "warn"
     assert by_name["optimizer.state.0.exp_avg_sq"]["casts"]["float16"]["underflow"] > 0
     assert by_name["position_ids"]["casts"] == {}
+    census: dict[str, dict[str, int]] = {}
+    for t in doc["tensors"]:
+        row = census.setdefault(t["dtype"], {"tensors": 0, "numel": 0, "bytes": 0})
+        row["tensors"] += 1
+        row["numel"] += t["numel"]
+        row["bytes"] += t["bytes"]
     assert doc["summary"] == {
         "tensors": 7,
         "numel": sum(t["numel"] for t in doc["tensors"]),
@@ -88,7 +94,9 @@ def test_json_document_follows_the_contract(cli, example) -> None:
         "warn": 3,
         "fail": 2,
         "level": "fail",
+        "census": census,
     }
+    assert list(doc["summary"]["census"]) == ["float32", "int64", "bfloat16"]  # largest share of bytes first
     assert result.stderr == ""  # stderr is not a terminal here: no progress bar
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -22,20 +22,24 @@ from dtypecheck.cli._app import (
     pick,
     project_config,
 )
-from dtypecheck.errors import UsageError
+from dtypecheck.errors import ExitCode, UsageError
 from dtypecheck.render import OutputFormat
+
+if TYPE_CHECKING:
+    from dtypecheck.config import Config
 
 DEFAULT_TOP = 20
 
 
 @app.command("scan-model")
 def scan_model(
-    checkpoint: Annotated[
-        str,
+    checkpoints: Annotated[
+        list[str],
         typer.Argument(
-            metavar="CKPT",
+            metavar="CKPT...",
             help="A checkpoint file (safetensors, torch .pt/.pth/.bin/.ckpt, legacy torch, GGUF), a sharded or "
-            "distributed checkpoint folder, or path/to/file.py:factory returning an nn.Module.",
+            "distributed checkpoint folder, or path/to/file.py:factory returning an nn.Module. Several (as "
+            "pre-commit passes them) are scanned one after another with table or github output.",
         ),
     ],
     target: Annotated[
@@ -48,8 +52,16 @@ def scan_model(
         ),
     ] = None,
     show_all: Annotated[
-        bool, typer.Option("--all", help="Show every tensor in the table, not only the worst.")
-    ] = False,
+        bool | None, typer.Option("--all", help="Show every tensor in the table, not only the worst.")
+    ] = None,
+    baseline: Annotated[
+        Path | None,
+        typer.Option(
+            "--baseline",
+            dir_okay=False,
+            help="An earlier scan-model --format json report: the exit code follows only what is new or worse.",
+        ),
+    ] = None,
     top: Annotated[
         int, typer.Option("--top", min=1, help="How many tensors the table shows, worst first (without --all).")
     ] = DEFAULT_TOP,
@@ -79,7 +91,9 @@ def scan_model(
 
     Exit codes: 0 ok, 1 a tensor or finding at or above --fail-on, 2 usage error, 3 unreadable checkpoint.
     """
+    from dtypecheck.baseline import compare, load_baseline
     from dtypecheck.dtypes import parse_dtype_list
+    from dtypecheck.render.json import document
     from dtypecheck.render.progress import progress_bar
     from dtypecheck.scan import check_targets, scan_checkpoint
 
@@ -88,20 +102,44 @@ def scan_model(
     targets = check_targets(parse_dtype_list(names)) if names else None
     everything = pick(show_all, settings, "scan-model", "all", False)
     threshold = FailOn(pick(fail_on, settings, "scan-model", "fail-on", FailOn.fail))
+    baseline_path = baseline or _configured_path(settings, "baseline")
+    if len(checkpoints) > 1:
+        if fmt in (OutputFormat.json, OutputFormat.sarif) or output is not None or plot is not None:
+            raise UsageError("one checkpoint per JSON/SARIF document, --output or --plot; scan them one at a time")
+        if baseline_path is not None:
+            raise UsageError("--baseline compares one checkpoint with its own earlier report; give one checkpoint")
+    earlier = load_baseline(baseline_path) if baseline_path is not None else None
     if plot is not None:
         from dtypecheck.render.scan_plot import require_matplotlib
 
         require_matplotlib()
         if plot.suffix.lower() != ".png":
             raise UsageError(f"--plot {plot}: the plot is written as PNG; name the file *.png")
-    with progress_bar("scanning", quiet=quiet, unit="bytes") as progress:
-        report = scan_checkpoint(checkpoint, targets, progress=progress, workers=workers)
-    report = dataclasses.replace(report, display_limit=None if everything else top)
-    if plot is not None:
-        from dtypecheck.render.scan_plot import write_plot
+    code = ExitCode.OK
+    for checkpoint in checkpoints:
+        with progress_bar("scanning", quiet=quiet, unit="bytes") as progress:
+            report = scan_checkpoint(
+                checkpoint, targets, progress=progress, workers=workers, policy=settings.scan_policy
+            )
+        report = dataclasses.replace(report, display_limit=None if everything else top)
+        if earlier is not None and baseline_path is not None:
+            comparison = compare(document(report), earlier, str(baseline_path))
+            report = dataclasses.replace(report, baseline=comparison)
+        if plot is not None:
+            from dtypecheck.render.scan_plot import write_plot
 
-        write_plot(report, plot)
-    emit(report, fmt, output, quiet=quiet)
-    if plot is not None and not quiet:
-        typer.echo(f"wrote {plot}", err=True)
-    return int(level_exit_code(report.summary.level, threshold))
+            write_plot(report, plot)
+        emit(report, fmt, output, quiet=quiet)
+        if plot is not None and not quiet:
+            typer.echo(f"wrote {plot}", err=True)
+        code = max(code, level_exit_code(report.gate_level, threshold))
+    return int(code)
+
+
+def _configured_path(settings: Config, key: str) -> Path | None:
+    """A path from the config file is relative to the folder of that file, as ruff and mypy read theirs."""
+    value = settings.get("scan-model", key)
+    if value is None:
+        return None
+    path = Path(str(value))
+    return path if path.is_absolute() or settings.path is None else settings.path.parent / path

@@ -10,6 +10,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from dtypecheck.baseline import BaselineComparison
 from dtypecheck.render.table import LEVEL_STYLE, fmt_bytes, fmt_float, table_renderer
 from dtypecheck.scan_report import CastCounts, Float8CastCounts, Log2Histogram, ScanReport, TensorScan, severity
 
@@ -142,6 +143,18 @@ def _summary(report: ScanReport) -> Panel:
         Text(f"{report.source} ({report.format}) → {', '.join(report.targets)}"),
         line,
     ]
+    if s.census:
+        total = max(s.bytes, 1)
+        shares = ", ".join(
+            f"{dtype} {row.tensors:,} ({fmt_bytes(row.bytes)}, {100 * row.bytes / total:.0f}%)"
+            for dtype, row in s.census.items()
+        )
+        lines.append(Text(f"dtypes: {shares}", style="dim"))
+    policy_notes = sum(len(t.policy) for t in report.tensors)
+    if policy_notes:
+        lines.append(
+            Text(f"{policy_notes} check(s) passed by the project's policy (see 'policy' in JSON)", style="dim")
+        )
     benign = 0
     for finding in report.findings:
         if finding.level == "ok":
@@ -162,6 +175,37 @@ def _summary(report: ScanReport) -> Panel:
     )
 
 
+BASELINE_SHOWN = 20
+_STATE_STYLE = {"new": "bold red", "worse": "red", "improved": "green", "fixed": "green", "unchanged": "dim"}
+
+
+def _baseline(comparison: BaselineComparison) -> list[RenderableType]:
+    counts = " · ".join(f"{n} {state}" for state, n in comparison.counts.items() if n)
+    out: list[RenderableType] = [
+        Text(
+            f"against baseline {comparison.source}: {counts or 'no findings in either'} → gate {comparison.level}",
+            style=LEVEL_STYLE.get(comparison.level, ""),
+        )
+    ]
+    changed = [c for c in comparison.changes if c.state != "unchanged"]
+    if changed:
+        table = Table(header_style="bold", show_edge=False, pad_edge=False)
+        for name in ("", "tensor", "check", "before", "now"):
+            table.add_column(name, justify="right" if name in ("before", "now") else "left", overflow="fold")
+        for change in changed[:BASELINE_SHOWN]:
+            table.add_row(
+                Text(change.state, style=_STATE_STYLE[change.state]),
+                change.tensor or "-",
+                change.check,
+                f"{change.before:,}",
+                f"{change.after:,}",
+            )
+        out.append(table)
+        if len(changed) > BASELINE_SHOWN:
+            out.append(Text(f"{len(changed) - BASELINE_SHOWN} more changes in the JSON report", style="dim"))
+    return out
+
+
 @table_renderer(ScanReport)
 def render_scan(report: ScanReport) -> list[RenderableType]:
     ordered = sorted(report.tensors, key=severity)
@@ -179,4 +223,6 @@ def render_scan(report: ScanReport) -> list[RenderableType]:
     if shown:
         out.append(Text(legend(report, (start, stop)), style="dim"))
     out.append(_summary(report))
+    if report.baseline is not None:
+        out += _baseline(report.baseline)
     return out
