@@ -7,6 +7,7 @@ a storage, by key), a few plain containers become plain data, everything else st
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
@@ -92,10 +93,7 @@ class TensorRef:
 
     @property
     def numel(self) -> int:
-        count = 1
-        for size in self.shape:
-            count *= size
-        return count
+        return math.prod(self.shape)
 
     def is_contiguous(self) -> bool:
         expected = 1
