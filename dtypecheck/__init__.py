@@ -13,8 +13,34 @@ from dtypecheck.errors import DtypecheckError, ExitCode
 from dtypecheck.info import FloatInfo, InfoReport, IntInfo, describe_dtypes
 from dtypecheck.nantrace import NanTraceReport, trace  # torch-free until a trace starts
 
+# scan (numba) and memory (torch) load heavy modules: imported on first use so `dtypecheck --help` stays instant.
+_LAZY = {
+    "scan_checkpoint": "dtypecheck.scan",
+    "ScanReport": "dtypecheck.scan_report",
+    "ScanPolicy": "dtypecheck.config",
+    "load_config": "dtypecheck.config",
+    "estimate_memory": "dtypecheck.memory",
+    "open_subject": "dtypecheck.memory",
+    "EstimateOptions": "dtypecheck.memory",
+    "MemoryReport": "dtypecheck.memory",
+    "open_checkpoint": "dtypecheck.loaders",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'dtypecheck' has no attribute {name!r}")
+
+
 __all__ = [
     "DtypeSpec",
+    "EstimateOptions",
+    "MemoryReport",
+    "ScanPolicy",
+    "ScanReport",
     "DtypecheckError",
     "ExitCode",
     "FloatFormat",
@@ -24,6 +50,11 @@ __all__ = [
     "NanTraceReport",
     "__version__",
     "describe_dtypes",
+    "estimate_memory",
+    "load_config",
     "lookup",
+    "open_checkpoint",
+    "open_subject",
+    "scan_checkpoint",
     "trace",
 ]

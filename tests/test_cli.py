@@ -170,3 +170,12 @@ def test_every_command_has_help_and_a_readme_section() -> None:
         assert command.callback is not None
         assert command.callback.__doc__, f"{name} has no help text"
         assert re.search(rf"^### `dtypecheck {re.escape(name)}\b", readme, re.MULTILINE), f"README lacks {name}"
+
+
+def test_public_api_names_resolve_lazily() -> None:
+    import dtypecheck
+
+    for name in dtypecheck.__all__:
+        assert getattr(dtypecheck, name) is not None, name
+    with pytest.raises(AttributeError):
+        dtypecheck.no_such_name  # noqa: B018
