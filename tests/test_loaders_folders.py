@@ -251,3 +251,16 @@ def test_distributed_checkpoint_missing_a_chunk_is_a_finding(tmp_path: Path) -> 
     with opened(tmp_path) as checkpoint:
         problems = [(f.kind, f.level, f.detail, f.tensor) for f in checkpoint.findings if f.level != "ok"]
     assert problems == [("dcp-chunks", "fail", "chunks hold 4 of 8 elements", "w")]
+
+
+def test_folder_reports_a_checkpoint_named_file_it_cannot_read(tmp_path: Path) -> None:
+    save_file({"w": torch.ones(3)}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "broken.safetensors").write_bytes((tmp_path / "model.safetensors").read_bytes()[:20])
+    (tmp_path / "notes.txt").write_text("not a checkpoint and not named like one")
+    checkpoint = open_checkpoint(str(tmp_path))
+    try:
+        assert [r.name for r in checkpoint.records()] == ["w"]
+        assert [(f.kind, f.level) for f in checkpoint.findings] == [("unreadable-file", "warn")]
+        assert checkpoint.findings[0].detail.startswith("broken.safetensors: named like a checkpoint")
+    finally:
+        checkpoint.close()

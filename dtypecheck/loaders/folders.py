@@ -51,21 +51,32 @@ class CompositeCheckpoint:
             part.close()
 
 
+CHECKPOINT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt", ".gguf", ".distcp")
+
+
 def open_folder(folder: Path, open_file: OpenFile, sniff: Callable[[Path], bool]) -> Checkpoint:
     """A folder holding an index with its shards, or one or more checkpoint files."""
     indexes = sorted(folder.glob("*.index.json"))
     if indexes:
         preferred = [folder / name for name in INDEX_PREFERENCE if (folder / name).is_file()]
         return open_sharded(preferred[0] if preferred else indexes[0], open_file)
-    files = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".") and sniff(p))
+    candidates = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+    files = [p for p in candidates if sniff(p)]
     if not files:
         raise InputError(f"{folder}: no checkpoint found in this folder")
+    # A file named like a checkpoint whose content is not one (truncated, corrupt) must not vanish silently.
+    skipped = [
+        Finding("unreadable-file", "warn", f"{p.name}: named like a checkpoint, but its content is not one (skipped)")
+        for p in candidates
+        if p not in files and p.suffix.lower() in CHECKPOINT_SUFFIXES
+    ]
     names = {p.name for p in files}
     for safetensors, duplicate in SAME_WEIGHTS:
         if safetensors in names:
             files = [p for p in files if p.name != duplicate]
     if len(files) == 1:
-        return open_file(files[0])
+        single = open_file(files[0])
+        return CompositeCheckpoint(str(folder), single.format, [single], skipped) if skipped else single
     # Several files (a Trainer checkpoint: model, optimizer, scheduler...): each file's names get its stem as a
     # prefix, so the optimizer's tensors read "optimizer.state.0.exp_avg_sq".
     stems = [p.stem for p in files]
@@ -74,7 +85,7 @@ def open_folder(folder: Path, open_file: OpenFile, sniff: Callable[[Path], bool]
         PrefixedCheckpoint(part, prefix + ".")
         for part, prefix in zip(_open_all(files, open_file), prefixes, strict=True)
     ]
-    return CompositeCheckpoint(str(folder), "folder", parts, [])
+    return CompositeCheckpoint(str(folder), "folder", parts, skipped)
 
 
 class PrefixedCheckpoint:
