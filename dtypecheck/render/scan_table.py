@@ -160,7 +160,7 @@ def _summary(report: ScanReport) -> Panel:
         if finding.level == "ok":
             benign += 1
             continue
-        where = f" [{finding.tensor}]" if finding.tensor else ""
+        where = f" [{finding.tensor}]" if finding.tensor and finding.tensor not in finding.detail else ""
         text = Text(f"{finding.level:<4} ", style=LEVEL_STYLE[finding.level])
         text.append(f"{finding.kind}: {finding.detail}{where}")
         lines.append(text)
