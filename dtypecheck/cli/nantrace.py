@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -21,8 +22,11 @@ from dtypecheck.cli._app import (
     pick,
     project_config,
 )
-from dtypecheck.errors import UsageError
+from dtypecheck.errors import UsageError, UserCodeError
 from dtypecheck.render import OutputFormat
+
+if TYPE_CHECKING:
+    from dtypecheck.nantrace.report import NanTraceReport
 
 AUTOCAST_DTYPES = ("float16", "bfloat16")
 COMMAND = "nan-trace"
@@ -71,9 +75,11 @@ def nan_trace(
     traceback: TracebackOption = False,
 ) -> int:
     """Run a training script or factory with every op checked; name the first op, module and line that produced
-    NaN/Inf, why, and what came close before.
+    NaN/Inf, why, and what came close before; report default-dtype changes and the first float64 promotion, and
+    explain a dtype-mismatch error.
 
-    Exit codes: 0 clean, 1 NaN/Inf found (or warnings with --fail-on warn), 2 usage, 3 script not runnable or raised.
+    Exit codes: 0 clean, 1 NaN/Inf found (or warnings with --fail-on warn), 2 usage, 3 script not runnable or raised
+    (a dtype mismatch is explained and the report still written first).
     """
     from dtypecheck.dtypes import lookup
     from dtypecheck.nantrace.runner import RunSettings, run_factory, run_script, split_target
@@ -113,4 +119,20 @@ def nan_trace(
         script_stdout = sys.stderr if fmt is not OutputFormat.table else None
         report = run_script(path, list(script_args or []), run, stdout=script_stdout)
     emit(report, fmt, output, quiet=quiet)
+    if report.dtype_error is not None:
+        _exit_with_dtype_error(report, fmt, output)
     return int(level_exit_code(report.level, threshold))
+
+
+def _exit_with_dtype_error(report: NanTraceReport, fmt: OutputFormat, output: Path | None) -> None:
+    """The document is out (status "error"); now exit 3 with the script's traceback and the explanation on stderr,
+    unless the table on stdout already shows the explanation."""
+    from dtypecheck.nantrace.explain import explanation_text
+
+    error = report.dtype_error
+    assert error is not None
+    shown_on_stdout = fmt is OutputFormat.table and output is None
+    formatted = error.traceback + ("" if shown_on_stdout else "\n" + explanation_text(error))
+    source = Path(report.source).name if report.source else "the traced code"
+    message = error.exception.splitlines()[0] if error.exception else "dtype mismatch"
+    raise UserCodeError(f"{source} died of a dtype mismatch: {message}", formatted)

@@ -9,7 +9,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from dtypecheck.nantrace.report import Event, HistoryEntry, Location, NanTraceReport, ValueCounts
+from dtypecheck.nantrace.report import (
+    DefaultDtype,
+    DefaultDtypeChange,
+    DtypeError,
+    Event,
+    HistoryEntry,
+    Location,
+    NanTraceReport,
+    Promotion,
+    TensorArg,
+    ValueCounts,
+)
 
 if TYPE_CHECKING:
     from torch import nn
@@ -38,18 +49,42 @@ def trace(
 ) -> Iterator[TraceHandle]:
     """Trace every op run inside the block (forward, backward, optimizer step) for NaN and Inf.
 
-    ``model`` is optional: given, module paths are its ``named_modules()`` names; otherwise paths are taken
-    relative to the outermost module running. After the first non-finite producer the block runs on unchecked
-    unless ``keep_going``.
+    ``model`` is optional: given, module paths are its ``named_modules()`` names and its parameters' dtype is the
+    program's; otherwise paths are taken relative to the outermost module running. After the first non-finite
+    producer the block runs on unchecked unless ``keep_going``.
+
+    The report also holds the default dtype and its changes, the first float64 promotion, and, when the block
+    raised a dtype mismatch, its explanation (``report.dtype_error``); the exception is then re-raised as it was.
     """
+    import traceback
+
     from dtypecheck.nantrace.tracer import TraceOptions, Tracer
 
     names = None if model is None else {id(m): n for n, m in model.named_modules()}
     handle = TraceHandle()
-    tracer = Tracer(TraceOptions(keep_going=keep_going, history=history, warn_frac=warn_frac), module_names=names)
-    with tracer:
-        yield handle
+    tracer = Tracer(
+        TraceOptions(keep_going=keep_going, history=history, warn_frac=warn_frac), module_names=names, model=model
+    )
+    try:
+        with tracer:
+            yield handle
+    except Exception as exc:
+        handle._report = tracer.report(failure=exc, failure_traceback="".join(traceback.format_exception(exc)))
+        raise
     handle._report = tracer.report()
 
 
-__all__ = ["Event", "HistoryEntry", "Location", "NanTraceReport", "TraceHandle", "ValueCounts", "trace"]
+__all__ = [
+    "DefaultDtype",
+    "DefaultDtypeChange",
+    "DtypeError",
+    "Event",
+    "HistoryEntry",
+    "Location",
+    "NanTraceReport",
+    "Promotion",
+    "TensorArg",
+    "TraceHandle",
+    "ValueCounts",
+    "trace",
+]

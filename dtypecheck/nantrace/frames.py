@@ -33,6 +33,9 @@ class FrameFinder:
     def __init__(self) -> None:
         self._ours, self._stdlib = _internal_roots()
         self._internal: dict[CodeType, bool] = {}
+        # Frames above the runner are the command line (typer, click): never the user's line. Reaching it
+        # means the op was called by dtypecheck itself (factory mode calling a library model directly).
+        self._runner = str(Path(__file__).resolve().parent / "runner.py")
 
     def is_internal(self, code: CodeType) -> bool:
         verdict = self._internal.get(code)
@@ -55,6 +58,8 @@ class FrameFinder:
                 verdict = self.is_internal(code)
             if not verdict:
                 return code, frame.f_lineno
+            if code.co_filename == self._runner:
+                return None
             frame = frame.f_back
         return None
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -18,8 +20,18 @@ class ModuleStack:
     The outermost module is the model itself, path ``""``.
     """
 
-    def __init__(self, names: dict[int, str] | None = None) -> None:
+    def __init__(
+        self,
+        names: dict[int, str] | None = None,
+        *,
+        on_root: Callable[[nn.Module], None] | None = None,
+        on_raise: Callable[[nn.Module, str, Any, BaseException], None] | None = None,
+    ) -> None:
         self._names = names or {}
+        self._on_root = on_root
+        """Told when an outermost module starts running (the dtype watch reads its parameters' dtype)."""
+        self._on_raise = on_raise
+        """Told when a module's forward is left by an exception, innermost module first."""
         """Known paths by ``id(module)`` (factory mode knows the model)."""
         self._stack: list[tuple[nn.Module, str]] = []
         self._child_names: dict[tuple[int, int], str] = {}
@@ -31,6 +43,14 @@ class ModuleStack:
     @property
     def current(self) -> str | None:
         return self._stack[-1][1] if self._stack else None
+
+    @property
+    def current_module(self) -> nn.Module | None:
+        return self._stack[-1][0] if self._stack else None
+
+    @property
+    def root(self) -> nn.Module | None:
+        return self._stack[0][0] if self._stack else None
 
     def _path_of(self, module: nn.Module) -> str:
         known = self._names.get(id(module))
@@ -52,9 +72,16 @@ class ModuleStack:
     def _enter(self, module: nn.Module, args: Any) -> None:
         if not self._stack:
             self._roots.setdefault(id(module), module)
+            if self._on_root is not None:
+                self._on_root(module)
         self._stack.append((module, self._path_of(module)))
 
     def _exit(self, module: nn.Module, args: Any, output: Any) -> None:
+        if self._on_raise is not None:
+            # always_call hooks run inside torch's ``except`` when the forward raised: the exception is in flight.
+            raised = sys.exc_info()[1]
+            if raised is not None and self._stack and self._stack[-1][0] is module:
+                self._on_raise(module, self._stack[-1][1], args, raised)
         # Pop down to this module: a forward that raised skips nothing (always_call), but be robust anyway.
         while self._stack:
             top, _ = self._stack.pop()

@@ -92,20 +92,34 @@ class OpInfo:
     """Positions (or keyword names) of arguments the op both reads and writes: checked before it runs."""
     written: tuple[int | str, ...] = ()
     """Every argument the op writes; checked after it runs when it returns nothing (``_foreach_add_``)."""
+    creates: bool = False
+    """Makes a tensor whose dtype does not come from a tensor input: factories (``zeros``, ``randn``,
+    ``*_like``, ``new_*``), ``lift_fresh`` (``torch.tensor``, ``from_numpy``) and casts (``_to_copy``). Where a
+    tensor of an unusual dtype was made is remembered at these ops."""
+
+
+_CASTS = frozenset({"lift_fresh", "lift_fresh_copy", "_to_copy", "to", "_to_dtype"})
+
+
+def _creates(base: str, schema: Any) -> bool:
+    if base in _CASTS or base.endswith("_like") or base.startswith("new_"):
+        return True
+    return not any(str(argument.type).startswith("Tensor") for argument in schema.arguments)
 
 
 def classify(func: OpOverload) -> OpInfo:
     schema = func._schema
     base = schema.name.split("::")[-1]
     name = f"{func.namespace}.{base}.{func._overloadname}"
+    creates = _creates(base, schema)
     if base in _UNINITIALISED:
-        return OpInfo(name, OpKind.UNINITIALISED, ())
+        return OpInfo(name, OpKind.UNINITIALISED, (), creates=creates)
     if base in _SCALAR:
         return OpInfo(name, OpKind.SCALAR, ())
     # lift_fresh turns a Python constant (torch.tensor([...]), x[i] = value) into a tensor: a NaN the user
     # wrote is found there, at their line.
     if (func.is_view or base in _ALIASING or base in _PASS_THROUGH) and base != "lift_fresh":
-        return OpInfo(name, OpKind.PASS, ())
+        return OpInfo(name, OpKind.PASS, (), creates=creates)
     read_mutated: list[int | str] = []
     written: list[int | str] = []
     for position, argument in enumerate(schema.arguments):
@@ -116,7 +130,7 @@ def classify(func: OpOverload) -> OpInfo:
         written.append(where)
         if base not in _OVERWRITE and not argument.is_out:
             read_mutated.append(where)
-    return OpInfo(name, OpKind.CHECK, tuple(read_mutated), tuple(written))
+    return OpInfo(name, OpKind.CHECK, tuple(read_mutated), tuple(written), creates=creates)
 
 
 def mutated_argument(args: tuple[Any, ...], kwargs: dict[str, Any], where: int | str) -> Any:

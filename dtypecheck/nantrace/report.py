@@ -81,12 +81,95 @@ class Event:
 
 
 @dataclass(frozen=True)
+class DefaultDtypeChange:
+    """One call the traced code made that changed ``torch.get_default_dtype()``."""
+
+    old: str
+    new: str
+    call: str
+    """``torch.set_default_dtype`` or ``torch.set_default_tensor_type``; ``unknown`` when the change was seen only
+    when tracing ended (made through a reference to the function taken before tracing began)."""
+    location: Location | None
+
+
+@dataclass(frozen=True)
+class DefaultDtype:
+    """The default floating dtype when tracing began and ended, and every change in between."""
+
+    start: str
+    end: str
+    changes: tuple[DefaultDtypeChange, ...] = ()
+
+
+@dataclass(frozen=True)
+class TensorArg:
+    """One tensor an op (or a module) was given, with where its dtype came from."""
+
+    name: str
+    """The argument's name in the aten schema (``mat1``, ``self``) or in the module call (``input``)."""
+    dtype: str
+    shape: tuple[int, ...]
+    parameter: str | None
+    """The module parameter or buffer it is (or views), dotted from the model, e.g. ``fc.weight``; else None."""
+    created: Location | None
+    """The user's line where this dtype entered: the op that made the tensor (or the tensor it was computed from)
+    in this dtype from nothing or from another dtype (``torch.tensor``, ``from_numpy``, ``.double()``); None
+    when unknown (made before tracing began)."""
+    created_by: str | None
+    """The aten op at ``created`` (``aten.lift_fresh.default`` for torch.tensor/from_numpy, ``aten._to_copy``
+    for ``.to``/``.double()``)."""
+
+
+@dataclass(frozen=True)
+class Promotion:
+    """The first op where float64 entered a lower-precision program: it doubles memory and time from there on."""
+
+    op: str
+    phase: Phase
+    module: str | None
+    dtype: str
+    """The op's output dtype (``float64``)."""
+    dominant: str
+    """The program's float dtype: the majority of the model's parameters, else the first float op's."""
+    inputs: tuple[TensorArg, ...]
+    location: Location | None
+    """The line of the promoting op."""
+    created: Location | None
+    """The line that created the float64 input (see ``TensorArg.created``)."""
+    step: int
+    op_index: int
+
+
+@dataclass(frozen=True)
+class DtypeError:
+    """Why the traced code died of a dtype mismatch, and the cast that fixes it."""
+
+    exception: str
+    """``RuntimeError: mat1 and mat2 must have the same dtype, but got Float and Half``."""
+    op: str | None
+    """The aten op that raised, or None when it raised before reaching an op (``conv2d``'s own checks)."""
+    module: str | None
+    module_type: str | None
+    location: Location | None
+    """The user's line that called the op (or the module)."""
+    inputs: tuple[TensorArg, ...]
+    expected: str | None
+    """The dtype the odd inputs should have: the module's parameters', else the program's."""
+    odd: tuple[str, ...]
+    """Names (from ``inputs``) of the tensors whose dtype differs from ``expected``."""
+    fix: str
+    traceback: str
+    """The traced code's own traceback (its frames only)."""
+
+
+@dataclass(frozen=True)
 class NanTraceReport:
     """Everything ``nan-trace`` found in one traced run."""
 
     SCHEMA: ClassVar[str] = "dtypecheck.nantrace/1"
 
-    status: Literal["clean", "nonfinite"]
+    status: Literal["clean", "nonfinite", "error"]
+    """``error``: the traced code died of a dtype mismatch (``dtype_error``); the CLI exits 3."""
     first: Event | None
     """The first non-finite producer, or None when the run was clean."""
     warnings: tuple[Event, ...]
@@ -104,9 +187,13 @@ class NanTraceReport:
     """Tracing stopped the run at the first event (the default; ``--keep-going`` runs to the end)."""
     notes: tuple[str, ...] = field(default=())
     """Things the user should know about how the run was traced (e.g. torch.compile ran eagerly)."""
+    default_dtype: DefaultDtype | None = None
+    promotions: tuple[Promotion, ...] = ()
+    """The first float64 promotion in a lower-precision program (at most one): a warning-level finding."""
+    dtype_error: DtypeError | None = None
 
     @property
     def level(self) -> Literal["ok", "warn", "fail"]:
-        if self.status == "nonfinite":
+        if self.status == "nonfinite" or self.events:
             return "fail"
-        return "warn" if self.warnings else "ok"
+        return "warn" if self.warnings or self.promotions else "ok"

@@ -57,12 +57,13 @@ def _check_python_file(path: Path) -> str:
     return source
 
 
-def _user_traceback(exc: BaseException, user_file: Path) -> str:
-    """The exception's traceback from the user's first frame on, without dtypecheck's or runpy's frames."""
+def _user_traceback(exc: BaseException, user_file: Path, *, without: tuple[str, ...] = ()) -> str:
+    """The exception's traceback from the user's first frame on, without dtypecheck's or runpy's frames (nor
+    those under the ``without`` folders)."""
     frames = traceback.extract_tb(exc.__traceback__)
     user = str(user_file.resolve())
     start = next((i for i, f in enumerate(frames) if str(Path(f.filename).resolve()) == user), 0)
-    kept = [f for f in frames[start:] if not f.filename.startswith(_OUR_ROOT)]
+    kept = [f for f in frames[start:] if not f.filename.startswith((_OUR_ROOT, *without))]
     lines = ["Traceback (most recent call last):\n", *traceback.StackSummary.from_list(kept).format()]
     lines += traceback.format_exception_only(type(exc), exc)
     return "".join(lines)
@@ -97,7 +98,8 @@ def run_script(path: Path, argv: list[str], settings: RunSettings, *, stdout: Te
     saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
     sys.argv = [str(path), *argv]
     sys.path.insert(0, str(path.resolve().parent))
-    tracer = Tracer(dataclasses.replace(settings.options, stop_run=True))
+    tracer = Tracer(dataclasses.replace(settings.options, stop_run=True, restore_default_dtype=True))
+    failure: dict[str, Any] = {}
     try:
         with contextlib.ExitStack() as stack:
             if stdout is not None:
@@ -113,12 +115,31 @@ def run_script(path: Path, argv: list[str], settings: RunSettings, *, stdout: Te
         if exc.code not in (None, 0):
             raise UserCodeError(f"{path.name} exited with status {exc.code}") from None
     except Exception as exc:  # noqa: BLE001  (the user's own exception becomes exit 3 with their traceback)
-        _raise_user_error(exc, path.name, path)
+        failure = _dtype_failure_or_raise(tracer, exc, path.name, path)
     finally:
         sys.argv = saved_argv
         if saved_path0 is not None and sys.path and sys.path[0] == str(path.resolve().parent):
             sys.path.pop(0)
-    return _finish(tracer, settings, str(path))
+    return _finish(tracer, settings, str(path), **failure)
+
+
+def _dtype_failure_or_raise(tracer: Tracer, exc: BaseException, what: str, user_file: Path) -> dict[str, Any]:
+    """The report arguments for a dtype mismatch tracing can explain; any other exception exits 3 as before.
+
+    The explained report is returned (not raised) so that the CLI can still write the document, then exit 3.
+    """
+    from dtypecheck.nantrace.explain import is_dtype_error
+
+    if not is_dtype_error(exc):
+        _raise_user_error(exc, what, user_file)
+    import torch
+
+    # The explanation names the op and the module: torch's own frames would only bury the user's lines.
+    formatted = _user_traceback(exc, user_file, without=(str(Path(torch.__file__).parent),))
+    probe = tracer.report(failure=exc, failure_traceback=formatted)
+    if probe.dtype_error is None:
+        _raise_user_error(exc, what, user_file)
+    return {"dtype_error": probe.dtype_error, "status": probe.status}
 
 
 FactoryResult = tuple["nn.Module", Any, "Callable[[Any], torch.Tensor] | None"]
@@ -193,8 +214,10 @@ def run_factory(
     inputs = _to_device(inputs, device)
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     names = {id(m): n for n, m in model.named_modules()}
-    tracer = Tracer(dataclasses.replace(settings.options, stop_run=True), module_names=names)
+    options = dataclasses.replace(settings.options, stop_run=True, restore_default_dtype=True)
+    tracer = Tracer(options, module_names=names, model=model)
     done = 0
+    failure: dict[str, Any] = {}
     try:
         with tracer:
             for done in range(1, steps + 1):
@@ -215,5 +238,5 @@ def run_factory(
     except InputError:
         raise
     except Exception as exc:  # noqa: BLE001
-        _raise_user_error(exc, f"{name}'s model", path)
-    return _finish(tracer, settings, f"{path}:{name}", steps=done)
+        failure = _dtype_failure_or_raise(tracer, exc, f"{name}'s model", path)
+    return _finish(tracer, settings, f"{path}:{name}", steps=done, **failure)

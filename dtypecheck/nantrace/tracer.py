@@ -8,12 +8,16 @@ judged, and only the one that fired is re-run in detail.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 import types
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from dtypecheck.nantrace.defaults import DefaultDtypeWatch, dtype_name
+from dtypecheck.nantrace.dtypeflow import DtypeFlow, Raised, module_dtype, tensor_names
+from dtypecheck.nantrace.explain import explain, is_dtype_error
 from dtypecheck.nantrace.frames import FrameFinder
 from dtypecheck.nantrace.judge import Judge, written_tensors
 from dtypecheck.nantrace.modules import ModuleStack
@@ -23,6 +27,7 @@ from dtypecheck.nantrace.report import NanTraceReport
 
 if TYPE_CHECKING:
     import torch
+    from torch import nn
     from torch.utils._python_dispatch import TorchDispatchMode
 
 
@@ -47,6 +52,9 @@ class TraceOptions:
     stop_run: bool = False
     """Raise ``StopTracing`` into the traced code at the first event (the CLI runners); the Python API just stops
     checking and lets the block finish."""
+    restore_default_dtype: bool = False
+    """Put back the default dtype tracing began with (the CLI runners: a script run in-process must not leave its
+    ``set_default_dtype`` behind); the Python API leaves the user's choice in place."""
 
 
 def _dispatch_mode_class() -> type[TorchDispatchMode]:
@@ -60,7 +68,11 @@ def _dispatch_mode_class() -> type[TorchDispatchMode]:
         def __torch_dispatch__(
             self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
         ) -> Any:
-            return self.tracer.dispatch(func, args, kwargs or {})
+            try:
+                return self.tracer.dispatch(func, args, kwargs or {})
+            except RuntimeError as exc:  # zero cost until an op raises (Python >= 3.11)
+                self.tracer.op_raised(func, args, kwargs or {}, exc)
+                raise
 
     return CheckMode
 
@@ -68,18 +80,27 @@ def _dispatch_mode_class() -> type[TorchDispatchMode]:
 class Tracer:
     """``with Tracer(...) as t:`` traces the block; ``t.report`` is the result (also from ``dtypecheck.trace()``)."""
 
-    def __init__(self, options: TraceOptions | None = None, *, module_names: dict[int, str] | None = None) -> None:
+    def __init__(
+        self,
+        options: TraceOptions | None = None,
+        *,
+        module_names: dict[int, str] | None = None,
+        model: nn.Module | None = None,
+    ) -> None:
         import torch
 
         self.options = options or TraceOptions()
-        self.modules = ModuleStack(module_names)
+        self.frames = FrameFinder()
+        self.flow = DtypeFlow(self.frames, lower_names=("float32", "float16", "bfloat16"))
+        self.defaults = DefaultDtypeWatch(self.frames, restore_default=self.options.restore_default_dtype)
+        self._model = model
+        self.modules = ModuleStack(module_names, on_root=self.flow.root_started, on_raise=self._module_raised)
         self.judge = Judge(
             history=self.options.history,
             warn_frac=self.options.warn_frac,
             keep_going=self.options.keep_going,
             owner_of=self.modules.owner_of,
         )
-        self.frames = FrameFinder()
         self.ops = 0
         self.backward_passes = 0
         self.compile_calls = 0
@@ -104,6 +125,9 @@ class Tracer:
     # -- context -----------------------------------------------------------------------------------------------
     def __enter__(self) -> Tracer:
         self._run_compile_eagerly()
+        self.defaults.install()
+        if self._model is not None:
+            self.flow.root_started(self._model)
         self.modules.install()
         self._mode = _dispatch_mode_class()(self)
         self._mode.__enter__()
@@ -116,6 +140,7 @@ class Tracer:
                 self.flush()
         finally:
             self.modules.remove()
+            self.defaults.remove()
             for owner, name, value in reversed(self._restore):
                 setattr(owner, name, value)
             self._restore.clear()
@@ -157,14 +182,14 @@ class Tracer:
         if backward != self._in_backward:
             self._phase_changed(backward)
         if info.kind is OpKind.SCALAR or info.kind is OpKind.UNINITIALISED:
-            return func(*args, **kwargs)
+            return self._made_unchecked(func, info, args, kwargs) if info.creates else func(*args, **kwargs)
         module = self.modules.current
         if self._after_backward and not backward and module is not None:
             self._step += 1
             self._after_backward = False
         grad_enabled = self._is_grad_enabled()
         if info.kind is OpKind.PASS and (backward or not grad_enabled):
-            return func(*args, **kwargs)
+            return self._made_unchecked(func, info, args, kwargs) if info.creates else func(*args, **kwargs)
         # In backward the walk finds the user's .backward() call, or their own autograd.Function.backward;
         # the judge prefers the forward line recorded on the node when there is one.
         frame = self.frames.user_frame()
@@ -173,7 +198,10 @@ class Tracer:
         if info.kind is OpKind.CHECK:
             self._before(record, info)
         out = func(*args, **kwargs)
-        record.result = next(iter_tensors(out), None)
+        result = record.result = next(iter_tensors(out), None)
+        if result is not None and (info.creates or result.dtype is not self.flow.dominant):
+            where = (module, backward, self._step, self.ops - 1)
+            self.flow.after_op(func, info, (args, kwargs), result, frame, where)
         if info.kind is OpKind.CHECK:
             self._after(record, out)
         self._window.append(record)
@@ -181,6 +209,74 @@ class Tracer:
             self.flush()
         return out
 
+    def _made_unchecked(self, func: Any, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        out = func(*args, **kwargs)
+        self.flow.created_outside(info, out)
+        return out
+
+    # -- dtype errors ------------------------------------------------------------------------------------------
+    def op_raised(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException) -> None:
+        """An op raised: keep what it was given, in case this is the dtype error that ends the run."""
+        if not is_dtype_error(exc) or self.flow.already_raised(exc, by_op=True):
+            return
+        # A failed explanation must never replace the user's own error.
+        with contextlib.suppress(Exception):
+            self._record_op_raised(func, args, kwargs, exc)
+
+    def _record_op_raised(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException) -> None:
+        info = self._infos.get(func) or classify(func)
+        module = self.modules.current_module
+        inputs, addresses = self.flow.tensor_args(func._schema, args, kwargs, tensor_names(self.modules.root))
+        own = module_dtype(module) if module is not None else None
+        self.flow.remember_raised(
+            Raised(
+                exc=exc,
+                op=info.name,
+                module=self.modules.current,
+                module_type=type(module).__name__ if module is not None else None,
+                module_dtype=dtype_name(own) if own is not None else None,
+                frame=self.frames.user_frame(),
+                inputs=inputs,
+                addresses=addresses,
+            )
+        )
+
+    def _module_raised(self, module: nn.Module, path: str, args: Any, exc: BaseException) -> None:
+        """A module's forward was left by an exception: its inputs and parameters, and the line that called it
+        (also where the raising check ran before any op, as ``conv2d``'s input/bias dtype check does)."""
+        if not is_dtype_error(exc):
+            return
+        # A failed explanation must never replace the user's own error.
+        with contextlib.suppress(Exception):
+            self._record_module_raised(module, path, args, exc)
+
+    def _record_module_raised(self, module: nn.Module, path: str, args: Any, exc: BaseException) -> None:
+        import torch
+
+        positional = tuple(args) if isinstance(args, tuple) else (args,)
+        call_args = tuple(
+            int(a.untyped_storage().data_ptr()) if isinstance(a, torch.Tensor) else -1 for a in positional
+        )
+        names = ["input"] if len(positional) == 1 else [f"input{i}" for i in range(len(positional))]
+        given = dict(zip(names, positional, strict=True))
+        own = dict(module.named_parameters(recurse=False))
+        inputs, addresses = self.flow.tensor_args(None, (), {**given, **own}, tensor_names(self.modules.root))
+        dtype = module_dtype(module)
+        self.flow.remember_raised(
+            Raised(
+                exc=exc,
+                op=None,
+                module=path,
+                module_type=type(module).__name__,
+                module_dtype=dtype_name(dtype) if dtype is not None else None,
+                frame=self.frames.user_frame(),
+                inputs=inputs,
+                addresses=addresses,
+                call_args=call_args,
+            )
+        )
+
+    # -- the checks --------------------------------------------------------------------------------------------
     def _before(self, record: OpRecord, info: OpInfo) -> None:
         import torch
 
@@ -259,10 +355,27 @@ class Tracer:
             "could be checked; compiled kernels may round differently",
         )
 
-    def report(self, *, steps: int | None = None, **extra: Any) -> NanTraceReport:
+    def report(
+        self,
+        *,
+        steps: int | None = None,
+        failure: BaseException | None = None,
+        failure_traceback: str = "",
+        **extra: Any,
+    ) -> NanTraceReport:
+        """The result; ``failure`` is the exception that ended the traced code, explained when it is a dtype
+        mismatch that tracing saw happen."""
         events = tuple(self.judge.events)
+        dominant = self.flow.dominant
+        dtype_error = None
+        if failure is not None:
+            dtype_error = explain(
+                failure, self.flow.raised, dtype_name(dominant) if dominant is not None else None, failure_traceback
+            )
+        self.flow.raised.clear()  # they hold the exceptions, their frames and the tensors in them
+        promotion = self.flow.promotion
         report = NanTraceReport(
-            status="nonfinite" if events else "clean",
+            status="nonfinite" if events else ("error" if dtype_error is not None else "clean"),
             first=events[0] if events else None,
             warnings=tuple(self.judge.warnings),
             ops=self.ops,
@@ -270,6 +383,9 @@ class Tracer:
             events=events,
             stopped_early=bool(events) and not self.options.keep_going,
             notes=self.notes(),
+            default_dtype=self.defaults.result(),
+            promotions=(promotion,) if promotion is not None else (),
+            dtype_error=dtype_error,
         )
         return dataclasses.replace(report, **extra) if extra else report
 

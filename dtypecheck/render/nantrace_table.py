@@ -9,7 +9,16 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from dtypecheck.nantrace.report import Event, HistoryEntry, Location, NanTraceReport
+from dtypecheck.nantrace.report import (
+    DefaultDtype,
+    DtypeError,
+    Event,
+    HistoryEntry,
+    Location,
+    NanTraceReport,
+    Promotion,
+    TensorArg,
+)
 from dtypecheck.render.table import fmt_float, table_renderer
 
 CAUSE_TEXT = {
@@ -104,9 +113,84 @@ def _warnings_table(warnings: tuple[Event, ...]) -> Table:
     return table
 
 
+def _shape(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def _inputs_table(inputs: tuple[TensorArg, ...], odd: tuple[str, ...] = ()) -> Table:
+    table = Table(header_style="bold", box=None, padding=(0, 1))
+    for name in ("input", "dtype", "shape", "parameter", "created"):
+        table.add_column(name, overflow="fold")
+    for arg in inputs:
+        created = "-" if arg.created is None else f"{_where(arg.created)} ({arg.created_by})"
+        table.add_row(
+            arg.name,
+            arg.dtype,
+            _shape(arg.shape),
+            arg.parameter or "-",
+            created,
+            style="bold red" if arg.name in odd else None,
+        )
+    return table
+
+
+def _line_rows(grid: Table, label: str, location: Location | None) -> None:
+    if location is None:
+        return
+    grid.add_row(label, f"{location.file}:{location.line} in {location.function}")
+    if location.code:
+        grid.add_row("", Text(location.code, style="cyan"))
+
+
+def _default_dtype_line(default: DefaultDtype) -> RenderableType:
+    if not default.changes:
+        return Text(f"default dtype: {default.start}", style="dim")
+    table = Table(title=f"default dtype: {default.start} at start", title_justify="left", header_style="bold")
+    for name in ("from", "to", "call", "line"):
+        table.add_column(name, overflow="fold")
+    for change in default.changes:
+        code = f"  {change.location.code}" if change.location is not None and change.location.code else ""
+        table.add_row(change.old, change.new, change.call, f"{_where(change.location)}{code}")
+    return table
+
+
+def _promotion_panel(promotion: Promotion) -> Panel:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column(overflow="fold")
+    grid.add_row("op", f"{promotion.op}  ({promotion.phase}, step {promotion.step}, op #{promotion.op_index})")
+    grid.add_row("module", _module(promotion.module))
+    grid.add_row("dtypes", f"output {promotion.dtype} in a {promotion.dominant} program")
+    _line_rows(grid, "line", promotion.location)
+    _line_rows(grid, "float64 from", promotion.created)
+    grid.add_row("inputs", _inputs_table(promotion.inputs))
+    title = Text(f"float64 enters the {promotion.dominant} program (doubles memory and time)", style="yellow")
+    return Panel(grid, title=title, title_align="left", expand=False)
+
+
+def _dtype_error_panel(error: DtypeError) -> Panel:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column(overflow="fold")
+    grid.add_row("error", error.exception)
+    grid.add_row("op", error.op or "- (raised before any op)")
+    module = _module(error.module)
+    grid.add_row("module", f"{module} ({error.module_type})" if error.module_type else module)
+    _line_rows(grid, "line", error.location)
+    grid.add_row("inputs", _inputs_table(error.inputs, error.odd))
+    if error.expected is not None:
+        grid.add_row("expected", error.expected)
+    grid.add_row("fix", Text(error.fix, style="green"))
+    return Panel(grid, title=Text("dtype mismatch", style="bold red"), title_align="left", expand=False)
+
+
 @table_renderer(NanTraceReport)
 def render_nantrace(report: NanTraceReport) -> list[RenderableType]:
     out: list[RenderableType] = []
+    if report.default_dtype is not None and report.default_dtype.changes:
+        out.append(_default_dtype_line(report.default_dtype))
+    for promotion in report.promotions:
+        out.append(_promotion_panel(promotion))
     for number, event in enumerate(report.events, start=1):
         title = (
             f"first non-finite value: {event.kind}" if number == 1 else f"non-finite producer {number}: {event.kind}"
@@ -118,6 +202,10 @@ def render_nantrace(report: NanTraceReport) -> list[RenderableType]:
         out.append(_warnings_table(report.warnings))
     for note in report.notes:
         out.append(Text(f"note: {note}", style="dim"))
+    if report.dtype_error is not None:
+        out.append(_dtype_error_panel(report.dtype_error))
+    if report.default_dtype is not None and not report.default_dtype.changes:
+        out.append(_default_dtype_line(report.default_dtype))
     settings = ", ".join(
         part
         for part in (
@@ -126,7 +214,9 @@ def render_nantrace(report: NanTraceReport) -> list[RenderableType]:
         )
         if part
     )
-    if report.status == "clean":
+    if report.status == "error":
+        summary = Text(f"dtype mismatch ended the run after {report.ops:,} ops", style="bold red")
+    elif report.status == "clean":
         summary = Text(f"clean: no NaN or Inf in {report.ops:,} ops over {report.steps} step(s)", style="green")
     else:
         stopped = ", stopped at the first event (--keep-going collects all)" if report.stopped_early else ""
