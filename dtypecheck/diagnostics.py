@@ -37,6 +37,8 @@ RULES: tuple[Rule, ...] = (
     Rule("DTC201", "nonfinite-producer", "An operator produced NaN or Inf from finite inputs", "fail"),
     Rule("DTC202", "near-overflow", "An operator's output came close to its dtype's max", "warn"),
     Rule("DTC203", "half-precision-underflow", "An operator's half-precision output was mostly lost to zero", "warn"),
+    Rule("DTC204", "float64-promotion", "float64 entered a lower-precision program (memory and time double)", "warn"),
+    Rule("DTC205", "dtype-mismatch", "The traced code died of a dtype mismatch between an op's inputs", "fail"),
 )
 RULE_BY_ID = {rule.id: rule for rule in RULES}
 _CAST_RULES = {"overflow": "DTC102", "underflow": "DTC103", "subnormal": "DTC104", "scaled_underflow": "DTC105"}
@@ -138,6 +140,24 @@ def _nantrace(doc: Mapping[str, Any]) -> Iterator[Diagnostic]:
             yield _event(event, "fail")
     for event in doc.get("warnings", []):
         yield _event(event, "warn")
+    for promotion in doc.get("promotions") or []:
+        location = promotion.get("location") or {}
+        created = promotion.get("created") or {}
+        origin = f" (the float64 tensor was made at {created['file']}:{created['line']})" if created.get("file") else ""
+        message = f"{promotion.get('op')} computes in float64 in a {promotion.get('dominant')} program{origin}"
+        yield Diagnostic("DTC204", "warn", message, location.get("file"), location.get("line"), promotion.get("module"))
+    error = doc.get("dtype_error")
+    if error:
+        location = error.get("location") or {}
+        message = f"{error.get('exception')}; fix: {error.get('fix')}"
+        yield Diagnostic(
+            "DTC205",
+            "fail",
+            message,
+            location.get("file"),
+            location.get("line"),
+            error.get("module") or error.get("op"),
+        )
 
 
 def _info(doc: Mapping[str, Any]) -> Iterator[Diagnostic]:

@@ -229,3 +229,54 @@ def test_nantrace_first_event_is_reported_once_even_when_also_listed_in_events()
     doc["events"] = [json.loads(json.dumps(doc["first"])), later]  # equal but separate, as after a JSON round trip
     found = diagnostics(doc)
     assert [(d.rule_id, d.line) for d in found] == [("DTC201", 12), ("DTC201", 30), ("DTC202", 9)]
+
+
+def test_nantrace_promotion_and_dtype_error_become_diagnostics() -> None:
+    doc = {
+        "schema": "dtypecheck.nantrace/1",
+        "status": "error",
+        "first": None,
+        "warnings": [],
+        "promotions": [
+            {
+                "op": "aten.mm.default",
+                "module": "fc",
+                "dominant": "float32",
+                "location": {"file": "train.py", "line": 20},
+                "created": {"file": "train.py", "line": 7},
+            }
+        ],
+        "dtype_error": {
+            "exception": "RuntimeError: expected mat1 and mat2 to have the same dtype",
+            "module": "fc",
+            "op": "aten.addmm.default",
+            "location": {"file": "train.py", "line": 11},
+            "fix": "cast `x` with `x.to(torch.float16)` before `self.fc` (line 11)",
+        },
+    }
+    found = diagnostics(doc)
+    assert [(d.rule_id, d.level, d.line, d.logical) for d in found] == [
+        ("DTC204", "warn", 20, "fc"),
+        ("DTC205", "fail", 11, "fc"),
+    ]
+    assert found[0].message == (
+        "aten.mm.default computes in float64 in a float32 program (the float64 tensor was made at train.py:7)"
+    )
+    jsonschema.validate(sarif_log(doc), SARIF_SCHEMA)
+
+
+def test_nantrace_sarif_end_to_end_for_a_dtype_mismatch(cli, tmp_path: Path) -> None:
+    script = tmp_path / "mixed.py"
+    script.write_text(
+        "import torch\n"
+        "model = torch.nn.Linear(4, 2).double()\n"
+        "x = torch.ones(3, 4)\n"
+        "model(x)\n"
+    )
+    result = cli("nan-trace", str(script), "--format", "sarif")
+    assert result.exit_code == 3
+    log = json.loads(result.stdout)
+    jsonschema.validate(log, SARIF_SCHEMA)
+    [mismatch] = [r for r in log["runs"][0]["results"] if r["ruleId"] == "DTC205"]
+    assert mismatch["level"] == "error"
+    assert mismatch["locations"][0]["physicalLocation"]["region"]["startLine"] == 4
