@@ -12,6 +12,7 @@ import pytest
 from dtypecheck.dtypes import REGISTRY, float_specs, lookup, parse_dtype_list
 from dtypecheck.errors import UnknownDtypeError
 from dtypecheck.rounding import judge_cast, round_to_format
+from tests._references import ML_DTYPES_SCALAR
 
 # Independent references: numpy for IEEE types, ml_dtypes for the others.
 REFERENCE_FINFO = {
@@ -25,15 +26,6 @@ REFERENCE_FINFO = {
     "float8_e5m2fnuz": ml_dtypes.finfo(ml_dtypes.float8_e5m2fnuz),
     "float8_e8m0fnu": ml_dtypes.finfo(ml_dtypes.float8_e8m0fnu),
     "float4_e2m1fn_x2": ml_dtypes.finfo(ml_dtypes.float4_e2m1fn),
-}
-ML_DTYPES_SCALAR = {
-    "float16": np.float16,
-    "bfloat16": ml_dtypes.bfloat16,
-    "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
-    "float8_e4m3fnuz": ml_dtypes.float8_e4m3fnuz,
-    "float8_e5m2": ml_dtypes.float8_e5m2,
-    "float8_e5m2fnuz": ml_dtypes.float8_e5m2fnuz,
-    "float4_e2m1fn_x2": ml_dtypes.float4_e2m1fn,
 }
 
 

@@ -8,7 +8,6 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 import pytest
 import torch
@@ -20,17 +19,10 @@ from dtypecheck.scan import scan_checkpoint
 from dtypecheck.scan_kernel import NUMBA
 from dtypecheck.scan_report import Float8CastCounts, TensorScan
 from dtypecheck.scan_thresholds import FLOAT32, FLOAT64, cast_edges, target_patterns
+from tests._references import ML_DTYPES_SCALAR
 
 FLOAT_TARGETS = [s for s in float_specs() if s.name != "float64"]
-ML_DTYPES = {
-    "float16": np.float16,
-    "bfloat16": ml_dtypes.bfloat16,
-    "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
-    "float8_e4m3fnuz": ml_dtypes.float8_e4m3fnuz,
-    "float8_e5m2": ml_dtypes.float8_e5m2,
-    "float8_e5m2fnuz": ml_dtypes.float8_e5m2fnuz,
-    "float4_e2m1fn_x2": ml_dtypes.float4_e2m1fn,
-}
+ML_DTYPES = ML_DTYPES_SCALAR
 BOTH_KERNELS = [pytest.param(True, id="numba"), pytest.param(False, id="numpy")]
 
 
