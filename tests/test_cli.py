@@ -119,10 +119,11 @@ def test_output_file_is_written_whole_and_stdout_stays_empty(cli, tmp_path: Path
     assert [p.name for p in tmp_path.iterdir()] == ["info.json"]
 
 
-def test_output_into_missing_folder_is_an_input_error_without_partial_file(cli, tmp_path: Path) -> None:
+def test_output_into_missing_folder_is_a_usage_error_without_partial_file(cli, tmp_path: Path) -> None:
     target = tmp_path / "missing" / "info.json"
     result = cli("info", "fp16", "--output", str(target))
-    assert result.exit_code == 3
+    assert result.exit_code == 2
+    assert f"the folder {target.parent} does not exist" in result.stderr
     assert result.stderr.startswith("error: ")
     assert len(result.stderr.strip().splitlines()) == 1
     assert not target.parent.exists()

@@ -329,3 +329,13 @@ def test_project_config_supplies_defaults_and_the_command_line_wins(cli: Any, tm
     _, doc, _ = trace_json(cli, f"{path}:broken", "--config", str(config))
     assert len(doc["first"]["history"]) == 1
     assert doc["stopped_early"] is False  # keep-going from the config
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_device_the_machine_lacks_is_a_usage_error(cli, tmp_path) -> None:
+    script = tmp_path / "s.py"
+    script.write_text("import torch\nx = torch.ones(3)\n")
+    result = cli("nan-trace", str(script), "--device", "cuda")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: --device cuda: this machine")
+    assert "has no cuda device" in result.stderr

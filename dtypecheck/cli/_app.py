@@ -40,9 +40,24 @@ FormatOption = Annotated[
         "--format", "-f", help="table (rich), json (one document), sarif (SARIF 2.1.0) or github (annotations)."
     ),
 ]
+
+
+def _output_folder_exists(value: Path | None) -> Path | None:
+    # Checked before any work starts: an hour-long trace should not end in "cannot write".
+    if value is not None and not value.parent.is_dir():
+        raise typer.BadParameter(f"the folder {value.parent} does not exist", param_hint="'--output'")
+    return value
+
+
 OutputOption = Annotated[
     Path | None,
-    typer.Option("--output", "-o", help="Write the document to FILE (atomically) instead of stdout.", dir_okay=False),
+    typer.Option(
+        "--output",
+        "-o",
+        help="Write the document to FILE (atomically) instead of stdout.",
+        dir_okay=False,
+        callback=_output_folder_exists,
+    ),
 ]
 QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or notes on stderr.")]
 TracebackOption = Annotated[

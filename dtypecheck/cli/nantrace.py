@@ -98,9 +98,13 @@ def nan_trace(
         import torch
 
         try:
-            torch.device(device)
+            chosen = torch.device(device)
         except RuntimeError as exc:
             raise UsageError(f"--device {device!r}: {exc}") from None
+        backend = getattr(torch, chosen.type, None) if chosen.type != "cpu" else None
+        available = getattr(backend, "is_available", None)
+        if chosen.type not in ("cpu", "meta") and (available is None or not available()):
+            raise UsageError(f"--device {device}: this machine (torch {torch.__version__}) has no {chosen.type} device")
     options = TraceOptions(
         keep_going=pick(True if keep_going else None, settings, COMMAND, "keep-going", False),
         history=pick(history, settings, COMMAND, "history", 20),
