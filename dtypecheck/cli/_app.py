@@ -71,7 +71,7 @@ ConfigOption = Annotated[
     Path | None,
     typer.Option(
         "--config",
-        help="Read [tool.dtypecheck] from FILE instead of the nearest pyproject.toml above the working directory.",
+        help="Read the tool.dtypecheck settings from FILE, not the nearest pyproject.toml above the working folder.",
         dir_okay=False,
     ),
 ]

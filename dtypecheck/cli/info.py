@@ -28,8 +28,13 @@ def info(
     quiet: QuietOption = False,
     traceback: TracebackOption = False,
 ) -> int:
-    """Everything about a dtype's numbers: true limits from the bit layout, what torch.finfo says, and what
-    each available device measures."""
+    """Everything about a dtype's numbers, measured on every device.
+
+    True limits from the bit layout, what torch.finfo says (and where it is wrong), what each available device
+    measures, guidance for log/Adam/exp, and with --promote torch's type promotion explained.
+
+    Exit codes: 0 ok, 2 unknown dtype or conflicting options.
+    """
     from dtypecheck.dtypes import REGISTRY, parse_dtype_list
     from dtypecheck.info import describe_dtypes
 

@@ -123,6 +123,7 @@ def estimate_memory(
     """What a model needs in memory for inference and training, per dtype, optimizer and sharding.
 
     Model states are computed exactly; activations are traced on fake tensors (nothing is allocated).
+
     Exit codes: 0 ok, 2 usage error (e.g. int4 training), 3 unreadable input or a factory that raised."""
     import dataclasses
 

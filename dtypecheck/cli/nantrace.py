@@ -74,9 +74,10 @@ def nan_trace(
     quiet: QuietOption = False,
     traceback: TracebackOption = False,
 ) -> int:
-    """Run a training script or factory with every op checked; name the first op, module and line that produced
-    NaN/Inf, why, and what came close before; report default-dtype changes and the first float64 promotion, and
-    explain a dtype-mismatch error.
+    """Name the first op, module and line that produced NaN/Inf in a training step.
+
+    Runs a script or factory with every op checked: why it happened and what came close before; also the
+    default-dtype changes, the first float64 promotion, and an explained dtype-mismatch error.
 
     Exit codes: 0 clean, 1 NaN/Inf found (or warnings with --fail-on warn), 2 usage, 3 script not runnable or raised
     (a dtype mismatch is explained and the report still written first).

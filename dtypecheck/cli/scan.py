@@ -36,7 +36,7 @@ def scan_model(
     checkpoints: Annotated[
         list[str],
         typer.Argument(
-            metavar="CKPT...",
+            metavar="CKPT",
             help="A checkpoint file (safetensors, torch .pt/.pth/.bin/.ckpt, legacy torch, GGUF), a sharded or "
             "distributed checkpoint folder, or path/to/file.py:factory returning an nn.Module. Several (as "
             "pre-commit passes them) are scanned one after another with table or github output.",
@@ -85,9 +85,10 @@ def scan_model(
     quiet: QuietOption = False,
     traceback: TracebackOption = False,
 ) -> int:
-    """Every tensor of a checkpoint against the limits of its own dtype and of target dtypes: NaN/inf, min/max,
-    and exact overflow / underflow / subnormal counts for each target (float8 targets also after per-tensor
-    scaling).
+    """Every tensor of a checkpoint against its own dtype's limits and the targets'.
+
+    NaN/inf, min/max, and exact overflow / underflow / subnormal counts for each target (float8 targets also after
+    per-tensor scaling), the dtype census and dtype-consistency findings; nothing in a pickle is executed.
 
     Exit codes: 0 ok, 1 a tensor or finding at or above --fail-on, 2 usage error, 3 unreadable checkpoint.
     """
