@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
@@ -11,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
 import typer
 
 from dtypecheck import __version__
-from dtypecheck.errors import ExitCode
+from dtypecheck.errors import ExitCode, UserCodeError
 from dtypecheck.render import OutputFormat, render, write_atomically
 
 if TYPE_CHECKING:
@@ -109,6 +111,36 @@ def _root(
 
     Exit codes: 0 ok, 1 findings at or above --fail-on, 2 usage error, 3 input error.
     """
+
+
+@contextlib.contextmanager
+def user_code_guard(target: str, *, enabled: bool = True) -> Iterator[None]:
+    """Around a core call that may run the user's code (a factory, a script): stdout is the report's alone.
+
+    Whatever the user's code writes to stdout, through ``print`` or straight to file descriptor 1 (``os.write``,
+    a subprocess), goes to stderr instead; and a ``sys.exit`` inside it becomes an input error (exit 3) rather than
+    ending dtypecheck with no report and an exit code outside the contract.
+    """
+    if not enabled:
+        yield
+        return
+    sys.stdout.flush()
+    saved_fd: int | None = None
+    try:
+        saved_fd = os.dup(1)
+        os.dup2(2, 1)
+    except OSError:
+        saved_fd = None  # no real stdout descriptor (embedded use): the Python-level redirect still applies
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    except SystemExit as exc:
+        raise UserCodeError(f"{target}: the user's code called sys.exit({exc.code!r}); no report was made") from None
+    finally:
+        sys.stderr.flush()
+        if saved_fd is not None:
+            os.dup2(saved_fd, 1)
+            os.close(saved_fd)
 
 
 def emit(report: Any, fmt: OutputFormat, output: Path | None, *, quiet: bool) -> None:

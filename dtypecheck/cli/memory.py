@@ -17,6 +17,7 @@ from dtypecheck.cli._app import (
     emit,
     pick,
     project_config,
+    user_code_guard,
 )
 from dtypecheck.errors import ExitCode, UsageError
 from dtypecheck.render import OutputFormat
@@ -154,7 +155,7 @@ def estimate_memory(
         group_size=group_size,
         optimizer_impl=optimizer_impl.value,
     )
-    with progress_bar("estimating memory", quiet=quiet, unit="passes") as progress:
+    with user_code_guard(model), progress_bar("estimating memory", quiet=quiet, unit="passes") as progress:
         progress(0, 1, "reading the model")
         subject = open_subject(model, batch_size=batch_size, seq_len=seq_len)
         report = estimate_memory(subject, options, progress)

@@ -21,6 +21,7 @@ from dtypecheck.cli._app import (
     level_exit_code,
     pick,
     project_config,
+    user_code_guard,
 )
 from dtypecheck.errors import UsageError, UserCodeError
 from dtypecheck.render import OutputFormat
@@ -117,12 +118,16 @@ def nan_trace(
     if factory is not None:
         if script_args:
             raise UsageError("script arguments after '--' apply to scripts, not to file.py:factory")
-        with progress_bar("nan-trace", quiet=quiet, unit="steps") as progress:
+        with user_code_guard(target), progress_bar("nan-trace", quiet=quiet, unit="steps") as progress:
             report = run_factory(path, factory, pick(steps, settings, COMMAND, "steps", 3), run, progress=progress)
     else:
-        # stdout must hold only the document: the script's own prints go to stderr.
+        if steps is not None:
+            raise UsageError("--steps applies to file.py:factory; a script runs its own loop")
+        # stdout must hold only the document: the script's own output (prints, os.write, subprocesses) goes to
+        # stderr. With a table the script's output stays where the user expects it.
         script_stdout = sys.stderr if fmt is not OutputFormat.table else None
-        report = run_script(path, list(script_args or []), run, stdout=script_stdout)
+        with user_code_guard(target, enabled=fmt is not OutputFormat.table):
+            report = run_script(path, list(script_args or []), run, stdout=script_stdout)
     emit(report, fmt, output, quiet=quiet)
     if report.dtype_error is not None:
         _exit_with_dtype_error(report, fmt, output)
@@ -130,14 +135,16 @@ def nan_trace(
 
 
 def _exit_with_dtype_error(report: NanTraceReport, fmt: OutputFormat, output: Path | None) -> None:
-    """The document is out (status "error"); now exit 3 with the script's traceback and the explanation on stderr,
-    unless the table on stdout already shows the explanation."""
+    """The document is out (status "error", the explanation in it); now exit 3 with the script's own traceback
+    and one error line that carries the fix. The full explanation goes to stderr only when no document shows it
+    (a table written to a file)."""
     from dtypecheck.nantrace.explain import explanation_text
 
     error = report.dtype_error
     assert error is not None
-    shown_on_stdout = fmt is OutputFormat.table and output is None
-    formatted = error.traceback + ("" if shown_on_stdout else "\n" + explanation_text(error))
+    hidden = fmt is OutputFormat.table and output is not None
+    formatted = error.traceback + ("\n" + explanation_text(error) if hidden else "")
     source = Path(report.source).name if report.source else "the traced code"
     message = error.exception.splitlines()[0] if error.exception else "dtype mismatch"
-    raise UserCodeError(f"{source} died of a dtype mismatch: {message}", formatted)
+    fix = f"; fix: {error.fix}" if error.fix else ""
+    raise UserCodeError(f"{source} died of a dtype mismatch: {message}{fix}", formatted)

@@ -21,6 +21,7 @@ from dtypecheck.cli._app import (
     level_exit_code,
     pick,
     project_config,
+    user_code_guard,
 )
 from dtypecheck.errors import ExitCode, UsageError
 from dtypecheck.render import OutputFormat
@@ -118,7 +119,7 @@ def scan_model(
             raise UsageError(f"--plot {plot}: the plot is written as PNG; name the file *.png")
     code = ExitCode.OK
     for checkpoint in checkpoints:
-        with progress_bar("scanning", quiet=quiet, unit="bytes") as progress:
+        with user_code_guard(checkpoint), progress_bar("scanning", quiet=quiet, unit="bytes") as progress:
             report = scan_checkpoint(
                 checkpoint, targets, progress=progress, workers=workers, policy=settings.scan_policy
             )

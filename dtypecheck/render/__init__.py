@@ -41,6 +41,15 @@ def render(report: Any, fmt: OutputFormat, *, color: bool = False, width: int | 
     _assert_never(fmt)
 
 
+def _mode_for(path: Path) -> int:
+    try:
+        return path.stat().st_mode & 0o777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
 def write_atomically(path: Path, text: str) -> None:
     """Write via a temporary file in the same folder and rename, so no reader sees a partial file."""
     directory = path.parent if str(path.parent) else Path()
@@ -49,6 +58,8 @@ def write_atomically(path: Path, text: str) -> None:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
+            # mkstemp makes the file private (0600); give it the mode a plain open() would, or keep the old one.
+            os.fchmod(handle.fileno(), _mode_for(path))
             os.fsync(handle.fileno())
         Path(tmp_name).replace(path)
     except BaseException:
