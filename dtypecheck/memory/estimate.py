@@ -77,7 +77,11 @@ def plan_rows(options: EstimateOptions) -> tuple[list[_Row], list[str]]:
                 rows.append(_Row(spec, mode, "pure"))
                 continue
             if not states.can_train(spec):
-                why = "int and float8 storage is not trained directly; train in bfloat16, then quantize"
+                why = (
+                    "int and float8 storage is not trained directly; train in bfloat16, then quantize"
+                    if spec.kind in ("int", "uint") or spec.name.startswith(("float8", "float4"))
+                    else f"{spec.kind} weights are not trained with these optimizers"
+                )
                 if options.dtypes and options.modes:
                     raise UsageError(f"cannot estimate training in {spec.name}: {why}")
                 skipped.append(f"{spec.name} training: {why}")
