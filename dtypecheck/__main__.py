@@ -1,6 +1,6 @@
 """``python -m dtypecheck``."""
 
-from dtypecheck.cli import main
+from dtypecheck.cli import run
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run()

@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import save_file
 
 FACTORY = """
 import os, sys
@@ -105,3 +109,29 @@ def test_output_file_gets_the_usual_mode_and_keeps_an_existing_one(cli, tmp_path
         assert stat.S_IMODE(shared.stat().st_mode) == 0o664
     finally:
         os.umask(umask)
+
+
+def _console(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dtypecheck", *args], capture_output=True, text=True, timeout=120, cwd=cwd, check=False
+    )
+
+
+def test_console_entry_keeps_exit_codes_and_complete_output(tmp_path: Path) -> None:
+    unknown = _console("info", "fp61")
+    assert (unknown.returncode, unknown.stdout) == (2, "")
+    assert unknown.stderr.startswith("error: unknown dtype 'fp61'")
+    ckpt = tmp_path / "m.safetensors"
+    save_file({"w": torch.tensor([1.0, float("nan")])}, str(ckpt))
+    scanned = _console("scan-model", str(ckpt), "--format", "json")
+    assert scanned.returncode == 1
+    assert json.loads(scanned.stdout)["summary"]["level"] == "fail"  # the whole document arrived
+
+
+def test_a_script_that_leaves_a_file_open_still_gets_it_flushed(tmp_path: Path) -> None:
+    # User code ran, so the console entry exits the normal way and the script's open file is flushed.
+    script = tmp_path / "writes.py"
+    script.write_text(f"log = open({str(tmp_path / 'log.txt')!r}, 'w')\nlog.write('step 1 done')\n")
+    done = _console("nan-trace", str(script), "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "log.txt").read_text() == "step 1 done"

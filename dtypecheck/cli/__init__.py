@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -11,7 +12,7 @@ from dtypecheck.cli import info as _info  # noqa: F401  (registers the command)
 from dtypecheck.cli import memory as _memory  # noqa: F401  (registers the command)
 from dtypecheck.cli import nantrace as _nantrace  # noqa: F401  (registers the command)
 from dtypecheck.cli import scan as _scan  # noqa: F401  (registers the command)
-from dtypecheck.cli._app import app
+from dtypecheck.cli._app import USER_CODE, app
 from dtypecheck.errors import ExitCode, UserCodeError, describe
 
 
@@ -58,4 +59,21 @@ def main(argv: list[str] | None = None) -> int:
     return int(result) if isinstance(result, int) else int(ExitCode.OK)
 
 
-__all__ = ["app", "main"]
+def run() -> None:
+    """Console entry point: ``main()``, then a fast exit when no user code ran in this process.
+
+    Tearing down an interpreter that has loaded torch, numba and llvmlite takes ~0.5 s here, more than scanning
+    4 GiB; dtypecheck's own outputs are complete by now (``--output`` is written, fsynced and renamed), so only
+    the standard streams need flushing. A user's script or factory may have left files open that only the normal
+    shutdown flushes: then we exit the normal way.
+    """
+    code = main()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe (`| head`): nothing more can be delivered
+            stream.flush()
+    if USER_CODE:
+        raise SystemExit(code)
+    os._exit(code)
+
+
+__all__ = ["app", "main", "run"]
