@@ -10,29 +10,14 @@ from __future__ import annotations
 import contextlib
 import runpy
 import sys
-import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from dtypecheck.errors import InputError, UserCodeError
+from dtypecheck.errors import InputError
 from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord
 from dtypecheck.loaders.mapped import EMPTY_SOURCE, LiveSource
-
-
-def _user_traceback(exc: BaseException, user_file: Path) -> str:
-    """The traceback of ``exc`` keeping only frames from the user's files (not dtypecheck's, runpy's or torch's)."""
-    machinery = (str(Path(__file__).resolve().parents[1]), str(Path(runpy.__file__).resolve()))
-    frames = [
-        frame
-        for frame in traceback.extract_tb(exc.__traceback__)
-        if not frame.filename.startswith(machinery) and "importlib" not in frame.filename
-    ]
-    if not frames:
-        frames = [frame for frame in traceback.extract_tb(exc.__traceback__) if frame.filename == str(user_file)]
-    lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]
-    lines.extend(traceback.format_exception_only(type(exc), exc))
-    return "".join(lines)
+from dtypecheck.usercode import call_user
 
 
 def _run_path(user_file: Path) -> dict[str, Any]:
@@ -46,28 +31,18 @@ def _run_path(user_file: Path) -> dict[str, Any]:
             sys.path.remove(folder)
 
 
-def _run_user_code(user_file: Path, what: str, action: Any) -> Any:
-    try:
-        return action()
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except BaseException as exc:
-        summary = f"{user_file}: {what} raised {type(exc).__name__}: {exc}"
-        raise UserCodeError(summary, _user_traceback(exc, user_file)) from exc
-
-
 def open_live_model(user_file: Path, factory_name: str | None, target: str) -> Checkpoint:
     import torch
 
     if factory_name is None:
         raise InputError(f"{target}: name the factory that builds the model, e.g. {user_file}:build_model")
-    namespace = _run_user_code(user_file, "the file", lambda: _run_path(user_file))
+    namespace = call_user(lambda: _run_path(user_file), f"{user_file}: the file", user_file)
     factory = namespace.get(factory_name)
     if factory is None:
         raise InputError(f"{target}: {user_file} defines no {factory_name!r}")
     if not callable(factory):
         raise InputError(f"{target}: {factory_name!r} is not callable")
-    model = _run_user_code(user_file, f"{factory_name}()", factory)
+    model = call_user(factory, f"{user_file}: {factory_name}()", user_file)
     if not isinstance(model, torch.nn.Module):
         raise InputError(f"{target}: {factory_name}() returned {type(model).__name__}, not a torch.nn.Module")
     return LiveModelCheckpoint(target, model)

@@ -5,15 +5,15 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
-import traceback
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dtypecheck.errors import InputError, UsageError, UserCodeError
+from dtypecheck.errors import InputError, UsageError
 from dtypecheck.memory.inventory import Inventory, inventory_of_module, inventory_of_records
 from dtypecheck.memory.subject import DecoderShape, Subject
+from dtypecheck.usercode import call_user
 
 if TYPE_CHECKING:
     import torch
@@ -48,23 +48,6 @@ def open_subject(target: str, *, batch_size: int | None = None, seq_len: int | N
 # --- file.py:factory ---------------------------------------------------------------------------------------
 
 
-def _user_frames(exc: BaseException, user_file: Path) -> str:
-    """The traceback from the first frame in the user's file on: their code only, never dtypecheck's."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    start = next((i for i, f in enumerate(frames) if Path(f.filename).resolve() == user_file), 0)
-    lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames[start:])]
-    lines += traceback.format_exception_only(type(exc), exc)
-    return "".join(lines)
-
-
-def _call_user(func: Callable[[], Any], what: str, user_file: Path) -> Any:
-    try:
-        return func()
-    except Exception as exc:
-        summary = f"{what} raised {type(exc).__name__}: {exc}".rstrip(": ")
-        raise UserCodeError(summary, _user_frames(exc, user_file)) from exc
-
-
 def _import_user_file(path: Path) -> Any:
     spec = importlib.util.spec_from_file_location(f"dtypecheck_user_{uuid.uuid4().hex}", path)
     if spec is None or spec.loader is None:
@@ -72,7 +55,7 @@ def _import_user_file(path: Path) -> Any:
     module = importlib.util.module_from_spec(spec)
     sys.path.insert(0, str(path.parent))
     try:
-        _call_user(lambda: spec.loader.exec_module(module), str(path), path)  # type: ignore[union-attr]
+        call_user(lambda: spec.loader.exec_module(module), str(path), path)  # type: ignore[union-attr]
     finally:
         sys.path.remove(str(path.parent))
     return module
@@ -94,7 +77,7 @@ def call_factory(target: str) -> tuple[torch.nn.Module, Any]:
         raise InputError(f"{file_part}: no function named {name!r}")
     if not callable(factory):
         raise InputError(f"{file_part}: {name!r} is not callable")
-    result = _call_user(factory, f"{name}()", path)
+    result = call_user(factory, f"{name}()", path)
     inputs: Any = None
     if isinstance(result, tuple | list) and len(result) == 2 and isinstance(result[0], nn.Module):
         result, inputs = result

@@ -6,7 +6,6 @@ import contextlib
 import dataclasses
 import runpy
 import sys
-import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,12 +15,11 @@ from dtypecheck.errors import InputError, UserCodeError
 from dtypecheck.nantrace.report import NanTraceReport
 from dtypecheck.nantrace.tracer import StopTracing, TraceOptions, Tracer
 from dtypecheck.progress import ProgressCallback, no_progress
+from dtypecheck.usercode import call_user, raise_user_error, user_traceback
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
-
-_OUR_ROOT = str(Path(__file__).resolve().parent.parent)
 
 
 @dataclass(frozen=True)
@@ -55,23 +53,6 @@ def _check_python_file(path: Path) -> str:
     except ValueError as exc:  # source with NUL bytes
         raise InputError(f"not a Python script: {path}: {exc}") from None
     return source
-
-
-def _user_traceback(exc: BaseException, user_file: Path, *, without: tuple[str, ...] = ()) -> str:
-    """The exception's traceback from the user's first frame on, without dtypecheck's or runpy's frames (nor
-    those under the ``without`` folders)."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    user = str(user_file.resolve())
-    start = next((i for i, f in enumerate(frames) if str(Path(f.filename).resolve()) == user), 0)
-    kept = [f for f in frames[start:] if not f.filename.startswith((_OUR_ROOT, *without))]
-    lines = ["Traceback (most recent call last):\n", *traceback.StackSummary.from_list(kept).format()]
-    lines += traceback.format_exception_only(type(exc), exc)
-    return "".join(lines)
-
-
-def _raise_user_error(exc: BaseException, what: str, user_file: Path) -> None:
-    summary = f"{what} raised {type(exc).__name__}: {exc}".rstrip(": ")
-    raise UserCodeError(summary, _user_traceback(exc, user_file)) from None
 
 
 @contextlib.contextmanager
@@ -131,14 +112,14 @@ def _dtype_failure_or_raise(tracer: Tracer, exc: BaseException, what: str, user_
     from dtypecheck.nantrace.explain import is_dtype_error
 
     if not is_dtype_error(exc):
-        _raise_user_error(exc, what, user_file)
+        raise_user_error(exc, what, user_file)
     import torch
 
     # The explanation names the op and the module: torch's own frames would only bury the user's lines.
-    formatted = _user_traceback(exc, user_file, without=(str(Path(torch.__file__).parent),))
+    formatted = user_traceback(exc, user_file, without=(str(Path(torch.__file__).parent),))
     probe = tracer.report(failure=exc, failure_traceback=formatted)
     if probe.dtype_error is None:
-        _raise_user_error(exc, what, user_file)
+        raise_user_error(exc, what, user_file)
     return {"dtype_error": probe.dtype_error, "status": probe.status}
 
 
@@ -150,19 +131,13 @@ def load_factory(path: Path, name: str) -> FactoryResult:
     import torch
 
     _check_python_file(path)
-    try:
-        namespace = runpy.run_path(str(path), run_name="__dtypecheck_factory__")
-    except Exception as exc:  # noqa: BLE001
-        _raise_user_error(exc, path.name, path)
+    namespace = call_user(lambda: runpy.run_path(str(path), run_name="__dtypecheck_factory__"), path.name, path)
     factory = namespace.get(name)
     if factory is None:
         raise InputError(f"no function {name!r} in {path}")
     if not callable(factory):
         raise InputError(f"{path}:{name} is not a function (it is a {type(factory).__name__})")
-    try:
-        made = factory()
-    except Exception as exc:  # noqa: BLE001
-        _raise_user_error(exc, f"{name}()", path)
+    made = call_user(factory, f"{name}()", path)
     wrong = (
         f"{path}:{name}() must return (model, inputs) or (model, inputs, loss_fn), with model a torch.nn.Module; "
         f"got {type(made).__name__}"
