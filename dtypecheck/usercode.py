@@ -6,6 +6,7 @@ traceback a user sees is trimmed the same way everywhere.
 
 from __future__ import annotations
 
+import re
 import runpy
 import traceback
 from collections.abc import Callable
@@ -14,7 +15,14 @@ from typing import Any, NoReturn
 
 from dtypecheck.errors import UserCodeError
 
+_PYTHON_TARGET = re.compile(r"^(?P<file>.+\.py)(?::(?P<factory>[A-Za-z_][A-Za-z0-9_]*))?$")
 _MACHINERY = (str(Path(__file__).resolve().parent), str(Path(runpy.__file__).resolve()), "<frozen importlib")
+
+
+def python_target(target: str) -> tuple[Path, str | None] | None:
+    """``file.py`` or ``file.py:factory`` -> ``(file, factory or None)``; a checkpoint path -> ``None``."""
+    found = _PYTHON_TARGET.match(target)
+    return (Path(found["file"]), found["factory"]) if found else None
 
 
 def user_traceback(exc: BaseException, user_file: Path, *, without: tuple[str, ...] = ()) -> str:

@@ -128,9 +128,10 @@ def test_console_entry_keeps_exit_codes_and_complete_output(tmp_path: Path) -> N
     assert json.loads(scanned.stdout)["summary"]["level"] == "fail"  # the whole document arrived
 
 
-def test_a_script_that_leaves_a_file_open_still_gets_it_flushed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["writes.py", "train"])  # a script need not be named *.py
+def test_a_script_that_leaves_a_file_open_still_gets_it_flushed(tmp_path: Path, name: str) -> None:
     # User code ran, so the console entry exits the normal way and the script's open file is flushed.
-    script = tmp_path / "writes.py"
+    script = tmp_path / name
     script.write_text(f"log = open({str(tmp_path / 'log.txt')!r}, 'w')\nlog.write('step 1 done')\n")
     done = _console("nan-trace", str(script), "--quiet")
     assert done.returncode == 0, done.stderr

@@ -117,21 +117,18 @@ USER_CODE: list[str] = []
 """Targets whose user code ran in this process (the console entry then exits the normal, slower way)."""
 
 
-def runs_user_code(target: str) -> bool:
-    """``file.py:factory`` and scripts run the user's code; checkpoint files and folders do not."""
-    file_part = target.rsplit(":", 1)[0] if ":" in target else target
-    return file_part.endswith(".py")
-
-
 @contextlib.contextmanager
-def user_code_guard(target: str, *, enabled: bool = True) -> Iterator[None]:
+def user_code_guard(target: str, *, enabled: bool = True, script: bool = False) -> Iterator[None]:
     """Around a core call that may run the user's code (a factory, a script): stdout is the report's alone.
 
     Whatever the user's code writes to stdout, through ``print`` or straight to file descriptor 1 (``os.write``,
     a subprocess), goes to stderr instead; and a ``sys.exit`` inside it becomes an input error (exit 3) rather than
     ending dtypecheck with no report and an exit code outside the contract.
     """
-    if runs_user_code(target):
+    from dtypecheck.usercode import python_target
+
+    # A script runs user code whatever its name; otherwise only file.py[:factory] targets do, not checkpoints.
+    if script or python_target(target) is not None:
         USER_CODE.append(target)
     if not enabled:
         yield

@@ -126,7 +126,7 @@ def nan_trace(
         # stdout must hold only the document: the script's own output (prints, os.write, subprocesses) goes to
         # stderr. With a table the script's output stays where the user expects it.
         script_stdout = sys.stderr if fmt is not OutputFormat.table else None
-        with user_code_guard(target, enabled=fmt is not OutputFormat.table):
+        with user_code_guard(target, enabled=fmt is not OutputFormat.table, script=True):
             report = run_script(path, list(script_args or []), run, stdout=script_stdout)
     emit(report, fmt, output, quiet=quiet)
     if report.dtype_error is not None:

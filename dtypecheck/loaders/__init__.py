@@ -6,23 +6,22 @@ checkpoint: pickles go through ``pickle_vm.SafeUnpickler``. See ``base`` for how
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from dtypecheck.errors import InputError
 from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord, TensorSource
+from dtypecheck.usercode import python_target
 
-LIVE_MODEL = re.compile(r"^(?P<file>.+\.py)(?::(?P<factory>[A-Za-z_][A-Za-z0-9_]*))?$")
 SNIFF_BYTES = 32
 
 
 def open_checkpoint(target: str) -> Checkpoint:
     """Open a checkpoint file, a checkpoint folder, or a live model ``file.py:factory``, by content."""
-    live = LIVE_MODEL.match(target)
-    if live and Path(live["file"]).is_file():
+    live = python_target(target)
+    if live is not None and live[0].is_file():
         from dtypecheck.loaders.live_model import open_live_model
 
-        return open_live_model(Path(live["file"]), live["factory"], target)
+        return open_live_model(live[0], live[1], target)
     path = Path(target)
     if not path.exists():
         raise InputError(f"no such file or directory: {target}")
