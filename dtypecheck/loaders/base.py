@@ -32,12 +32,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Protocol
+
+from dtypecheck.findings import Finding, Level
 
 if TYPE_CHECKING:
     import torch
 
-Level = Literal["ok", "warn", "fail"]
+__all__ = ["Checkpoint", "Finding", "Level", "TensorRecord", "TensorSource"]
 
 
 class TensorSource(Protocol):
@@ -67,16 +69,6 @@ class TensorRecord:
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
-
-
-@dataclass(frozen=True)
-class Finding:
-    """A non-numeric finding about a checkpoint: a pickle global, a missing shard, an index mismatch."""
-
-    kind: str
-    level: Level
-    detail: str
-    tensor: str | None = None
 
 
 class Checkpoint(Protocol):
