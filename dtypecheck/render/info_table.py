@@ -9,7 +9,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from dtypecheck.info import FloatInfo, InfoReport, IntInfo
+from dtypecheck.info.names import DtypeList
+from dtypecheck.info.report import FloatInfo, InfoReport, IntInfo
 from dtypecheck.promotion import Defaults, PromotionReport
 from dtypecheck.render.table import fmt_float, fmt_pow2, table_renderer
 
@@ -114,8 +115,27 @@ def _findings(floats: Sequence[FloatInfo]) -> list[RenderableType]:
                     style="yellow",
                 )
             )
+        lines += _missing_values(info)
         if info.note:
             lines.append(Text(f"  {info.name}: {info.note}", style="dim"))
+    return lines
+
+
+def _missing_values(info: FloatInfo) -> list[RenderableType]:
+    """Say plainly when a format cannot hold 0 or negatives, and what each device's cast makes of them."""
+    lines: list[RenderableType] = []
+    for missing, what, key, value in (
+        (not info.has_zero, "no zero: 0 cannot be stored", "zero_cast", "0.0"),
+        (not info.has_negative, "no negative values: nothing below zero can be stored", "negative_cast", "-1.0"),
+    ):
+        if not missing:
+            continue
+        casts = [
+            f"{device} casts {value} to {fmt_pow2(getattr(m, key))}"
+            for device, m in info.devices.items()
+            if m.supported and getattr(m, key) is not None
+        ]
+        lines.append(Text(f"! {info.name} has {what}" + (f" ({'; '.join(casts)})" if casts else ""), style="yellow"))
     return lines
 
 
@@ -242,4 +262,25 @@ def render_info(report: InfoReport) -> list[RenderableType]:
     if report.defaults is not None:
         out.append(_defaults(report.defaults))
     out.append(Text(f"measured on: {', '.join(report.measured_devices)} (torch {report.torch_version})", style="dim"))
+    return out
+
+
+@table_renderer(DtypeList)
+def render_dtype_list(report: DtypeList) -> list[RenderableType]:
+    table = Table(header_style="bold")
+    table.add_column("dtype", no_wrap=True)
+    table.add_column("kind")
+    table.add_column("bits", justify="right")
+    table.add_column("also accepted as", overflow="fold")
+    for entry in report.dtypes:
+        bits = f"{entry.bits} x{entry.packed}" if entry.packed > 1 else str(entry.bits)
+        table.add_row(entry.name, entry.kind, bits, ", ".join(entry.aliases))
+    out: list[RenderableType] = [table]
+    if report.not_in_this_torch:
+        out.append(Text(f"not in this torch build: {', '.join(report.not_in_this_torch)}", style="dim"))
+    if report.not_described:
+        out.append(Text(f"torch dtypes dtypecheck does not describe: {', '.join(report.not_described)}", style="dim"))
+    out.append(
+        Text(f"names are case-insensitive and may carry a torch. prefix (torch {report.torch_version})", style="dim")
+    )
     return out
