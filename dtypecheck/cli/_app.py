@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
@@ -36,10 +36,35 @@ class FailOn(str, Enum):
     warn = "warn"
 
 
+def _configured_default(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
+    """A shared option left at its default takes ``[tool.dtypecheck]``'s value for this command, if it sets one.
+
+    Click reports where a value came from; anything given on the command line wins. Options given on the command
+    line are processed before those left at their default, so a ``--config FILE`` is already in ``ctx.params``.
+    """
+    name = param.name or ""
+    source = ctx.get_parameter_source(name)
+    if source is None or source.name != "DEFAULT":
+        return value
+    key, convert = _CONFIGURED_OPTIONS[name]
+    configured = project_config(ctx.params.get("config")).get(ctx.info_name or "", key)
+    # A callback's result reaches the command as it is, unconverted: give it the option's own type.
+    return value if configured is None else convert(configured)
+
+
+_CONFIGURED_OPTIONS: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "fmt": ("format", OutputFormat),
+    "quiet": ("quiet", bool),
+}
+"""The parameter name each shared option has in every command, its config key and its type."""
+
 FormatOption = Annotated[
     OutputFormat,
     typer.Option(
-        "--format", "-f", help="table (rich), json (one document), sarif (SARIF 2.1.0) or github (annotations)."
+        "--format",
+        "-f",
+        help="table (rich), json (one document), sarif (SARIF 2.1.0) or github (annotations).",
+        callback=_configured_default,
     ),
 ]
 
@@ -61,7 +86,15 @@ OutputOption = Annotated[
         callback=_output_folder_exists,
     ),
 ]
-QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or notes on stderr.")]
+QuietOption = Annotated[
+    bool,
+    typer.Option(
+        "--quiet/--no-quiet",
+        "-q",
+        help="No progress bar or notes on stderr (--no-quiet overrides quiet = true in the config).",
+        callback=_configured_default,
+    ),
+]
 TracebackOption = Annotated[
     bool, typer.Option("--traceback", help="Show the full Python traceback on errors (or DTYPECHECK_TRACEBACK=1).")
 ]

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from dtypecheck.cli._app import FormatOption, OutputOption, QuietOption, TracebackOption, app, emit
+from dtypecheck.cli._app import ConfigOption, FormatOption, OutputOption, QuietOption, TracebackOption, app, emit
 from dtypecheck.errors import ExitCode, UsageError
 from dtypecheck.render import OutputFormat
 
@@ -20,9 +20,14 @@ def info(
     all_dtypes: Annotated[
         bool, typer.Option("--all", help="Every dtype this torch build has, integers included.")
     ] = False,
+    list_names: Annotated[
+        bool,
+        typer.Option("--list", help="Only the dtype names this torch build has, their kind, bits and aliases."),
+    ] = False,
     promote: Annotated[
         bool, typer.Option("--promote", help="Show torch's type promotion of the given dtypes and the rule behind it.")
     ] = False,
+    config: ConfigOption = None,
     fmt: FormatOption = OutputFormat.table,
     output: OutputOption = None,
     quiet: QuietOption = False,
@@ -31,11 +36,22 @@ def info(
     """Everything about a dtype's numbers, measured on every device.
 
     True limits from the bit layout, what torch.finfo says (and where it is wrong), what each available device
-    measures, guidance for log/Adam/exp, and with --promote torch's type promotion explained.
+    measures, guidance for log/Adam/exp, and with --promote torch's type promotion explained. --list shows every
+    dtype name and alias instead.
 
     Exit codes: 0 ok, 2 unknown dtype or conflicting options.
     """
     from dtypecheck.dtypes import REGISTRY, parse_dtype_list
+
+    if list_names:
+        clashes = (("dtype names", bool(dtypes)), ("--all", all_dtypes), ("--promote", promote))
+        given = [flag for flag, on in clashes if on]
+        if given:
+            raise UsageError(f"--list shows every dtype name; it does not combine with {given[0]}")
+        from dtypecheck.info import list_dtypes
+
+        emit(list_dtypes(), fmt, output, quiet=quiet)
+        return ExitCode.OK
     from dtypecheck.info import describe_dtypes
 
     if all_dtypes and dtypes:

@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
+from pathlib import Path
+
 import ml_dtypes
 import numpy as np
 
 from dtypecheck.dtypes import lookup
-from dtypecheck.info import FloatInfo, IntInfo, describe_dtypes
+from dtypecheck.info import (
+    DeviceMeasurement,
+    DtypeList,
+    DtypeName,
+    FloatInfo,
+    Guidance,
+    InfoReport,
+    IntInfo,
+    describe_dtypes,
+)
 from tests.info._describe import describe_float
 
 
@@ -49,3 +62,10 @@ def test_e8m0_states_it_has_no_zero_and_no_negatives() -> None:
     e4m3_values = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
     assert (e4m3.has_zero, e4m3.has_negative) == (bool((e4m3_values == 0).any()), bool((e4m3_values < 0).any()))
     assert (e4m3.has_zero, e4m3.has_negative) == (True, True)
+
+
+def test_every_info_json_field_is_documented() -> None:
+    docs = (Path(__file__).parents[2] / "docs" / "json.md").read_text(encoding="utf-8")
+    for report in (FloatInfo, IntInfo, DeviceMeasurement, Guidance, InfoReport, DtypeName, DtypeList):
+        for field in dataclasses.fields(report):
+            assert re.search(rf"\b{field.name}\b", docs), f"{report.__name__}.{field.name} is not in docs/json.md"
