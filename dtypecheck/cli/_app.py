@@ -47,7 +47,11 @@ def _configured_default(ctx: typer.Context, param: typer.CallbackParam, value: A
     if source is None or source.name != "DEFAULT":
         return value
     key, convert = _CONFIGURED_OPTIONS[name]
-    configured = project_config(ctx.params.get("config")).get(ctx.info_name or "", key)
+    explicit = ctx.params.get("config")
+    cache_key = f"dtypecheck.config:{explicit}"  # read once for both shared options
+    if cache_key not in ctx.meta:
+        ctx.meta[cache_key] = project_config(explicit)
+    configured = ctx.meta[cache_key].get(ctx.info_name or "", key)
     # A callback's result reaches the command as it is, unconverted: give it the option's own type.
     return value if configured is None else convert(configured)
 
