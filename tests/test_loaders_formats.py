@@ -16,18 +16,34 @@ from dtypecheck.cli import app
 from dtypecheck.errors import InputError
 from dtypecheck.loaders import open_checkpoint
 from dtypecheck.loaders.folders import CHECKPOINT_SUFFIXES
-from dtypecheck.loaders.formats import FORMATS, describe_formats, detect, detect_folder, pre_commit_pattern
+from dtypecheck.loaders.formats import (
+    FORMATS,
+    describe_formats,
+    detect,
+    detect_folder,
+    pre_commit_exclude,
+    pre_commit_pattern,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _hook_pattern() -> str:
+def _hook(key: str) -> str:
     hooks = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
-    return str(next(h for h in hooks if h["id"] == "dtypecheck-scan-model")["files"])
+    return str(next(h for h in hooks if h["id"] == "dtypecheck-scan-model")[key])
+
+
+def test_pre_commit_leaves_out_trainer_files_that_hold_no_tensors() -> None:
+    exclude = _hook("exclude")
+    assert exclude == pre_commit_exclude()
+    for name in ("training_args.bin", "out/checkpoint-500/training_args.bin", "checkpoint-500/scheduler.pt"):
+        assert re.search(exclude, name), name
+    for name in ("pytorch_model.bin", "my_training_args.bin", "optimizer.pt", "lr_scheduler.pt.bak"):
+        assert not re.search(exclude, name), name
 
 
 def test_pre_commit_pattern_lists_exactly_the_file_formats_suffixes() -> None:
-    pattern = _hook_pattern()
+    pattern = _hook("files")
     assert pattern == pre_commit_pattern()
     # Read the alternation back out of the YAML's own text, independently of how the code builds it.
     listed = re.fullmatch(r"\\\.\((.*)\)\$", pattern)

@@ -3,7 +3,6 @@ finding replaces TorchScript's own globals, and any other global is still judged
 
 No ``from __future__ import annotations`` here: torch.jit.script reads the class annotations as real types."""
 
-
 import zipfile
 from pathlib import Path
 

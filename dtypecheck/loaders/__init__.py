@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 from dtypecheck.errors import InputError
@@ -16,7 +17,19 @@ from dtypecheck.usercode import python_target
 
 
 def open_checkpoint(target: str) -> Checkpoint:
-    """Open a checkpoint file, a checkpoint folder, or a live model ``file.py:factory``, by content."""
+    """Open a checkpoint file, a checkpoint folder, or a live model ``file.py:factory``, by content.
+
+    A checkpoint that holds no tensor at all gets a ``no-tensors`` finding at level ``fail`` (see
+    ``NoTensors``): a scan that found nothing to judge never reads as "ok". (A file holding tensor data that
+    its pickle does not lead to is an ``InputError`` of its loader instead.)
+    """
+    checkpoint = _open(target)
+    if next(iter(checkpoint.records()), None) is None:
+        return NoTensors(checkpoint)
+    return checkpoint
+
+
+def _open(target: str) -> Checkpoint:
     live = python_target(target)
     if live is not None and live[0].is_file():
         from dtypecheck.loaders.live_model import open_live_model
@@ -53,6 +66,36 @@ def open_file(path: Path) -> Checkpoint:
     if declared is not None:
         raise InputError(f"{path}: truncated safetensors file (header of {declared} bytes, file of {size})")
     raise InputError(f"{path}: not a checkpoint: expected one of {describe_formats()}")
+
+
+class NoTensors:
+    """A checkpoint without a single tensor, with a ``no-tensors`` finding that says so plainly."""
+
+    def __init__(self, inner: Checkpoint) -> None:
+        self.inner = inner
+        self.source = inner.source
+        self.format = inner.format
+        unread = sum(1 for f in inner.findings if f.kind == "unsupported-tensor")
+        detail = (
+            f"holds no tensor dtypecheck can read ({unread} not scanned: see the unsupported-tensor findings)"
+            if unread
+            else "holds no tensors: nothing was scanned (is it the weights file? training_args.bin and "
+            "scheduler.pt hold none)"
+        )
+        self.finding = Finding("no-tensors", "fail", detail)
+
+    @property
+    def findings(self) -> list[Finding]:
+        return [self.finding, *self.inner.findings]
+
+    def records(self) -> Iterator[TensorRecord]:
+        return iter(())
+
+    def parts(self) -> list[Checkpoint]:
+        return [self]
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 __all__ = ["Checkpoint", "Finding", "TensorRecord", "TensorSource", "open_checkpoint"]

@@ -177,6 +177,16 @@ def pre_commit_pattern() -> str:
     return r"\.(" + "|".join(re.escape(s.removeprefix(".")) for s in file_suffixes()) + ")$"
 
 
+NOT_WEIGHTS = ("training_args.bin", "scheduler.pt")
+"""Files a Hugging Face Trainer saves beside the weights under a checkpoint's name that never hold a tensor: a
+scan of one alone fails with ``no-tensors``, so the pre-commit hook leaves them out (``pre_commit_exclude``)."""
+
+
+def pre_commit_exclude() -> str:
+    """The ``exclude:`` regex of ``.pre-commit-hooks.yaml``: ``NOT_WEIGHTS`` in any folder."""
+    return r"(^|/)(" + "|".join(re.escape(name) for name in NOT_WEIGHTS) + ")$"
+
+
 def describe_formats() -> str:
     """``safetensors (.safetensors), ..., torch.distributed.checkpoint folder (.metadata + *.distcp), ...``."""
     parts = []

@@ -20,7 +20,13 @@ from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord
 from dtypecheck.loaders.mapped import FileMap
 from dtypecheck.loaders.pickle_globals import global_findings, worst_first
 from dtypecheck.loaders.pickle_vm import GlobalRef, unpickle
-from dtypecheck.loaders.torch_objects import StorageRef, collect_tensors, storage_from_pid, torch_call
+from dtypecheck.loaders.torch_objects import (
+    StorageRef,
+    collect_tensors,
+    require_tensors,
+    storage_from_pid,
+    torch_call,
+)
 from dtypecheck.loaders.torch_zip import MAX_PICKLE_BYTES, ZipEntry, archive_prefix, make_record, read_zip_entries
 
 PICKLES = (("data.pkl", "data/", ""), ("constants.pkl", "constants/", "constants."))
@@ -73,6 +79,7 @@ class TorchScriptCheckpoint:
             )
             globals_seen.extend(ref for ref in seen if ref not in globals_seen)
             tensors, unsupported = collect_tensors(root, where)
+            require_tensors(tensors, sum(name.startswith(prefix + folder) for name in entries), where)
             findings.extend(unsupported)
             for name, ref in tensors:
                 storage = storages.entry(ref.storage)
