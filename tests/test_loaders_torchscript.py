@@ -17,6 +17,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning", 
 class Scripted(torch.nn.Module):
     sizes: list[int]
     ratios: list[float]
+    scale: torch.Tensor
 
     def __init__(self) -> None:
         super().__init__()
@@ -27,7 +28,8 @@ class Scripted(torch.nn.Module):
         self.ratios = [0.5]  # ... and build_doublelist
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(self.conv(x)) * self.scale[0] + self.sizes[0] * self.ratios[0]
+        out: torch.Tensor = self.norm(self.conv(x))
+        return out * self.scale[0] + self.sizes[0] * self.ratios[0]
 
 
 class Traced(torch.nn.Module):
@@ -36,7 +38,8 @@ class Traced(torch.nn.Module):
         self.fc = torch.nn.Linear(3, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(x) + torch.tensor([1.5, -1.5])  # traced: becomes a tensor in constants.pkl
+        out: torch.Tensor = self.fc(x)
+        return out + torch.tensor([1.5, -1.5])  # traced: becomes a tensor in constants.pkl
 
 
 def test_scripted_module_tensors_are_its_state_dict(tmp_path: Path) -> None:

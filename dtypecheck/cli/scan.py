@@ -40,8 +40,9 @@ def scan_model(
         typer.Argument(
             metavar="CKPT",
             help=f"A checkpoint file or folder, detected by content: {describe_formats()}; or "
-            "path/to/file.py:factory returning an nn.Module, (model, inputs) or (model, inputs, loss_fn). Several (as "
-            "pre-commit passes them) are scanned one after another with table or github output.",
+            "path/to/file.py:factory returning an nn.Module, (model, inputs) or (model, inputs, loss_fn); or a "
+            "Hugging Face Hub id org/name[@revision] (local cache first; extra 'hf'). Several (as pre-commit passes "
+            "them) are scanned one after another with table or github output.",
         ),
     ],
     target: Annotated[

@@ -17,7 +17,8 @@ from dtypecheck.usercode import python_target
 
 
 def open_checkpoint(target: str) -> Checkpoint:
-    """Open a checkpoint file, a checkpoint folder, or a live model ``file.py:factory``, by content.
+    """Open a checkpoint file, a checkpoint folder, a live model ``file.py:factory``, or a Hugging Face Hub id
+    ``org/name[@revision]`` (``hub.resolve_hub_id``; a local path that exists wins), by content.
 
     A checkpoint that holds no tensor at all gets a ``no-tensors`` finding at level ``fail`` (see
     ``NoTensors``): a scan that found nothing to judge never reads as "ok". (A file holding tensor data that
@@ -37,7 +38,12 @@ def _open(target: str) -> Checkpoint:
         return open_live_model(target)
     path = Path(target)
     if not path.exists():
-        raise InputError(f"no such file or directory: {target}")
+        from dtypecheck.loaders.hub import resolve_hub_id
+
+        resolved = resolve_hub_id(target)  # org/name[@revision]; None when not shaped like one
+        if resolved is None:
+            raise InputError(f"no such file or directory: {target}")
+        path = resolved
     if path.is_dir():
         folder_format = detect_folder(path)
         if folder_format is not None:
