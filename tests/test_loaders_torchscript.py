@@ -72,6 +72,28 @@ def test_traced_constants_are_read_from_constants_pkl(tmp_path: Path) -> None:
     assert same(tensors["constants.0"], torch.tensor([1.5, -1.5]))
 
 
+class Containers(torch.nn.Module):
+    tensors: list[torch.Tensor]
+    named: dict[str, torch.Tensor]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tensors = [torch.ones(2), torch.zeros(3)]  # build_tensorlist
+        self.named = {"a": torch.full((2,), 3.0)}  # restore_type_tag
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.tensors[0] + self.named["a"]
+
+
+def test_tensors_in_list_and_dict_attributes_are_named_by_their_index_and_key(tmp_path: Path) -> None:
+    path = tmp_path / "containers.pt"
+    torch.jit.save(torch.jit.script(Containers()), path)
+    tensors = load_all(path)
+    assert list(tensors) == ["tensors.0", "tensors.1", "named.a"]
+    assert same(tensors["tensors.1"], torch.zeros(3))
+    assert same(tensors["named.a"], torch.full((2,), 3.0))
+
+
 def test_cli_reports_one_code_finding_and_exits_0(cli, tmp_path: Path) -> None:
     path = tmp_path / "scripted.pt"
     torch.jit.save(torch.jit.script(Scripted()), path)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from dtypecheck.errors import InputError
 from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord
@@ -36,6 +37,14 @@ CODE_ADVICE = (
     "torch.jit.load compiles and runs the Python code in its code/ folder ({files} files; nothing was run here): "
     "load it only from a source you trust, or share the weights alone (model.state_dict() saved as safetensors)"
 )
+
+
+def jit_call(factory: Any, args: tuple[Any, ...], kwargs: dict[Any, Any] | None) -> Any:
+    """``torch_call``, plus the jit pickler's wrappers (``build_intlist(list)``, ``build_tensorlist(list)``,
+    ``restore_type_tag(value, type)``), which stand for their first argument: ``ts.0``, not ``ts.0.0``."""
+    if isinstance(factory, GlobalRef) and factory.module == "torch.jit._pickle" and args:
+        return args[0]
+    return torch_call(factory, args, kwargs)
 
 
 def is_torchscript_global(ref: GlobalRef) -> bool:
@@ -74,9 +83,7 @@ class TorchScriptCheckpoint:
             if entry.size > MAX_PICKLE_BYTES:
                 raise InputError(f"{where}: {pickle_name} is {entry.size} bytes, over the {MAX_PICKLE_BYTES} limit")
             storages = _StorageLookup(entries, prefix + folder, where)
-            root, seen = unpickle(
-                self._read(entry, pickle_name), where=where, call=torch_call, persistent_load=storages
-            )
+            root, seen = unpickle(self._read(entry, pickle_name), where=where, call=jit_call, persistent_load=storages)
             globals_seen.extend(ref for ref in seen if ref not in globals_seen)
             tensors, unsupported = collect_tensors(root, where)
             require_tensors(tensors, sum(name.startswith(prefix + folder) for name in entries), where)
