@@ -39,7 +39,7 @@ def test_missing_empty_random(tmp_path: Path) -> None:
     (tmp_path / "empty.pt").write_bytes(b"")
     _input_error(tmp_path / "empty.pt", "empty file")
     (tmp_path / "noise.bin").write_bytes(os.urandom(4096))
-    _input_error(tmp_path / "noise.bin", "not a checkpoint format")
+    _input_error(tmp_path / "noise.bin", "not a checkpoint: expected one of")
     (tmp_path / "folder").mkdir()
     _input_error(tmp_path / "folder", "no checkpoint found in this folder")
     (tmp_path / "text").mkdir()
@@ -54,7 +54,7 @@ def test_missing_empty_random(tmp_path: Path) -> None:
         (b'{"a": 1, "a": 2}', b"", "duplicate key"),
         (b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", b"", "malformed safetensors header"),
         ({"w": [1, 2]}, b"", "malformed header entry"),
-        ([1, 2], b"", "not a checkpoint format"),  # a header must be a JSON object to be taken for safetensors
+        ([1, 2], b"", "not a checkpoint: expected one of"),  # a header must be a JSON object for safetensors
         ({"w": {"dtype": "F99", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4, "unknown safetensors dtype"),
         ({"w": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, b"\0" * 4, "malformed shape"),
         ({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 4, "outside the file"),
@@ -77,7 +77,7 @@ def test_malformed_safetensors(tmp_path: Path, header: object, data: bytes, matc
 def test_safetensors_header_length_beyond_file(tmp_path: Path) -> None:
     path = _safetensors(tmp_path / "big.safetensors", {"a": 1}, raw_length=10**9)
     # a header length larger than the file is not mistaken for safetensors at all
-    _input_error(path, "not a checkpoint format")
+    _input_error(path, "not a checkpoint: expected one of")
 
 
 def test_truncated_safetensors(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dtypecheck.errors import InputError, UserCodeError
+from dtypecheck.errors import InputError, UsageError, UserCodeError
 from dtypecheck.loaders import open_checkpoint
 from tests._ckpt_factory import read_tensor, same
 
@@ -22,6 +22,12 @@ def build():
 
 def not_a_model():
     return 42
+
+def with_inputs():
+    return build(), torch.ones(2, dtype=torch.long)
+
+def with_loss():
+    return build(), torch.ones(2, dtype=torch.long), lambda out, inputs: out.sum()
 
 def broken():
     return helper()
@@ -76,15 +82,38 @@ def test_error_while_importing_user_file(tmp_path: Path) -> None:
         open_checkpoint(f"{path}:build")
 
 
+@pytest.mark.parametrize("factory", ["with_inputs", "with_loss"])
+def test_factories_returning_inputs_and_loss_scan_their_model(tmp_path: Path, factory: str) -> None:
+    """The same (model, inputs[, loss_fn]) forms as estimate-memory and nan-trace accept."""
+    path = _write(tmp_path)
+    checkpoint = open_checkpoint(f"{path}:{factory}")
+    torch.manual_seed(0)
+    embedding = torch.nn.Embedding(5, 3)
+    records = {r.name: r for r in checkpoint.records()}
+    assert len(records) == 6
+    assert same(read_tensor(records["0.weight"], 8), embedding.weight.detach())
+    checkpoint.close()
+
+
 @pytest.mark.parametrize(
     ("suffix", "match"),
-    [(":missing", "defines no 'missing'"), (":not_a_model", "returned int, not a torch.nn.Module"), ("", "name the")],
+    [
+        (":missing", "defines no 'missing'"),
+        (":not_a_model", "must return an nn.Module, (model, inputs) or (model, inputs, loss_fn); got int"),
+    ],
 )
 def test_factory_problems_are_input_errors(tmp_path: Path, suffix: str, match: str) -> None:
     path = _write(tmp_path)
-    with pytest.raises(InputError, match=match) as caught:
+    with pytest.raises(InputError) as caught:
         open_checkpoint(f"{path}{suffix}")
+    assert match in str(caught.value)
     assert not isinstance(caught.value, UserCodeError)
+
+
+def test_a_file_without_a_factory_name_is_a_usage_error(tmp_path: Path) -> None:
+    path = _write(tmp_path)
+    with pytest.raises(UsageError, match=r"name the factory that builds the model, as .*model_def.py:NAME"):
+        open_checkpoint(str(path))
 
 
 def test_user_file_can_import_its_neighbours(tmp_path: Path) -> None:

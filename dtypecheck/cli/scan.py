@@ -24,6 +24,7 @@ from dtypecheck.cli._app import (
     user_code_guard,
 )
 from dtypecheck.errors import ExitCode, UsageError
+from dtypecheck.loaders.formats import describe_formats
 from dtypecheck.render import OutputFormat
 
 if TYPE_CHECKING:
@@ -38,9 +39,10 @@ def scan_model(
         list[str],
         typer.Argument(
             metavar="CKPT",
-            help="A checkpoint file (safetensors, torch .pt/.pth/.bin/.ckpt, legacy torch, GGUF), a sharded or "
-            "distributed checkpoint folder, or path/to/file.py:factory returning an nn.Module. Several (as "
-            "pre-commit passes them) are scanned one after another with table or github output.",
+            help=f"A checkpoint file or folder, detected by content: {describe_formats()}; or "
+            "path/to/file.py:factory returning an nn.Module, (model, inputs) or (model, inputs, loss_fn); or a "
+            "Hugging Face Hub id org/name[@revision] (local cache first; extra 'hf'). Several (as pre-commit passes "
+            "them) are scanned one after another with table or github output.",
         ),
     ],
     target: Annotated[

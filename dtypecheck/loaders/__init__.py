@@ -1,99 +1,107 @@
 """Checkpoint loaders, one module per format, each yielding ``TensorRecord``s lazily.
 
-``open_checkpoint`` detects the format by content, never by file extension. No loader executes anything from a
-checkpoint: pickles go through ``pickle_vm.SafeUnpickler``. See ``base`` for how to consume a ``Checkpoint``.
+``open_checkpoint`` detects the format by content, never by file extension, from the rows of
+``formats.FORMATS``. No loader executes anything from a checkpoint: pickles go through
+``pickle_vm.SafeUnpickler``. See ``base`` for how to consume a ``Checkpoint``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 from dtypecheck.errors import InputError
 from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord, TensorSource
+from dtypecheck.loaders.formats import SNIFF_BYTES, describe_formats, detect, detect_folder
 from dtypecheck.usercode import python_target
-
-SNIFF_BYTES = 32
 
 
 def open_checkpoint(target: str) -> Checkpoint:
-    """Open a checkpoint file, a checkpoint folder, or a live model ``file.py:factory``, by content."""
+    """Open a checkpoint file, a checkpoint folder, a live model ``file.py:factory``, or a Hugging Face Hub id
+    ``org/name[@revision]`` (``hub.resolve_hub_id``; a local path that exists wins), by content.
+
+    A checkpoint that holds no tensor at all gets a ``no-tensors`` finding at level ``fail`` (see
+    ``NoTensors``): a scan that found nothing to judge never reads as "ok". (A file holding tensor data that
+    its pickle does not lead to is an ``InputError`` of its loader instead.)
+    """
+    checkpoint = _open(target)
+    if next(iter(checkpoint.records()), None) is None:
+        return NoTensors(checkpoint)
+    return checkpoint
+
+
+def _open(target: str) -> Checkpoint:
     live = python_target(target)
     if live is not None and live[0].is_file():
         from dtypecheck.loaders.live_model import open_live_model
 
-        return open_live_model(live[0], live[1], target)
+        return open_live_model(target)
     path = Path(target)
     if not path.exists():
-        raise InputError(f"no such file or directory: {target}")
-    if path.is_dir():
-        if (path / ".metadata").is_file():
-            from dtypecheck.loaders.dcp import DcpCheckpoint
+        from dtypecheck.loaders.hub import resolve_hub_id
 
-            return DcpCheckpoint(path)
+        resolved = resolve_hub_id(target)  # org/name[@revision]; None when not shaped like one
+        if resolved is None:
+            raise InputError(f"no such file or directory: {target}")
+        path = resolved
+    if path.is_dir():
+        folder_format = detect_folder(path)
+        if folder_format is not None:
+            return folder_format.open(path)
         from dtypecheck.loaders.folders import open_folder
 
-        return open_folder(path, open_file, lambda p: _detect(p) is not None)
+        return open_folder(path, open_file, lambda p: detect(p) is not None)
     return open_file(path)
-
-
-def _sniff(path: Path) -> tuple[bytes, int]:
-    size = path.stat().st_size
-    with path.open("rb") as handle:
-        return handle.read(SNIFF_BYTES), size
-
-
-def _detect(path: Path) -> str | None:
-    from dtypecheck.loaders.safetensors_format import looks_like_safetensors
-    from dtypecheck.loaders.torch_legacy import looks_like_legacy_torch
-
-    try:
-        head, size = _sniff(path)
-    except OSError:
-        return None
-    if looks_like_safetensors(head, size):
-        return "safetensors"
-    if head.startswith(b"PK\x03\x04"):
-        return "zip"
-    if looks_like_legacy_torch(head):
-        return "torch-legacy"
-    if head.startswith(b"GGUF"):
-        return "gguf"
-    return None
 
 
 def open_file(path: Path) -> Checkpoint:
     """Open one checkpoint file by its first bytes."""
     if not path.is_file():
         raise InputError(f"not a regular file: {path}")
-    if path.stat().st_size == 0:
+    size = path.stat().st_size
+    if size == 0:
         raise InputError(f"{path}: empty file")
-    kind = _detect(path)
-    if kind == "safetensors":
-        from dtypecheck.loaders.safetensors_format import SafetensorsCheckpoint
-
-        return SafetensorsCheckpoint(path)
-    if kind == "zip":
-        from dtypecheck.loaders.torch_zip import TorchZipCheckpoint
-
-        return TorchZipCheckpoint(path)
-    if kind == "torch-legacy":
-        from dtypecheck.loaders.torch_legacy import LegacyTorchCheckpoint
-
-        return LegacyTorchCheckpoint(path)
-    if kind == "gguf":
-        from dtypecheck.loaders.gguf_format import GgufCheckpoint
-
-        return GgufCheckpoint(path)
+    found = detect(path)
+    if found is not None:
+        return found.open(path)
     from dtypecheck.loaders.safetensors_format import truncated_safetensors_header
 
-    head, size = _sniff(path)
+    with path.open("rb") as handle:
+        head = handle.read(SNIFF_BYTES)
     declared = truncated_safetensors_header(head, size)
     if declared is not None:
         raise InputError(f"{path}: truncated safetensors file (header of {declared} bytes, file of {size})")
-    raise InputError(
-        f"{path}: not a checkpoint format dtypecheck reads (safetensors, torch zip or legacy, GGUF, "
-        "a sharded or distributed checkpoint folder)"
-    )
+    raise InputError(f"{path}: not a checkpoint: expected one of {describe_formats()}")
+
+
+class NoTensors:
+    """A checkpoint without a single tensor, with a ``no-tensors`` finding that says so plainly."""
+
+    def __init__(self, inner: Checkpoint) -> None:
+        self.inner = inner
+        self.source = inner.source
+        self.format = inner.format
+        unread = sum(1 for f in inner.findings if f.kind == "unsupported-tensor")
+        detail = (
+            f"holds no tensor dtypecheck can read ({unread} not scanned: see the unsupported-tensor findings)"
+            if unread
+            else "holds no tensors: nothing was scanned (is it the weights file? training_args.bin and "
+            "scheduler.pt hold none)"
+        )
+        self.finding = Finding("no-tensors", "fail", detail)
+
+    @property
+    def findings(self) -> list[Finding]:
+        return [self.finding, *self.inner.findings]
+
+    def records(self) -> Iterator[TensorRecord]:
+        return iter(())
+
+    def parts(self) -> list[Checkpoint]:
+        return [self]
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 __all__ = ["Checkpoint", "Finding", "TensorRecord", "TensorSource", "open_checkpoint"]

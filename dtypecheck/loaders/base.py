@@ -81,14 +81,14 @@ class Checkpoint(Protocol):
 
     @property
     def format(self) -> str:
-        """``safetensors``, ``torch-zip``, ``torch-legacy``, ``hf-sharded``, ``folder``, ``torch-dcp``, ``gguf``
-        or ``live-model``."""
+        """A ``formats.FORMATS`` name (``safetensors``, ``torchscript``, ``torch-zip``, ``torch-legacy``, ``gguf``,
+        ``torch-dcp``, ``hf-sharded``), ``folder`` or ``live-model``."""
         ...
 
     @property
     def findings(self) -> list[Finding]:
         """Non-numeric findings: ``pickle-global`` (detail ``module.name``), ``missing-shard``,
-        ``index-mismatch``, ``index-total-size``, ``unsupported-tensor``, ``gguf-quantized``..."""
+        ``index-mismatch``, ``index-total-size``, ``unsupported-tensor``, ``gguf-quantized``, ``contains-code``..."""
         ...
 
     def records(self) -> Iterator[TensorRecord]: ...

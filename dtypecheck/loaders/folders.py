@@ -14,6 +14,7 @@ from typing import Any
 
 from dtypecheck.errors import InputError
 from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord
+from dtypecheck.loaders.formats import checkpoint_suffixes
 from dtypecheck.loaders.pickle_globals import worst_first
 
 MAX_INDEX_BYTES = 64 * 1024 * 1024
@@ -51,15 +52,20 @@ class CompositeCheckpoint:
             part.close()
 
 
-CHECKPOINT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt", ".gguf", ".distcp")
+CHECKPOINT_SUFFIXES = checkpoint_suffixes()
+
+
+def open_index_folder(folder: Path) -> Checkpoint:
+    """A folder holding a ``*.index.json`` with its shards (the safetensors index preferred)."""
+    from dtypecheck.loaders import open_file
+
+    indexes = sorted(folder.glob("*.index.json"))
+    preferred = [folder / name for name in INDEX_PREFERENCE if (folder / name).is_file()]
+    return open_sharded(preferred[0] if preferred else indexes[0], open_file)
 
 
 def open_folder(folder: Path, open_file: OpenFile, sniff: Callable[[Path], bool]) -> Checkpoint:
-    """A folder holding an index with its shards, or one or more checkpoint files."""
-    indexes = sorted(folder.glob("*.index.json"))
-    if indexes:
-        preferred = [folder / name for name in INDEX_PREFERENCE if (folder / name).is_file()]
-        return open_sharded(preferred[0] if preferred else indexes[0], open_file)
+    """A folder of one or more checkpoint files (a folder with an index is ``open_index_folder``'s)."""
     candidates = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
     files = [p for p in candidates if sniff(p)]
     if not files:

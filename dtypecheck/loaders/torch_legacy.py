@@ -17,7 +17,14 @@ from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord
 from dtypecheck.loaders.mapped import FileMap, Window, itemsize_of
 from dtypecheck.loaders.pickle_globals import global_findings, worst_first
 from dtypecheck.loaders.pickle_vm import SafeUnpickler
-from dtypecheck.loaders.torch_objects import StorageRef, TensorRef, collect_tensors, storage_from_pid, torch_call
+from dtypecheck.loaders.torch_objects import (
+    StorageRef,
+    TensorRef,
+    collect_tensors,
+    require_tensors,
+    storage_from_pid,
+    torch_call,
+)
 from dtypecheck.loaders.torch_zip import make_record
 
 MAGIC_NUMBER = 0x1950A86A20F9469CFC6C
@@ -66,6 +73,7 @@ class LegacyTorchCheckpoint:
             raise InputError(f"{where}: malformed storage key list")
         self._ranges = self._locate(keys, storages, stream.tell())
         self._tensors, unsupported = collect_tensors(root, where)
+        require_tensors(self._tensors, len(keys), where)
         self.findings = worst_first([*self.findings, *unsupported])
         missing = {ref.storage.key for _, ref in self._tensors} - set(self._ranges)
         if missing:

@@ -15,7 +15,7 @@ from typing import Any
 
 from dtypecheck.errors import InputError
 from dtypecheck.loaders.base import Finding
-from dtypecheck.loaders.pickle_vm import GlobalRef, IdentityKey, PickleObject
+from dtypecheck.loaders.pickle_vm import GlobalRef, IdentityKey, PickleObject, _safe_key
 
 MAX_WALK_DEPTH = 1000
 """Deepest nesting of containers a checkpoint may have; deeper is a hostile file (names would grow quadratically)."""
@@ -169,9 +169,12 @@ def torch_call(factory: Any, args: tuple[Any, ...], kwargs: dict[Any, Any] | Non
     if module == "torch._utils" and name in _UNSUPPORTED_REBUILDS:
         return UnsupportedTensor(_UNSUPPORTED_REBUILDS[name])
     if factory.qualname == "collections.OrderedDict":
+        # Python 3 pickles an OrderedDict's items with SETITEMS; Python 2 passed them as a list of [key, value]
+        # lists (old torch files, e.g. lpips' weights). Keys keep the safe unpickler's hashing rules.
         result: dict[Any, Any] = {}
         if args and isinstance(args[0], list):
-            result.update(pair for pair in args[0] if isinstance(pair, tuple) and len(pair) == 2)
+            pairs = [pair for pair in args[0] if isinstance(pair, tuple | list) and len(pair) == 2]
+            result.update((_safe_key(key), value) for key, value in pairs)
         return result
     if factory.qualname == "torch.Size" and args and isinstance(args[0], tuple | list):
         return tuple(args[0])
@@ -227,6 +230,16 @@ def _key_text(key: Any) -> str:
     if isinstance(key, IdentityKey | PickleObject | GlobalRef):
         return str(key)
     return str(key)[:200]
+
+
+def require_tensors(tensors: list[tuple[str, TensorRef]], storages: int, where: str) -> None:
+    """An ``InputError`` when the file holds tensor data but its pickle led to no tensor: a layout this reader
+    does not understand must never pass as a file without tensors."""
+    if storages and not tensors:
+        raise InputError(
+            f"{where}: holds {storages} tensor storage(s) but no tensor was found in its pickle "
+            "(a layout dtypecheck does not read); nothing could be scanned"
+        )
 
 
 def collect_tensors(root: Any, where: str) -> tuple[list[tuple[str, TensorRef]], list[Finding]]:

@@ -23,6 +23,7 @@ from dtypecheck.loaders.torch_objects import (
     StorageRef,
     TensorRef,
     collect_tensors,
+    require_tensors,
     storage_from_pid,
     torch_call,
     torch_dtype_available,
@@ -133,6 +134,7 @@ class TorchArchive:
         root, globals_seen = unpickle(pickled, where=self.where, call=torch_call, persistent_load=self._storage)
         self.findings.extend(global_findings(globals_seen))
         self.tensors, unsupported = collect_tensors(root, self.where)
+        require_tensors(self.tensors, sum(name.startswith(self.prefix + "data/") for name in self.entries), self.where)
         self.findings[:] = worst_first([*self.findings, *unsupported])
         self._records = [self._record(name, ref) for name, ref in self.tensors]  # bounds checked before any read
 

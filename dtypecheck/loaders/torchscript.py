@@ -1,0 +1,134 @@
+"""TorchScript archives (``torch.jit.save``): a torch zip whose folder also holds ``code/`` and ``constants.pkl``.
+
+The module's attributes are pickled in ``data.pkl`` (storages under ``data/``), the tensors its code uses as
+constants in ``constants.pkl`` (storages under ``constants/``). Both pickles are read with the safe unpickler, like
+any torch zip; nothing in ``code/`` is compiled or run. Tensors of ``data.pkl`` are named as ``state_dict()``
+names them (``fc.weight``); constants are ``constants.0``, ``constants.1``...
+
+TorchScript's own globals (the ``__torch__.*`` classes of its code, ``torch.jit._pickle.build_intlist`` and its
+kin) are part of every archive; instead of one finding each, the archive gets one ``contains-code`` finding, since
+``torch.jit.load`` compiles and runs that code. Any other global is reported as in every pickle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from dtypecheck.errors import InputError
+from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord
+from dtypecheck.loaders.mapped import FileMap
+from dtypecheck.loaders.pickle_globals import global_findings, worst_first
+from dtypecheck.loaders.pickle_vm import GlobalRef, unpickle
+from dtypecheck.loaders.torch_objects import (
+    StorageRef,
+    collect_tensors,
+    require_tensors,
+    storage_from_pid,
+    torch_call,
+)
+from dtypecheck.loaders.torch_zip import MAX_PICKLE_BYTES, ZipEntry, archive_prefix, make_record, read_zip_entries
+
+PICKLES = (("data.pkl", "data/", ""), ("constants.pkl", "constants/", "constants."))
+"""(pickle, folder of its storages, prefix of its tensors' names)."""
+
+CODE_ADVICE = (
+    "torch.jit.load compiles and runs the Python code in its code/ folder ({files} files; nothing was run here): "
+    "load it only from a source you trust, or share the weights alone (model.state_dict() saved as safetensors)"
+)
+
+
+def jit_call(factory: Any, args: tuple[Any, ...], kwargs: dict[Any, Any] | None) -> Any:
+    """``torch_call``, plus the jit pickler's wrappers (``build_intlist(list)``, ``build_tensorlist(list)``,
+    ``restore_type_tag(value, type)``), which stand for their first argument: ``ts.0``, not ``ts.0.0``."""
+    if isinstance(factory, GlobalRef) and factory.module == "torch.jit._pickle" and args:
+        return args[0]
+    return torch_call(factory, args, kwargs)
+
+
+def is_torchscript_global(ref: GlobalRef) -> bool:
+    """A global every TorchScript archive references: its own compiled classes and the jit pickler's helpers."""
+    return ref.module == "__torch__" or ref.module.startswith("__torch__.") or ref.module == "torch.jit._pickle"
+
+
+class TorchScriptCheckpoint:
+    """A ``torch.jit.save`` archive (``.pt``, ``.pth``): its attributes' and constants' tensors."""
+
+    format = "torchscript"
+
+    def __init__(self, path: Path) -> None:
+        self.source = str(path)
+        self._map = FileMap(path)
+        try:
+            self._parse()
+        except BaseException:
+            self._map.close()
+            raise
+
+    def _parse(self) -> None:
+        where, buffer, size = self.source, self._map.buffer, self._map.size
+        entries = read_zip_entries(buffer, 0, size, where)
+        prefix = archive_prefix(entries, where)
+        order = entries.get(prefix + "byteorder")
+        if order is not None and self._read(order, "byteorder") not in {b"little", b""}:
+            raise InputError(f"{where}: big-endian checkpoints are not supported")
+        records: list[TensorRecord] = []
+        globals_seen: list[GlobalRef] = []
+        findings: list[Finding] = []
+        for pickle_name, folder, name_prefix in PICKLES:
+            entry = entries.get(prefix + pickle_name)
+            if entry is None:
+                continue
+            if entry.size > MAX_PICKLE_BYTES:
+                raise InputError(f"{where}: {pickle_name} is {entry.size} bytes, over the {MAX_PICKLE_BYTES} limit")
+            storages = _StorageLookup(entries, prefix + folder, where)
+            root, seen = unpickle(self._read(entry, pickle_name), where=where, call=jit_call, persistent_load=storages)
+            globals_seen.extend(ref for ref in seen if ref not in globals_seen)
+            tensors, unsupported = collect_tensors(root, where)
+            require_tensors(tensors, sum(name.startswith(prefix + folder) for name in entries), where)
+            findings.extend(unsupported)
+            for name, ref in tensors:
+                storage = storages.entry(ref.storage)
+                records.append(make_record(name_prefix + name, ref, buffer, storage.offset, storage.size, where, size))
+        code_files = sum(1 for name in entries if name.startswith(prefix + "code/") and name.endswith(".py"))
+        own = [ref for ref in globals_seen if not is_torchscript_global(ref)]
+        findings.append(Finding("contains-code", "warn", CODE_ADVICE.format(files=code_files)))
+        self.findings: list[Finding] = worst_first([*global_findings(own), *findings])
+        self._records = records
+
+    def _read(self, entry: ZipEntry, what: str) -> bytes:
+        if entry.offset < 0:
+            raise InputError(f"{self.source}: {what} is compressed; torch writes it stored")
+        return bytes(self._map.buffer[entry.offset : entry.offset + entry.size])
+
+    def records(self) -> Iterator[TensorRecord]:
+        return iter(self._records)
+
+    def parts(self) -> list[Checkpoint]:
+        return [self]
+
+    def close(self) -> None:
+        self._map.close()
+
+
+class _StorageLookup:
+    """The persistent-id hook of one pickle: its storages live in one folder of the archive."""
+
+    def __init__(self, entries: dict[str, ZipEntry], folder: str, where: str) -> None:
+        self._entries = entries
+        self._folder = folder
+        self._where = where
+
+    def __call__(self, pid: object) -> StorageRef:
+        storage = storage_from_pid(pid)
+        self.entry(storage)
+        return storage
+
+    def entry(self, storage: StorageRef) -> ZipEntry:
+        entry = self._entries.get(self._folder + storage.key)
+        if entry is None:
+            raise InputError(f"{self._where}: storage {self._folder}{storage.key} is missing from the archive")
+        if entry.offset < 0:
+            raise InputError(f"{self._where}: storage {self._folder}{storage.key} is compressed; it cannot be mapped")
+        return entry
