@@ -93,11 +93,11 @@ def scan_model(
 
     Exit codes: 0 ok, 1 a tensor or finding at or above --fail-on, 2 usage error, 3 unreadable checkpoint.
     """
-    from dtypecheck.baseline import compare, load_baseline
     from dtypecheck.dtypes import parse_dtype_list
     from dtypecheck.render.json import document
     from dtypecheck.render.progress import progress_bar
-    from dtypecheck.scan import check_targets, scan_checkpoint
+    from dtypecheck.scan.baseline import compare, load_baseline
+    from dtypecheck.scan.scan import check_targets, scan_checkpoint
 
     settings = project_config(config)
     names = target or pick(None, settings, "scan-model", "targets", [])

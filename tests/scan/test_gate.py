@@ -151,7 +151,7 @@ def test_optimizer_state_in_half_precision_is_a_consistency_finding(cli, project
     assert doc["summary"]["census"]["float16"]["tensors"] == 2
 
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_pre_commit_hook_runs_the_real_command_on_the_files_it_is_given(cli, project: Path) -> None:

@@ -18,10 +18,10 @@ import numpy as np
 
 from dtypecheck.dtypes import DtypeSpec, lookup
 from dtypecheck.loaders.base import TensorRecord
-from dtypecheck.scan_kernel import Kernels
-from dtypecheck.scan_report import CastCounts, Float8CastCounts, Level, Log2Histogram, TensorScan, worst
-from dtypecheck.scan_thresholds import FLOAT32, FLOAT64, KernelFormat, scaled_survive_pattern, target_patterns
-from dtypecheck.scan_values import ChunkResult, float4_table, float_to_int_overflow, float_values, integer_chunk
+from dtypecheck.scan.scan_kernel import Kernels
+from dtypecheck.scan.scan_report import CastCounts, Float8CastCounts, Level, Log2Histogram, TensorScan, worst
+from dtypecheck.scan.scan_thresholds import FLOAT32, FLOAT64, KernelFormat, scaled_survive_pattern, target_patterns
+from dtypecheck.scan.scan_values import ChunkResult, float4_table, float_to_int_overflow, float_values, integer_chunk
 
 if TYPE_CHECKING:
     import torch

@@ -18,11 +18,11 @@ from safetensors.torch import save_file
 
 from dtypecheck.loaders import Finding, open_checkpoint
 from dtypecheck.render import OutputFormat, render
-from dtypecheck.scan import scan_checkpoint
+from dtypecheck.scan.scan import scan_checkpoint
 
 
 def _load_example_module() -> Any:
-    path = Path(__file__).resolve().parent.parent / "examples" / "make_example_checkpoint.py"
+    path = Path(__file__).resolve().parent.parent.parent / "examples" / "make_example_checkpoint.py"
     spec = importlib.util.spec_from_file_location("make_example_checkpoint", path)
     assert spec is not None
     assert spec.loader is not None
@@ -138,7 +138,7 @@ def test_loader_findings_count_towards_the_level(cli, clean, monkeypatch) -> Non
         checkpoint.findings.append(Finding("pickle-global", "fail", "os.system"))
         return checkpoint
 
-    monkeypatch.setattr("dtypecheck.scan.open_checkpoint", with_finding)
+    monkeypatch.setattr("dtypecheck.scan.scan.open_checkpoint", with_finding)
     result = cli("scan-model", clean, "-f", "json")
     assert result.exit_code == 1
     doc = result.json()

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from dtypecheck.baseline import compare, load_baseline
 from dtypecheck.errors import InputError
+from dtypecheck.scan.baseline import compare, load_baseline
 
 
 def _doc(*tensors: dict[str, Any], findings: list[dict[str, Any]] | None = None) -> dict[str, Any]:

@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from dtypecheck.baseline import BaselineComparison
-from dtypecheck.consistency import census
 from dtypecheck.loaders.base import Finding
+from dtypecheck.scan.baseline import BaselineComparison
+from dtypecheck.scan.consistency import census
 
 Level = Literal["ok", "warn", "fail"]
 LEVEL_RANK: dict[str, int] = {"ok": 0, "warn": 1, "fail": 2}

@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 
 from dtypecheck.config import ScanPolicy
-from dtypecheck.consistency import consistency_findings
 from dtypecheck.loaders.base import Finding
-from dtypecheck.scan_report import Float8CastCounts, Level, ScanReport, TensorScan, summarise, worst
+from dtypecheck.scan.consistency import consistency_findings
+from dtypecheck.scan.scan_report import Float8CastCounts, Level, ScanReport, TensorScan, summarise, worst
 
 
 def _judge(tensor: TensorScan, policy: ScanPolicy) -> TensorScan:
