@@ -11,6 +11,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from dtypecheck.findings import CHECK_LEVEL, Check, Level
+
 Severity = Literal["fail", "warn", "note"]
 
 
@@ -41,7 +43,12 @@ RULES: tuple[Rule, ...] = (
     Rule("DTC205", "dtype-mismatch", "The traced code died of a dtype mismatch between an op's inputs", "fail"),
 )
 RULE_BY_ID = {rule.id: rule for rule in RULES}
-_CAST_RULES = {"overflow": "DTC102", "underflow": "DTC103", "subnormal": "DTC104", "scaled_underflow": "DTC105"}
+_CAST_RULES: dict[Check, str] = {
+    "overflow": "DTC102",
+    "underflow": "DTC103",
+    "subnormal": "DTC104",
+    "scaled_underflow": "DTC105",
+}
 _FINDING_RULES = {"pickle-global": "DTC110", "dtype-consistency": "DTC120"}
 _EVENT_RULES = {"nan": "DTC201", "inf": "DTC201", "near_overflow": "DTC202", "underflow": "DTC203"}
 
@@ -66,6 +73,11 @@ class Diagnostic:
         return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
+def _severity(level: Level) -> Severity:
+    """A finding's level as a diagnostic's: ``ok`` is only ever a note."""
+    return "note" if level == "ok" else level
+
+
 def _level(value: Any, default: Severity = "warn") -> Severity:
     return value if value in ("fail", "warn", "note") else default
 
@@ -81,7 +93,7 @@ def _scan(doc: Mapping[str, Any]) -> Iterator[Diagnostic]:
             counts = ", ".join(f"{v} {k}" for k, v in bad.items() if v)
             yield Diagnostic(
                 "DTC101",
-                "fail",
+                _severity(CHECK_LEVEL["nonfinite"]),
                 f"{name}: {counts} in {tensor.get('dtype')}",
                 source,
                 None,
@@ -93,7 +105,7 @@ def _scan(doc: Mapping[str, Any]) -> Iterator[Diagnostic]:
                 count = cast.get(check) or 0
                 if not count:
                     continue
-                level: Severity = "fail" if check == "overflow" else "warn"
+                level = _severity(CHECK_LEVEL[check])
                 if cast.get("level") == "ok":
                     continue  # tolerated or ignored by the project's policy
                 yield Diagnostic(

@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from dtypecheck.errors import InputError
+from dtypecheck.findings import CAST_CHECKS, CHECK_LEVEL, as_level, worst
 
 State = Literal["new", "worse", "unchanged", "improved", "fixed"]
 STATES: tuple[State, ...] = ("new", "worse", "unchanged", "improved", "fixed")
-_LEVEL_ORDER = {"ok": 0, "warn": 1, "fail": 2}
-_CAST_CHECKS = ("overflow", "underflow", "subnormal", "scaled_underflow")
 
 
 @dataclass(frozen=True)
@@ -51,14 +50,14 @@ def _checks(doc: Mapping[str, Any]) -> Iterator[tuple[str | None, str, int, str]
         name = tensor.get("name")
         nonfinite = sum(int(tensor.get(k) or 0) for k in ("nan", "posinf", "neginf"))
         if nonfinite:
-            yield name, "nonfinite", nonfinite, "fail"
+            yield name, "nonfinite", nonfinite, CHECK_LEVEL["nonfinite"]
         for target, cast in (tensor.get("casts") or {}).items():
             if cast.get("level") == "ok":
                 continue  # tolerated or ignored by the project's policy: not a finding to gate on
-            for check in _CAST_CHECKS:
+            for check in CAST_CHECKS:
                 count = int(cast.get(check) or 0)
                 if count:
-                    yield name, f"{check}:{target}", count, "fail" if check == "overflow" else "warn"
+                    yield name, f"{check}:{target}", count, CHECK_LEVEL[check]
     for finding in doc.get("findings", []):
         level = str(finding.get("level"))
         if level in ("warn", "fail"):
@@ -85,7 +84,7 @@ def compare(current: Mapping[str, Any], baseline: Mapping[str, Any], source: str
         if key not in after:
             changes.append(Change(key[0], key[1], count, 0, "fixed", level))
     gated = [c.level for c in changes if c.state in ("new", "worse")]
-    level = max(gated, key=_LEVEL_ORDER.__getitem__, default="ok")
+    level = worst(as_level(g) for g in gated)
     counts: dict[str, int] = {state: sum(1 for c in changes if c.state == state) for state in STATES}
     return BaselineComparison(source, tuple(changes), counts, level)
 

@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import ClassVar
 
-from dtypecheck.loaders.base import Finding
+from dtypecheck.findings import CAST_CHECKS, CHECK_LEVEL, Check, Finding, Level, as_level, rank, worst
 from dtypecheck.scan.baseline import BaselineComparison
 from dtypecheck.scan.consistency import census
 
-Level = Literal["ok", "warn", "fail"]
-LEVEL_RANK: dict[str, int] = {"ok": 0, "warn": 1, "fail": 2}
+__all__ = ["Level", "worst"]
 
 Number = float | int
-
-
-def worst(levels: list[Level]) -> Level:
-    return max(levels, key=LEVEL_RANK.__getitem__, default="ok")
 
 
 @dataclass(frozen=True)
@@ -125,8 +120,7 @@ class ScanReport:
         """What the exit code follows: the report's level, or only what is new or worse than the baseline."""
         if self.baseline is None:
             return self.summary.level
-        level = self.baseline.level
-        return level if level in ("ok", "warn", "fail") else "fail"  # type: ignore[return-value]
+        return as_level(self.baseline.level)
 
 
 def summarise(tensors: tuple[TensorScan, ...], findings: tuple[Finding, ...]) -> ScanSummary:
@@ -142,16 +136,41 @@ def summarise(tensors: tuple[TensorScan, ...], findings: tuple[Finding, ...]) ->
         ok=counts["ok"],
         warn=counts["warn"],
         fail=counts["fail"],
-        level=worst([t.level for t in tensors] + finding_levels),
+        level=worst([*(t.level for t in tensors), *finding_levels]),
         census=dtypes,
     )
 
 
+def cast_counts(cast: CastCounts) -> dict[Check, int | None]:
+    """The counts of every check a cast carries (``scaled_underflow`` only for float8/fp4 targets)."""
+    counts: dict[Check, int | None] = {"overflow": cast.overflow, "underflow": cast.underflow}
+    counts["subnormal"] = cast.subnormal
+    if isinstance(cast, Float8CastCounts):
+        counts["scaled_underflow"] = cast.scaled_underflow
+    return {check: counts[check] for check in CAST_CHECKS if check in counts}
+
+
+def nonfinite(tensor: TensorScan) -> int:
+    """NaN and infinite values the tensor already holds."""
+    return (tensor.nan or 0) + (tensor.posinf or 0) + (tensor.neginf or 0)
+
+
+def tensor_checks(tensor: TensorScan) -> Iterator[tuple[str | None, Check, int]]:
+    """``(target, check, count)`` for every nonzero check of a tensor (target None for its own values)."""
+    if nonfinite(tensor):
+        yield None, "nonfinite", nonfinite(tensor)
+    for target, cast in tensor.casts.items():
+        for check, count in cast_counts(cast).items():
+            if count:
+                yield target, check, count
+
+
 def severity(tensor: TensorScan) -> tuple[int, int, int, str]:
     """Sort key, worst first: level, then values that fail (non-finite, overflow), then values that warn."""
-    failing = (tensor.nan or 0) + (tensor.posinf or 0) + (tensor.neginf or 0)
-    warning = 0
-    for cast in tensor.casts.values():
-        failing += cast.overflow or 0
-        warning += (cast.underflow or 0) + (cast.subnormal or 0)
-    return (-LEVEL_RANK[tensor.level], -failing, -warning, tensor.name)
+    failing = warning = 0
+    for _, check, count in tensor_checks(tensor):
+        if CHECK_LEVEL[check] == "fail":
+            failing += count
+        else:
+            warning += count
+    return (-rank(tensor.level), -failing, -warning, tensor.name)

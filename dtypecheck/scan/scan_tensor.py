@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dtypecheck.dtypes import DtypeSpec, lookup
+from dtypecheck.findings import Level, level_of_counts, worst
 from dtypecheck.loaders.base import TensorRecord
 from dtypecheck.scan.scan_kernel import Kernels
-from dtypecheck.scan.scan_report import CastCounts, Float8CastCounts, Level, Log2Histogram, TensorScan, worst
+from dtypecheck.scan.scan_report import CastCounts, Float8CastCounts, Log2Histogram, TensorScan
 from dtypecheck.scan.scan_thresholds import FLOAT32, FLOAT64, KernelFormat, scaled_survive_pattern, target_patterns
 from dtypecheck.scan.scan_values import ChunkResult, float4_table, float_to_int_overflow, float_values, integer_chunk
 
@@ -305,7 +306,7 @@ class TensorScanner:
             raise AssertionError("integer statistics merged without values")
         casts: dict[str, CastCounts] = {}
         for target, count in zip(self._int_targets(), self.int_overflow, strict=True):
-            casts[target.name] = CastCounts(count, 0, 0, "fail" if count else "ok")
+            casts[target.name] = CastCounts(count, 0, 0, level_of_counts({"overflow": count}))
         stats = Stats(low, high, max(abs(low), abs(high)), smallest, 0, 0, 0, zeros, 0)
         return self._tensor(stats, casts, worst([c.level for c in casts.values()]))
 
@@ -341,15 +342,16 @@ class TensorScanner:
             underflow = nonzero - at(p.survive)
             subnormal = at(p.survive) - at(p.normal)
             scaled = self.scaled_counts.get(target.name, 0)  # no pass ran: no finite value to lose
-            level = _cast_level(overflow, underflow + subnormal + scaled)
+            counts = {"overflow": overflow, "underflow": underflow, "subnormal": subnormal, "scaled_underflow": scaled}
+            level = level_of_counts(counts)
             if is_float8(target):
                 casts[target.name] = Float8CastCounts(overflow, underflow, subnormal, level, scaled)
             else:
                 casts[target.name] = CastCounts(overflow, underflow, subnormal, level)
         for target, count in zip(self._int_targets(), self.int_overflow, strict=True):
             finite_overflow = count - infinite  # +inf passed the upper test and -inf the lower one
-            casts[target.name] = CastCounts(finite_overflow, 0, 0, _cast_level(finite_overflow, 0))
-        own: Level = "fail" if nan or infinite else "ok"
+            casts[target.name] = CastCounts(finite_overflow, 0, 0, level_of_counts({"overflow": finite_overflow}))
+        own = level_of_counts({"nonfinite": nan + infinite})
         level = worst([own, *(c.level for c in casts.values())])
         return self._tensor(stats, casts, level, self._histogram())
 
@@ -370,10 +372,6 @@ class TensorScanner:
         low = self.kernel.float_of_key(int(self.extrema[0]))
         high = self.kernel.float_of_key(int(self.extrema[1]))
         return max(abs(low), abs(high))
-
-
-def _cast_level(failing: int, warning: int) -> Level:
-    return "fail" if failing else "warn" if warning else "ok"
 
 
 def _null_cast(target: DtypeSpec) -> CastCounts:
