@@ -11,8 +11,15 @@ from rich.table import Table
 from rich.text import Text
 
 from dtypecheck.render.table import LEVEL_STYLE, fmt_bytes, fmt_float, table_renderer
-from dtypecheck.scan.baseline import BaselineComparison
-from dtypecheck.scan.scan_report import CastCounts, Float8CastCounts, Log2Histogram, ScanReport, TensorScan, severity
+from dtypecheck.scan.scan_report import (
+    BaselineComparison,
+    CastCounts,
+    Float8CastCounts,
+    Log2Histogram,
+    ScanReport,
+    TensorScan,
+    severity,
+)
 
 SPARK_WIDTH = 12
 NAME_MIN_WIDTH = 16

@@ -12,16 +12,18 @@ import dataclasses
 from dtypecheck.config import ScanPolicy
 from dtypecheck.findings import Finding, level_of_counts, worst
 from dtypecheck.scan.consistency import consistency_findings
-from dtypecheck.scan.scan_report import ScanReport, TensorScan, cast_counts, nonfinite, summarise
+from dtypecheck.scan.scan_report import ScanReport, TensorScan, cast_counts, check_key, nonfinite, summarise
 
 
 def _judge(tensor: TensorScan, policy: ScanPolicy) -> TensorScan:
     notes: list[str] = []
+    passed: list[str] = []
     own = level_of_counts({"nonfinite": nonfinite(tensor)})
     if own != "ok":
         rule = policy.ignored(tensor.name, "nonfinite")
         if rule is not None:
             own = "ok"
+            passed.append(check_key(None, "nonfinite"))
             notes.append(f"nan/inf ignored by '{rule.pattern}': {rule.reason}")
     casts = {}
     for target, cast in tensor.casts.items():
@@ -36,9 +38,15 @@ def _judge(tensor: TensorScan, policy: ScanPolicy) -> TensorScan:
                 notes.append(f"{check} in {target} tolerated: {count} of {tensor.numel} within max-{check}-fraction")
             else:
                 gated[check] = count
+                continue
+            passed.append(check_key(target, check))
         casts[target] = dataclasses.replace(cast, level=level_of_counts(gated))
     return dataclasses.replace(
-        tensor, casts=casts, level=worst([own, *(c.level for c in casts.values())]), policy=tuple(notes)
+        tensor,
+        casts=casts,
+        level=worst([own, *(c.level for c in casts.values())]),
+        policy=tuple(notes),
+        passed=tuple(passed),
     )
 
 

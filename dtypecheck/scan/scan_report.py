@@ -4,15 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Literal
 
-from dtypecheck.findings import CAST_CHECKS, CHECK_LEVEL, Check, Finding, Level, as_level, rank, worst
-from dtypecheck.scan.baseline import BaselineComparison
+from dtypecheck.findings import CAST_CHECKS, CHECK_LEVEL, Check, Finding, Level, rank, worst
 from dtypecheck.scan.consistency import census
 
 __all__ = ["Level", "worst"]
 
 Number = float | int
+
+State = Literal["new", "worse", "unchanged", "improved", "fixed"]
+STATES: tuple[State, ...] = ("new", "worse", "unchanged", "improved", "fixed")
+GATED_STATES: tuple[State, ...] = ("new", "worse")
+"""With a baseline, only these gate the exit code and are annotated (SARIF, GitHub)."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,8 @@ class TensorScan:
     """Extra: why a tensor was not scanned (a dtype dtypecheck cannot read the values of)."""
     policy: tuple[str, ...] = ()
     """Extra: checks the project's policy ignored or tolerated for this tensor, with the reason."""
+    passed: tuple[str, ...] = ()
+    """Extra: the keys (``check_key``) of the checks in ``policy``: they are neither gated nor annotated."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +107,30 @@ class ScanSummary:
 
 
 @dataclass(frozen=True)
+class Change:
+    """One check on one tensor (or one non-numeric finding) compared with the baseline."""
+
+    tensor: str | None
+    check: str
+    """``nonfinite``, ``overflow:float16`` (``check_key``), or ``finding:<kind>:<detail>``."""
+    before: int
+    after: int
+    state: State
+    level: Level
+    """The level this check carries now (for ``fixed``: the level it had)."""
+
+
+@dataclass(frozen=True)
+class BaselineComparison:
+    source: str
+    changes: tuple[Change, ...]
+    counts: Mapping[str, int]
+    """How many changes are in each state."""
+    level: Level
+    """The gate: the worst level among new and worse checks."""
+
+
+@dataclass(frozen=True)
 class ScanReport:
     SCHEMA: ClassVar[str] = "dtypecheck.scan/1"
 
@@ -120,7 +150,7 @@ class ScanReport:
         """What the exit code follows: the report's level, or only what is new or worse than the baseline."""
         if self.baseline is None:
             return self.summary.level
-        return as_level(self.baseline.level)
+        return self.baseline.level
 
 
 def summarise(tensors: tuple[TensorScan, ...], findings: tuple[Finding, ...]) -> ScanSummary:
@@ -163,6 +193,27 @@ def tensor_checks(tensor: TensorScan) -> Iterator[tuple[str | None, Check, int]]
         for check, count in cast_counts(cast).items():
             if count:
                 yield target, check, count
+
+
+def check_key(target: str | None, check: Check) -> str:
+    """How a report names one check of a tensor: ``nonfinite`` or ``<check>:<target>`` (``underflow:float16``)."""
+    return check if target is None else f"{check}:{target}"
+
+
+def gated_checks(tensor: TensorScan) -> Iterator[tuple[str, Check, str | None, int]]:
+    """``(key, check, target, count)`` for every nonzero check the policy did not pass: what gates and is annotated.
+
+    A cast at level ``ok`` gates nothing (how reports written before ``passed`` existed say it)."""
+    for target, check, count in tensor_checks(tensor):
+        key = check_key(target, check)
+        if key in tensor.passed or (target is not None and tensor.casts[target].level == "ok"):
+            continue
+        yield key, check, target, count
+
+
+def finding_key(finding: Finding) -> str:
+    """How a baseline names a non-numeric finding."""
+    return f"finding:{finding.kind}:{finding.detail}"
 
 
 def severity(tensor: TensorScan) -> tuple[int, int, int, str]:
