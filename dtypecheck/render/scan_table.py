@@ -10,7 +10,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from dtypecheck.render.table import LEVEL_STYLE, fmt_bytes, fmt_float, table_renderer
+from dtypecheck.render.cells import LEVEL_STYLE, fmt_bytes, fmt_float
 from dtypecheck.scan.scan_report import (
     BaselineComparison,
     CastCounts,
@@ -213,7 +213,6 @@ def _baseline(comparison: BaselineComparison) -> list[RenderableType]:
     return out
 
 
-@table_renderer(ScanReport)
 def render_scan(report: ScanReport) -> list[RenderableType]:
     ordered = sorted(report.tensors, key=severity)
     limit = report.display_limit
