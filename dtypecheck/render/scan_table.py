@@ -10,6 +10,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from dtypecheck.dtypes import DtypeSpec, lookup
+from dtypecheck.errors import UnknownDtypeError
 from dtypecheck.render.cells import LEVEL_STYLE, fmt_bytes, fmt_float
 from dtypecheck.scan.scan_report import (
     BaselineComparison,
@@ -25,23 +27,28 @@ SPARK_WIDTH = 12
 NAME_MIN_WIDTH = 16
 TARGET_WIDTH = 13
 SPARK_LEVELS = "▁▂▃▄▅▆▇█"
-SHORT_NAMES = {
-    "float64": "fp64",
-    "float32": "fp32",
-    "float16": "fp16",
-    "bfloat16": "bf16",
-    "float8_e4m3fn": "e4m3",
-    "float8_e4m3fnuz": "e4m3fnuz",
-    "float8_e5m2": "e5m2",
-    "float8_e5m2fnuz": "e5m2fnuz",
-    "float8_e8m0fnu": "e8m0",
-    "float4_e2m1fn_x2": "fp4",
-}
+
+
+def _spec(name: str) -> DtypeSpec | None:
+    try:
+        return lookup(name)
+    except UnknownDtypeError:
+        return None
+
+
+def _is_scaled(name: str) -> bool:
+    spec = _spec(name)
+    return spec is not None and spec.scaled
+
+
+def _short(name: str) -> str:
+    spec = _spec(name)
+    return spec.short_name if spec is not None else name
 
 
 def legend(report: ScanReport, axis: tuple[int, int]) -> str:
     parts = ["ovf: overflows the target's max", "unf: flushed to zero", "sub: becomes subnormal"]
-    if any(t.startswith("float8_") for t in report.targets):
+    if any(_is_scaled(t) for t in report.targets):
         parts.append("unf@amax: flushed to zero even after scaling the tensor to the target's max")
     parts.append(f"log2|x|: values per binade from 2^{axis[0]} to 2^{axis[1]} (log scale)")
     return " · ".join(parts)
@@ -118,10 +125,10 @@ def _tensor_table(report: ScanReport, shown: Sequence[TensorScan], start: int, s
     table.add_column("min|x|>0", justify="right", no_wrap=True)
     table.add_column("nan/inf", overflow="fold")
     for target in report.targets:
-        table.add_column(SHORT_NAMES.get(target, target), overflow="fold", max_width=TARGET_WIDTH)
+        table.add_column(_short(target), overflow="fold", max_width=TARGET_WIDTH)
     table.add_column("log2|x|", no_wrap=True, min_width=SPARK_WIDTH)
     for tensor in shown:
-        dtype = Text(f"{SHORT_NAMES.get(tensor.dtype, tensor.dtype)} {_shape(tensor.shape)}")
+        dtype = Text(f"{_short(tensor.dtype)} {_shape(tensor.shape)}")
         casts = [tensor.casts.get(target) for target in report.targets]
         table.add_row(
             Text(tensor.name, style=LEVEL_STYLE[tensor.level] if tensor.level != "ok" else ""),

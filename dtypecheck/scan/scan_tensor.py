@@ -37,10 +37,6 @@ INT_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uin
 """Integer dtypes numpy can hold (sub-byte and quantized ones are reported, not read)."""
 
 
-def is_float8(spec: DtypeSpec) -> bool:
-    return spec.name.startswith("float8_")
-
-
 @dataclass(frozen=True)
 class Stats:
     """A tensor's own statistics (all null for an empty tensor)."""
@@ -124,7 +120,7 @@ class TensorScanner:
         folded = key_limits.astype(int_t) if kernel.bits == 64 else key_limits.astype(np.uint32).view(np.int32)
         folded = folded ^ ((folded >> (kernel.bits - 1)) & self.mask)
         self.key_posinf, self.key_neginf = int(folded[0]), int(folded[1])
-        self.float4_table = float4_table(self.own) if spec.name == "float4_e2m1fn_x2" else None
+        self.float4_table = float4_table(self.own) if spec.packed > 1 else None
         self.hist = np.zeros(kernel.bins, dtype=np.int64)
         self.counts = np.zeros(len(self.thresholds) + 1, dtype=np.int64)
         info = np.iinfo(int_t)
@@ -140,7 +136,7 @@ class TensorScanner:
         spec = self.spec
         if spec is None:
             return 1
-        return 2 if spec.kind == "complex" or spec.name == "float4_e2m1fn_x2" else 1
+        return 2 if spec.kind == "complex" else spec.packed
 
     def chunk_bytes(self) -> int:
         """Source bytes per chunk, so that the converted chunk stays near ``KERNEL_CHUNK_BYTES``."""
@@ -221,7 +217,7 @@ class TensorScanner:
         return int(self.counts[self.index[pattern]])
 
     def needs_second_pass(self) -> bool:
-        if self.mode != "float" or self.values == 0 or not any(is_float8(t) for t in self._float_targets()):
+        if self.mode != "float" or self.values == 0 or not any(t.scaled for t in self._float_targets()):
             return False
         return self._count_at_least(self.kernel.inf_bits + 1) < self.values  # not all NaN
 
@@ -233,8 +229,8 @@ class TensorScanner:
         bits = self._float_values(chunk).view(self.kernel.int_dtype)
         found = {}
         for target in self._float_targets():
-            if is_float8(target):
-                survive = scaled_survive_pattern(target.fmt, self.kernel, absmax) if absmax > 0 else 1
+            if target.scaled:
+                survive = scaled_survive_pattern(target, self.kernel, absmax) if absmax > 0 else 1
                 found[target.name] = int(
                     self.kernels.count_magnitudes(bits, self.mask, self.kernel.scalar(1), self.kernel.scalar(survive))
                 )
@@ -344,7 +340,7 @@ class TensorScanner:
             scaled = self.scaled_counts.get(target.name, 0)  # no pass ran: no finite value to lose
             counts = {"overflow": overflow, "underflow": underflow, "subnormal": subnormal, "scaled_underflow": scaled}
             level = level_of_counts(counts)
-            if is_float8(target):
+            if target.scaled:
                 casts[target.name] = Float8CastCounts(overflow, underflow, subnormal, level, scaled)
             else:
                 casts[target.name] = CastCounts(overflow, underflow, subnormal, level)
@@ -375,6 +371,6 @@ class TensorScanner:
 
 
 def _null_cast(target: DtypeSpec) -> CastCounts:
-    if is_float8(target):
+    if target.scaled:
         return Float8CastCounts(None, None, None, "ok", None)
     return CastCounts(None, None, None, "ok")
