@@ -3,10 +3,22 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from typing import Final
 
 from dtypecheck.findings import Level
+
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+"""C0/C1 controls (ESC starts terminal sequences), bidi overrides that reorder what a reader sees, lone surrogates."""
+
+
+def printable(text: str) -> str:
+    """Text from an input file (a tensor name, a finding) made safe for a terminal: controls, bidi overrides and
+    lone surrogates become their Python escapes (``\\x1b``), so a name cannot move the cursor, recolour or
+    rewrite the report. Only tables use it; JSON keeps the true name."""
+    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape", "backslashreplace").decode("ascii"), text)
+
 
 LEVEL_STYLE: Final[Mapping[Level, str]] = {"ok": "green", "warn": "yellow", "fail": "bold red"}
 

@@ -12,7 +12,7 @@ from rich.text import Text
 
 from dtypecheck.dtypes import DtypeSpec, lookup
 from dtypecheck.errors import UnknownDtypeError
-from dtypecheck.render.cells import LEVEL_STYLE, fmt_bytes, fmt_float
+from dtypecheck.render.cells import LEVEL_STYLE, fmt_bytes, fmt_float, printable
 from dtypecheck.scan.scan_report import (
     BaselineComparison,
     CastCounts,
@@ -118,7 +118,7 @@ def _shape(shape: tuple[int, ...]) -> str:
 
 def _tensor_table(report: ScanReport, shown: Sequence[TensorScan], start: int, stop: int) -> Table:
     table = Table(header_style="bold", show_edge=False, pad_edge=False, collapse_padding=True)
-    longest = max((len(t.name) for t in shown), default=6)
+    longest = max((len(printable(t.name)) for t in shown), default=6)
     table.add_column("tensor", overflow="fold", min_width=min(longest, NAME_MIN_WIDTH))
     table.add_column("dtype shape", overflow="fold")
     table.add_column("absmax", justify="right", no_wrap=True)
@@ -131,7 +131,7 @@ def _tensor_table(report: ScanReport, shown: Sequence[TensorScan], start: int, s
         dtype = Text(f"{_short(tensor.dtype)} {_shape(tensor.shape)}")
         casts = [tensor.casts.get(target) for target in report.targets]
         table.add_row(
-            Text(tensor.name, style=LEVEL_STYLE[tensor.level] if tensor.level != "ok" else ""),
+            Text(printable(tensor.name), style=LEVEL_STYLE[tensor.level] if tensor.level != "ok" else ""),
             dtype,
             fmt_float(_as_float(tensor.absmax), 4),
             fmt_float(_as_float(tensor.min_abs_nonzero), 3),
@@ -154,7 +154,7 @@ def _summary(report: ScanReport) -> Panel:
         line.append(f"{getattr(s, level):,} {level}", style=LEVEL_STYLE[level])
         line.append(" · " if level != "fail" else "")
     lines: list[RenderableType] = [
-        Text(f"{report.source} ({report.format}) → {', '.join(report.targets)}"),
+        Text(f"{printable(report.source)} ({report.format}) → {', '.join(report.targets)}"),
         line,
     ]
     if s.census:
@@ -176,7 +176,7 @@ def _summary(report: ScanReport) -> Panel:
             continue
         where = f" [{finding.tensor}]" if finding.tensor and finding.tensor not in finding.detail else ""
         text = Text(f"{finding.level:<4} ", style=LEVEL_STYLE[finding.level])
-        text.append(f"{finding.kind}: {finding.detail}{where}")
+        text.append(printable(f"{finding.kind}: {finding.detail}{where}"))
         lines.append(text)
     if benign:
         noun = "finding" if benign == 1 else "findings"
@@ -195,9 +195,10 @@ _STATE_STYLE = {"new": "bold red", "worse": "red", "improved": "green", "fixed":
 
 def _baseline(comparison: BaselineComparison) -> list[RenderableType]:
     counts = " · ".join(f"{n} {state}" for state, n in comparison.counts.items() if n)
+    summary = counts or "no findings in either"
     out: list[RenderableType] = [
         Text(
-            f"against baseline {comparison.source}: {counts or 'no findings in either'} → gate {comparison.level}",
+            f"against baseline {printable(comparison.source)}: {summary} → gate {comparison.level}",
             style=LEVEL_STYLE.get(comparison.level, ""),
         )
     ]
@@ -209,8 +210,8 @@ def _baseline(comparison: BaselineComparison) -> list[RenderableType]:
         for change in changed[:BASELINE_SHOWN]:
             table.add_row(
                 Text(change.state, style=_STATE_STYLE[change.state]),
-                change.tensor or "-",
-                change.check,
+                Text(printable(change.tensor or "-")),
+                Text(printable(change.check)),
                 f"{change.before:,}",
                 f"{change.after:,}",
             )

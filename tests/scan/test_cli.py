@@ -275,3 +275,19 @@ def test_live_model_with_a_meta_parameter(cli, tmp_path) -> None:
     meta = tensors["1.weight"]
     assert (meta["min"], meta["casts"]["float16"]["overflow"], meta["level"]) == (None, None, "ok")
     assert meta["note"].startswith("no data")
+
+
+def test_hostile_tensor_names_are_escaped_in_the_table_and_kept_in_json(cli, tmp_path: Path) -> None:
+    clear_screen = "w\x1b[2J\x1b]0;pwned\x07"
+    markup = "[bold]m[/]"
+    bidi = "b\u202eetirw"
+    ckpt = tmp_path / "evil.safetensors"
+    save_file({clear_screen: torch.ones(2), markup: torch.ones(2), bidi: torch.ones(2)}, str(ckpt))
+    table = cli("scan-model", str(ckpt), "--all")
+    assert table.exit_code == 0
+    assert "\x1b" not in table.stdout and "\x07" not in table.stdout and "\u202e" not in table.stdout
+    assert "w\\x1b[2J\\x1b]0;pwned\\x07" in table.stdout
+    assert "[bold]m[/]" in table.stdout  # shown as typed, not read as rich markup
+    assert "b\\u202eetirw" in table.stdout
+    names = {t["name"] for t in cli("scan-model", str(ckpt), "--format", "json").json()["tensors"]}
+    assert names == {clear_screen, markup, bidi}
