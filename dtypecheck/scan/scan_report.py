@@ -9,8 +9,6 @@ from typing import ClassVar, Literal
 from dtypecheck.findings import CAST_CHECKS, CHECK_LEVEL, Check, Finding, Level, rank, worst
 from dtypecheck.scan.consistency import census
 
-__all__ = ["Level", "worst"]
-
 Number = float | int
 
 State = Literal["new", "worse", "unchanged", "improved", "fixed"]
