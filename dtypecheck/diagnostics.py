@@ -1,15 +1,21 @@
 """Findings of any report as flat diagnostics: one rule id per check, for SARIF and CI annotations.
 
-Built from the JSON document (the contract every command already honours), so every command's findings reach
-SARIF and GitHub annotations through the same path as its JSON, with nothing per-command in the renderers.
+Read from the typed reports (the same objects the JSON is written from), so SARIF and GitHub annotations say
+exactly what the JSON says: with a baseline, only what it marks new or worse; never a check the project's
+policy ignored or tolerated.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
+
+from dtypecheck.findings import CHECK_LEVEL, Check, Level
+from dtypecheck.info import InfoReport
+from dtypecheck.nantrace.report import Event, Location, NanTraceReport
+from dtypecheck.scan.scan_report import GATED_STATES, ScanReport, State, finding_key, gated_checks
 
 Severity = Literal["fail", "warn", "note"]
 
@@ -41,7 +47,12 @@ RULES: tuple[Rule, ...] = (
     Rule("DTC205", "dtype-mismatch", "The traced code died of a dtype mismatch between an op's inputs", "fail"),
 )
 RULE_BY_ID = {rule.id: rule for rule in RULES}
-_CAST_RULES = {"overflow": "DTC102", "underflow": "DTC103", "subnormal": "DTC104", "scaled_underflow": "DTC105"}
+_CAST_RULES: dict[Check, str] = {
+    "overflow": "DTC102",
+    "underflow": "DTC103",
+    "subnormal": "DTC104",
+    "scaled_underflow": "DTC105",
+}
 _FINDING_RULES = {"pickle-global": "DTC110", "dtype-consistency": "DTC120"}
 _EVENT_RULES = {"nan": "DTC201", "inf": "DTC201", "near_overflow": "DTC202", "underflow": "DTC203"}
 
@@ -56,7 +67,7 @@ class Diagnostic:
     line: int | None = None
     logical: str | None = None
     """Tensor name or module path."""
-    baseline_state: str | None = None
+    baseline_state: State | None = None
     """``new``, ``worse``, ``unchanged`` or ``fixed`` when compared with a baseline."""
 
     @property
@@ -66,117 +77,106 @@ class Diagnostic:
         return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
-def _level(value: Any, default: Severity = "warn") -> Severity:
-    return value if value in ("fail", "warn", "note") else default
+def _severity(level: Level) -> Severity:
+    """A finding's level as a diagnostic's: ``ok`` is only ever a note."""
+    return "note" if level == "ok" else level
 
 
-def _scan(doc: Mapping[str, Any]) -> Iterator[Diagnostic]:
-    source = doc.get("source")
-    changes = (doc.get("baseline") or {}).get("changes", [])
-    states = {(c.get("tensor"), c.get("check")): c.get("state") for c in changes}
-    for tensor in doc.get("tensors", []):
-        name = tensor.get("name")
-        bad = {k: tensor.get(k) or 0 for k in ("nan", "posinf", "neginf")}
-        if any(bad.values()):
-            counts = ", ".join(f"{v} {k}" for k, v in bad.items() if v)
-            yield Diagnostic(
-                "DTC101",
-                "fail",
-                f"{name}: {counts} in {tensor.get('dtype')}",
-                source,
-                None,
-                name,
-                states.get((name, "nonfinite")),
-            )
-        for target, cast in (tensor.get("casts") or {}).items():
-            for check, rule_id in _CAST_RULES.items():
-                count = cast.get(check) or 0
-                if not count:
-                    continue
-                level: Severity = "fail" if check == "overflow" else "warn"
-                if cast.get("level") == "ok":
-                    continue  # tolerated or ignored by the project's policy
-                yield Diagnostic(
-                    rule_id,
-                    level,
-                    f"{name}: {count} of {tensor.get('numel')} values {check} in {target}",
-                    source,
-                    None,
-                    name,
-                    states.get((name, f"{check}:{target}")),
-                )
-    for finding in doc.get("findings", []):
-        if finding.get("level") not in ("fail", "warn"):
+def _scan(report: ScanReport) -> Iterator[Diagnostic]:
+    source = report.source
+    states = {(c.tensor, c.check): c.state for c in report.baseline.changes} if report.baseline else None
+
+    def state_of(tensor: str | None, key: str) -> tuple[bool, State | None]:
+        """Whether to annotate this check, and its baseline state: with a baseline, only new or worse ones."""
+        if states is None:
+            return True, None
+        state = states.get((tensor, key))
+        return state in GATED_STATES, state
+
+    for tensor in report.tensors:
+        name = tensor.name
+        for key, check, target, count in gated_checks(tensor):
+            shown, state = state_of(name, key)
+            if not shown:
+                continue
+            if target is None:
+                bad = {"nan": tensor.nan, "posinf": tensor.posinf, "neginf": tensor.neginf}
+                counts = ", ".join(f"{v} {k}" for k, v in bad.items() if v)
+                message = f"{name}: {counts} in {tensor.dtype}"
+                rule_id = "DTC101"
+            else:
+                message = f"{name}: {count} of {tensor.numel} values {check} in {target}"
+                rule_id = _CAST_RULES[check]
+            yield Diagnostic(rule_id, _severity(CHECK_LEVEL[check]), message, source, None, name, state)
+    for finding in report.findings:
+        if finding.level == "ok":
             continue
-        level = _level(finding.get("level"))
-        rule_id = _FINDING_RULES.get(str(finding.get("kind")), "DTC111")
-        detail = f"{finding.get('kind')}: {finding.get('detail')}"
-        yield Diagnostic(rule_id, level, detail, source, None, finding.get("tensor"))
+        shown, state = state_of(finding.tensor, finding_key(finding))
+        if not shown:
+            continue
+        rule_id = _FINDING_RULES.get(finding.kind, "DTC111")
+        detail = f"{finding.kind}: {finding.detail}"
+        yield Diagnostic(rule_id, _severity(finding.level), detail, source, None, finding.tensor, state)
 
 
-def _event(event: Mapping[str, Any], level: Severity) -> Diagnostic:
-    location = event.get("location") or {}
-    where = event.get("module") or event.get("op")
-    cause = f" ({event['cause']})" if event.get("cause") else ""
-    message = f"{event.get('kind')} from {event.get('op')} in {event.get('phase')}{cause}"
-    if event.get("module"):
-        message += f" in module {event['module']}"
-    return Diagnostic(
-        _EVENT_RULES.get(str(event.get("kind")), "DTC201"),
-        level,
-        message,
-        location.get("file"),
-        location.get("line"),
-        where,
-    )
+def _at(location: Location | None) -> tuple[str | None, int | None]:
+    return (location.file, location.line) if location is not None else (None, None)
 
 
-def _nantrace(doc: Mapping[str, Any]) -> Iterator[Diagnostic]:
-    first = doc.get("first")
+def _event(event: Event, level: Severity) -> Diagnostic:
+    where = event.module or event.op
+    cause = f" ({event.cause})" if event.cause else ""
+    message = f"{event.kind} from {event.op} in {event.phase}{cause}"
+    if event.module:
+        message += f" in module {event.module}"
+    return Diagnostic(_EVENT_RULES.get(event.kind, "DTC201"), level, message, *_at(event.location), where)
+
+
+def _nantrace(report: NanTraceReport) -> Iterator[Diagnostic]:
+    first = report.first
     if first:
         yield _event(first, "fail")
-    for event in doc.get("events") or []:
-        if event != first and event.get("kind") in ("nan", "inf"):
+    for event in report.events:
+        if event != first and event.kind in ("nan", "inf"):
             yield _event(event, "fail")
-    for event in doc.get("warnings", []):
+    for event in report.warnings:
         yield _event(event, "warn")
-    for promotion in doc.get("promotions") or []:
-        location = promotion.get("location") or {}
-        created = promotion.get("created") or {}
-        origin = f" (the float64 tensor was made at {created['file']}:{created['line']})" if created.get("file") else ""
-        message = f"{promotion.get('op')} computes in float64 in a {promotion.get('dominant')} program{origin}"
-        yield Diagnostic("DTC204", "warn", message, location.get("file"), location.get("line"), promotion.get("module"))
-    error = doc.get("dtype_error")
+    for promotion in report.promotions:
+        created = promotion.created
+        origin = f" (the float64 tensor was made at {created.file}:{created.line})" if created and created.file else ""
+        message = f"{promotion.op} computes in float64 in a {promotion.dominant} program{origin}"
+        yield Diagnostic("DTC204", "warn", message, *_at(promotion.location), promotion.module)
+    error = report.dtype_error
     if error:
-        location = error.get("location") or {}
-        message = f"{error.get('exception')}; fix: {error.get('fix')}"
-        yield Diagnostic(
-            "DTC205",
-            "fail",
-            message,
-            location.get("file"),
-            location.get("line"),
-            error.get("module") or error.get("op"),
-        )
+        message = f"{error.exception}; fix: {error.fix}"
+        yield Diagnostic("DTC205", "fail", message, *_at(error.location), error.module or error.op)
 
 
-def _info(doc: Mapping[str, Any]) -> Iterator[Diagnostic]:
-    for dtype in doc.get("dtypes", []):
-        for mismatch in dtype.get("mismatches", []):
+def _info(report: InfoReport) -> Iterator[Diagnostic]:
+    for dtype in report.dtypes:
+        for mismatch in dtype.mismatches:
             message = (
-                f"torch.finfo({dtype['name']}).{mismatch['field']} is {mismatch['torch']}, "
-                f"the format's true value is {mismatch['true']}"
+                f"torch.finfo({dtype.name}).{mismatch.field} is {mismatch.torch}, "
+                f"the format's true value is {mismatch.true}"
             )
-            yield Diagnostic("DTC001", "note", message, None, None, dtype["name"])
+            yield Diagnostic("DTC001", "note", message, None, None, dtype.name)
 
 
-def diagnostics(doc: Mapping[str, Any]) -> list[Diagnostic]:
-    """Every finding of a report document, in report order."""
-    schema = str(doc.get("schema", ""))
-    if schema.startswith("dtypecheck.scan/"):
-        return list(_scan(doc))
-    if schema.startswith("dtypecheck.nantrace/"):
-        return list(_nantrace(doc))
-    if schema.startswith("dtypecheck.info/"):
-        return list(_info(doc))
+def diagnostics(report: object) -> list[Diagnostic]:
+    """Every finding of a report, in report order (none for reports without findings, e.g. memory)."""
+    if isinstance(report, ScanReport):
+        return list(_scan(report))
+    if isinstance(report, NanTraceReport):
+        return list(_nantrace(report))
+    if isinstance(report, InfoReport):
+        return list(_info(report))
     return []
+
+
+def report_level(report: object) -> str | None:
+    """The level (scan) or status (nan-trace) a SARIF run carries as a property; None for other reports."""
+    if isinstance(report, ScanReport):
+        return report.summary.level
+    if isinstance(report, NanTraceReport):
+        return report.status
+    return None

@@ -146,6 +146,17 @@ class DtypeSpec:
     packed: int = 1
     """Values per torch element (2 for float4_e2m1fn_x2, quint4x2)."""
     note: str = ""
+    short: str = ""
+    """The name a narrow table column uses (``fp16``, ``e4m3``); empty: the full name."""
+    scaled: bool = False
+    """A target cast after per-tensor scaling to its max (fp8): scans count its ``scaled_underflow``."""
+    safetensors: str | None = None
+    """The safetensors header's dtype code (``BF16``), or None where safetensors has none."""
+    gguf: int | None = None
+    """The GGML type id of an unquantized GGUF tensor of this dtype, or None."""
+    storage: str = ""
+    """The dtype a chunk is viewed as to read its bits with numpy (``uint8`` for bool and packed float4);
+    empty: the dtype itself."""
 
     @property
     def is_float(self) -> bool:
@@ -154,6 +165,21 @@ class DtypeSpec:
     @property
     def is_floating_or_complex(self) -> bool:
         return self.kind in ("float", "complex")
+
+    @property
+    def short_name(self) -> str:
+        return self.short or self.name
+
+    @property
+    def storage_dtype(self) -> str:
+        return self.storage or self.name
+
+    @property
+    def scale_max(self) -> float:
+        """The magnitude per-tensor scaling maps a tensor's absmax to (the format's max); only for ``scaled``."""
+        if not self.scaled:
+            raise TypeError(f"{self.name} is not cast with per-tensor scaling")
+        return self.fmt.max
 
     @property
     def itemsize_bits(self) -> int:
@@ -194,23 +220,58 @@ def _unsigned(bits: int) -> tuple[int, int]:
 
 def _build_registry() -> tuple[DtypeSpec, ...]:
     specs: list[DtypeSpec] = [
-        DtypeSpec("float64", "float", 64, ("double", "fp64", "f64"), _FP64),
-        DtypeSpec("float32", "float", 32, ("float", "fp32", "f32", "single"), _FP32),
-        DtypeSpec("bfloat16", "float", 16, ("bf16", "bfloat", "brain_float16"), _BF16),
-        DtypeSpec("float16", "float", 16, ("half", "fp16", "f16"), _FP16),
+        DtypeSpec("float64", "float", 64, ("double", "fp64", "f64"), _FP64, short="fp64", safetensors="F64", gguf=28),
+        DtypeSpec(
+            "float32", "float", 32, ("float", "fp32", "f32", "single"), _FP32, short="fp32", safetensors="F32", gguf=0
+        ),
+        DtypeSpec(
+            "bfloat16",
+            "float",
+            16,
+            ("bf16", "bfloat", "brain_float16"),
+            _BF16,
+            short="bf16",
+            safetensors="BF16",
+            gguf=30,
+        ),
+        DtypeSpec("float16", "float", 16, ("half", "fp16", "f16"), _FP16, short="fp16", safetensors="F16", gguf=1),
         DtypeSpec(
             "float8_e4m3fn",
             "float",
             8,
             ("e4m3", "e4m3fn", "fp8", "fp8_e4m3", "fp8_e4m3fn", "f8e4m3fn", "float8_e4m3"),
             FloatFormat(4, 3, 7, "fn"),
+            short="e4m3",
+            scaled=True,
+            safetensors="F8_E4M3",
         ),
         DtypeSpec(
-            "float8_e4m3fnuz", "float", 8, ("e4m3fnuz", "fp8_e4m3fnuz", "f8e4m3fnuz"), FloatFormat(4, 3, 8, "fnuz")
+            "float8_e4m3fnuz",
+            "float",
+            8,
+            ("e4m3fnuz", "fp8_e4m3fnuz", "f8e4m3fnuz"),
+            FloatFormat(4, 3, 8, "fnuz"),
+            short="e4m3fnuz",
+            scaled=True,
         ),
-        DtypeSpec("float8_e5m2", "float", 8, ("e5m2", "fp8_e5m2", "f8e5m2"), FloatFormat(5, 2, 15, "ieee")),
         DtypeSpec(
-            "float8_e5m2fnuz", "float", 8, ("e5m2fnuz", "fp8_e5m2fnuz", "f8e5m2fnuz"), FloatFormat(5, 2, 16, "fnuz")
+            "float8_e5m2",
+            "float",
+            8,
+            ("e5m2", "fp8_e5m2", "f8e5m2"),
+            FloatFormat(5, 2, 15, "ieee"),
+            short="e5m2",
+            scaled=True,
+            safetensors="F8_E5M2",
+        ),
+        DtypeSpec(
+            "float8_e5m2fnuz",
+            "float",
+            8,
+            ("e5m2fnuz", "fp8_e5m2fnuz", "f8e5m2fnuz"),
+            FloatFormat(5, 2, 16, "fnuz"),
+            short="e5m2fnuz",
+            scaled=True,
         ),
         DtypeSpec(
             "float8_e8m0fnu",
@@ -219,6 +280,9 @@ def _build_registry() -> tuple[DtypeSpec, ...]:
             ("e8m0", "e8m0fnu", "fp8_e8m0fnu", "f8e8m0fnu"),
             FloatFormat(8, 0, 127, "all_ones", signed=False),
             note="unsigned power-of-two scale format (MX block scales): no zero, no sign, no subnormals",
+            short="e8m0",
+            scaled=True,
+            safetensors="F8_E8M0",
         ),
         DtypeSpec(
             "float4_e2m1fn_x2",
@@ -228,19 +292,22 @@ def _build_registry() -> tuple[DtypeSpec, ...]:
             FloatFormat(2, 1, 1, "none"),
             packed=2,
             note="two float4 values packed per byte; torch has no arithmetic or casts for it yet",
+            short="fp4",
+            safetensors="F4",
+            storage="uint8",
         ),
-        DtypeSpec("complex128", "complex", 128, ("cdouble", "c128"), _FP64),
-        DtypeSpec("complex64", "complex", 64, ("cfloat", "complex", "c64"), _FP32),
+        DtypeSpec("complex128", "complex", 128, ("cdouble", "c128"), _FP64, safetensors="C128"),
+        DtypeSpec("complex64", "complex", 64, ("cfloat", "complex", "c64"), _FP32, safetensors="C64"),
         DtypeSpec("complex32", "complex", 32, ("chalf", "c32"), _FP16),
-        DtypeSpec("bool", "bool", 8, ("boolean",), int_range=(0, 1)),
-        DtypeSpec("int8", "int", 8, ("i8", "char"), int_range=_signed(8)),
-        DtypeSpec("int16", "int", 16, ("i16", "short"), int_range=_signed(16)),
-        DtypeSpec("int32", "int", 32, ("i32", "int"), int_range=_signed(32)),
-        DtypeSpec("int64", "int", 64, ("i64", "long"), int_range=_signed(64)),
-        DtypeSpec("uint8", "uint", 8, ("u8", "byte"), int_range=_unsigned(8)),
-        DtypeSpec("uint16", "uint", 16, ("u16",), int_range=_unsigned(16)),
-        DtypeSpec("uint32", "uint", 32, ("u32",), int_range=_unsigned(32)),
-        DtypeSpec("uint64", "uint", 64, ("u64",), int_range=_unsigned(64)),
+        DtypeSpec("bool", "bool", 8, ("boolean",), int_range=(0, 1), safetensors="BOOL", storage="uint8"),
+        DtypeSpec("int8", "int", 8, ("i8", "char"), int_range=_signed(8), safetensors="I8", gguf=24),
+        DtypeSpec("int16", "int", 16, ("i16", "short"), int_range=_signed(16), safetensors="I16", gguf=25),
+        DtypeSpec("int32", "int", 32, ("i32", "int"), int_range=_signed(32), safetensors="I32", gguf=26),
+        DtypeSpec("int64", "int", 64, ("i64", "long"), int_range=_signed(64), safetensors="I64", gguf=27),
+        DtypeSpec("uint8", "uint", 8, ("u8", "byte"), int_range=_unsigned(8), safetensors="U8"),
+        DtypeSpec("uint16", "uint", 16, ("u16",), int_range=_unsigned(16), safetensors="U16"),
+        DtypeSpec("uint32", "uint", 32, ("u32",), int_range=_unsigned(32), safetensors="U32"),
+        DtypeSpec("uint64", "uint", 64, ("u64",), int_range=_unsigned(64), safetensors="U64"),
     ]
     for bits in range(1, 8):
         specs.append(DtypeSpec(f"int{bits}", "int", bits, (f"i{bits}",), int_range=_signed(bits)))
@@ -263,6 +330,12 @@ for _spec in REGISTRY:
         if _key in _BY_NAME:
             raise AssertionError(f"dtype alias {_key!r} registered twice")
         _BY_NAME[_key] = _spec
+
+
+SAFETENSORS_DTYPES: dict[str, str] = {s.safetensors: s.name for s in REGISTRY if s.safetensors}
+"""safetensors dtype code -> dtype name."""
+GGUF_PLAIN_TYPES: dict[int, str] = {s.gguf: s.name for s in REGISTRY if s.gguf is not None}
+"""GGML type id of an unquantized tensor -> dtype name."""
 
 
 def _normalise(name: str) -> str:

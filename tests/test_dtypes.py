@@ -198,3 +198,65 @@ def test_round_to_format_matches_library_casts_inside_the_range(name: str) -> No
 )
 def test_judge_cast_boundaries(name: str, value: float, verdict: str) -> None:
     assert judge_cast(value, lookup(name).fmt) == verdict
+
+
+# --- the per-dtype facts the loaders, the scanner and the tables read ----------------------------------
+
+
+def test_safetensors_codes_map_back_and_match_what_safetensors_writes(tmp_path) -> None:
+    import json
+    import struct
+
+    import torch
+    from safetensors.torch import save_file
+
+    from dtypecheck.dtypes import SAFETENSORS_DTYPES
+
+    coded = [s for s in REGISTRY if s.safetensors]
+    assert len(SAFETENSORS_DTYPES) == len(coded)  # no code claimed twice
+    checked = 0
+    for spec in coded:
+        assert SAFETENSORS_DTYPES[spec.safetensors] == spec.name  # type: ignore[index]
+        dtype = spec.torch_dtype()
+        if dtype is None:
+            continue
+        path = tmp_path / f"{spec.name}.safetensors"
+        try:
+            nbytes = max(1, spec.itemsize_bits // 8) * 2
+            save_file({"t": torch.zeros(nbytes, dtype=torch.uint8).view(dtype)}, str(path))
+        except (ValueError, TypeError, KeyError, RuntimeError):
+            continue  # this safetensors release cannot write the dtype
+        raw = path.read_bytes()
+        (length,) = struct.unpack("<Q", raw[:8])
+        assert json.loads(raw[8 : 8 + length])["t"]["dtype"] == spec.safetensors, spec.name
+        checked += 1
+    assert checked >= 15  # floats, float8, complex, ints, bool on any torch this project supports
+
+
+def test_gguf_type_ids_match_the_gguf_package() -> None:
+    gguf = pytest.importorskip("gguf")
+    from dtypecheck.dtypes import GGUF_PLAIN_TYPES
+
+    expected = {t.value: t.name for t in gguf.GGMLQuantizationType}
+    names = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
+    names |= {f"I{b}": f"int{b}" for b in (8, 16, 32, 64)}
+    assert {ggml: names[expected[ggml]] for ggml in GGUF_PLAIN_TYPES} == GGUF_PLAIN_TYPES
+    assert len(GGUF_PLAIN_TYPES) == 8
+
+
+def test_scaled_targets_short_names_and_storage_views() -> None:
+    import torch
+
+    assert {s.name for s in REGISTRY if s.scaled} == {s.name for s in REGISTRY if s.name.startswith("float8_")}
+    shorts = [s.short_name for s in REGISTRY]
+    assert len(shorts) == len(set(shorts))
+    assert lookup("e4m3").short_name == "e4m3"
+    assert lookup("e4m3").scale_max == 448.0  # OCP FP8 spec
+    with pytest.raises(TypeError):
+        _ = lookup("fp16").scale_max
+    for spec in REGISTRY:
+        storage = lookup(spec.storage_dtype)
+        assert storage.itemsize_bits == spec.itemsize_bits, spec.name  # a view, never a conversion
+        if spec.kind in ("int", "uint", "bool") and spec.safetensors and spec.available:
+            view = torch.zeros(3, dtype=spec.torch_dtype()).view(storage.torch_dtype())  # type: ignore[arg-type]
+            assert view.numpy().shape == (3,)

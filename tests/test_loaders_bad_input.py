@@ -121,3 +121,11 @@ def test_garbage_gguf(tmp_path: Path) -> None:
     path = tmp_path / "bad.gguf"
     path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 2**40, 0) + os.urandom(32))
     _input_error(path, "malformed GGUF file")
+
+
+def test_safetensors_dtype_that_is_not_a_string_is_an_input_error(tmp_path: Path) -> None:
+    # A list is unhashable: looking it up in the code table used to raise TypeError (a traceback).
+    path = _safetensors(
+        tmp_path / "m.safetensors", {"w": {"dtype": ["F32"], "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4
+    )
+    _input_error(path, "unknown safetensors dtype")

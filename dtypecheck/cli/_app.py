@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Iterator
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Annotated, TypeVar, cast
 
 import typer
 
@@ -18,6 +18,7 @@ from dtypecheck.render import OutputFormat, render, write_atomically
 
 if TYPE_CHECKING:
     from dtypecheck.config import Config
+    from dtypecheck.render import Report
 
 T = TypeVar("T")
 
@@ -189,7 +190,7 @@ def user_code_guard(target: str, *, enabled: bool = True, script: bool = False) 
             os.close(saved_fd)
 
 
-def emit(report: Any, fmt: OutputFormat, output: Path | None, *, quiet: bool) -> None:
+def emit(report: Report, fmt: OutputFormat, output: Path | None, *, quiet: bool) -> None:
     """Render a finished report to stdout, or atomically to ``output``; nothing is written on failure."""
     if output is not None:
         text = render(report, fmt, color=False, width=120)

@@ -95,11 +95,10 @@ def scan_model(
 
     Exit codes: 0 ok, 1 a tensor or finding at or above --fail-on, 2 usage error, 3 unreadable checkpoint.
     """
-    from dtypecheck.baseline import compare, load_baseline
     from dtypecheck.dtypes import parse_dtype_list
-    from dtypecheck.render.json import document
     from dtypecheck.render.progress import progress_bar
-    from dtypecheck.scan import check_targets, scan_checkpoint
+    from dtypecheck.scan.baseline import compare, load_baseline
+    from dtypecheck.scan.scan import check_targets, scan_checkpoint
 
     settings = project_config(config)
     names = target or pick(None, settings, "scan-model", "targets", [])
@@ -127,7 +126,7 @@ def scan_model(
             )
         report = dataclasses.replace(report, display_limit=None if everything else top)
         if earlier is not None and baseline_path is not None:
-            comparison = compare(document(report), earlier, str(baseline_path))
+            comparison = compare(report, earlier, str(baseline_path))
             report = dataclasses.replace(report, baseline=comparison)
         if plot is not None:
             from dtypecheck.render.scan_plot import write_plot

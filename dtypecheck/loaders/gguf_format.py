@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dtypecheck.dtypes import GGUF_PLAIN_TYPES
 from dtypecheck.errors import InputError
 from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord, TensorSource
 from dtypecheck.loaders.mapped import EMPTY_SOURCE, FileMap, MappedSource
@@ -25,16 +26,7 @@ if TYPE_CHECKING:
 
     import torch
 
-PLAIN_TYPES = {
-    0: "float32",
-    1: "float16",
-    30: "bfloat16",
-    28: "float64",
-    24: "int8",
-    25: "int16",
-    26: "int32",
-    27: "int64",
-}
+PLAIN_TYPES = GGUF_PLAIN_TYPES  # the ids are facts of each dtype: dtypes.DtypeSpec.gguf
 SCALAR_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 STRING, ARRAY = 8, 9
 MAX_ARRAY_NESTING = 8

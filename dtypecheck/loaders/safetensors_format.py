@@ -14,34 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dtypecheck.dtypes import SAFETENSORS_DTYPES
 from dtypecheck.errors import InputError
 from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord
 from dtypecheck.loaders.mapped import EMPTY_SOURCE, FileMap, MappedSource
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
 
-# safetensors dtype codes -> torch names
-ST_DTYPES: dict[str, str] = {
-    "F64": "float64",
-    "F32": "float32",
-    "F16": "float16",
-    "BF16": "bfloat16",
-    "F8_E4M3": "float8_e4m3fn",
-    "F8_E5M2": "float8_e5m2",
-    "F8_E8M0": "float8_e8m0fnu",
-    "F4": "float4_e2m1fn_x2",
-    "C64": "complex64",
-    "C128": "complex128",
-    "I64": "int64",
-    "I32": "int32",
-    "I16": "int16",
-    "I8": "int8",
-    "U64": "uint64",
-    "U32": "uint32",
-    "U16": "uint16",
-    "U8": "uint8",
-    "BOOL": "bool",
-}
+ST_DTYPES = SAFETENSORS_DTYPES  # the codes are facts of each dtype: dtypes.DtypeSpec.safetensors
 
 
 def looks_like_safetensors(head: bytes, file_size: int) -> bool:
@@ -106,7 +86,7 @@ class SafetensorsCheckpoint:
         if not isinstance(entry, dict):
             raise InputError(f"{self.path}: tensor {name!r} has a malformed header entry")
         code, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-        if code not in ST_DTYPES:
+        if not isinstance(code, str) or code not in ST_DTYPES:
             raise InputError(f"{self.path}: tensor {name!r} has unknown safetensors dtype {code!r}")
         if not isinstance(shape, list) or not all(
             isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape

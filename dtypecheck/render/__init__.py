@@ -6,7 +6,18 @@ import os
 import tempfile
 from enum import Enum
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from dtypecheck.info import InfoReport
+    from dtypecheck.memory.report import MemoryReport
+    from dtypecheck.nantrace.report import NanTraceReport
+    from dtypecheck.scan.scan_report import ScanReport
+
+    Report: TypeAlias = InfoReport | MemoryReport | NanTraceReport | ScanReport
+    """What a command renders; ``render.table.table_renderers`` has one entry per member (tests check it)."""
 
 
 class OutputFormat(str, Enum):
@@ -20,7 +31,7 @@ def _assert_never(value: NoReturn) -> NoReturn:
     raise AssertionError(f"unhandled output format: {value!r}")
 
 
-def render(report: Any, fmt: OutputFormat, *, color: bool = False, width: int | None = None) -> str:
+def render(report: Report, fmt: OutputFormat, *, color: bool = False, width: int | None = None) -> str:
     """Render a core result in the given format; the only dispatch on ``OutputFormat``."""
     if fmt is OutputFormat.table:
         from dtypecheck.render.table import render_table

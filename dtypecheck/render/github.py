@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from dtypecheck.diagnostics import RULE_BY_ID, diagnostics
 
 _COMMAND = {"fail": "error", "warn": "warning", "note": "notice"}
@@ -17,15 +15,14 @@ def _escape_property(text: str) -> str:
     return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
 
 
-def render_github(report: Any) -> str:
-    from dtypecheck.render.json import document
-
-    return github_annotations(document(report))
+def render_github(report: object) -> str:
+    return github_annotations(report)
 
 
-def github_annotations(doc: dict[str, Any]) -> str:
+def github_annotations(report: object) -> str:
+    """One workflow command per diagnostic (with a baseline, only the new and worse ones)."""
     lines = []
-    for d in diagnostics(doc):
+    for d in diagnostics(report):
         properties = []
         if d.file:
             properties.append(f"file={_escape_property(d.file)}")

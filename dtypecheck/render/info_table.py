@@ -12,7 +12,7 @@ from rich.text import Text
 from dtypecheck.info.names import DtypeList
 from dtypecheck.info.report import FloatInfo, InfoReport, IntInfo
 from dtypecheck.promotion import Defaults, PromotionReport
-from dtypecheck.render.table import fmt_float, fmt_pow2, table_renderer
+from dtypecheck.render.cells import fmt_float, fmt_pow2
 
 COLUMNS_PER_TABLE = 5
 LINE_WIDTH = 72
@@ -245,7 +245,6 @@ def _defaults(defaults: Defaults) -> Text:
     return Text(f"default dtype: {defaults.default_dtype}; {made}", style="dim")
 
 
-@table_renderer(InfoReport)
 def render_info(report: InfoReport) -> list[RenderableType]:
     floats = [d for d in report.dtypes if isinstance(d, FloatInfo)]
     ints = [d for d in report.dtypes if isinstance(d, IntInfo)]

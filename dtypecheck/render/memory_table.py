@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dtypecheck.memory.report import MemoryEstimate, MemoryReport
-from dtypecheck.render.table import fmt_bytes, fmt_count, table_renderer
+from dtypecheck.render.cells import fmt_bytes, fmt_count
 
 BAR_WIDTH = 10
 # (letter, style, label): letters keep the bar readable without colour.
@@ -54,7 +54,6 @@ def _dash_if_zero(count: int | None) -> str:
     return "-" if not count else fmt_bytes(count)
 
 
-@table_renderer(MemoryReport)
 def render_memory(report: MemoryReport) -> list[RenderableType]:
     model = report.model
     out: list[RenderableType] = []

@@ -19,7 +19,7 @@ from dtypecheck.nantrace.report import (
     Promotion,
     TensorArg,
 )
-from dtypecheck.render.table import fmt_float, table_renderer
+from dtypecheck.render.cells import fmt_float
 
 CAUSE_TEXT = {
     "range_overflow": "range overflow: finite in float64, beyond what {dtype} holds",
@@ -184,7 +184,6 @@ def _dtype_error_panel(error: DtypeError) -> Panel:
     return Panel(grid, title=Text("dtype mismatch", style="bold red"), title_align="left", expand=False)
 
 
-@table_renderer(NanTraceReport)
 def render_nantrace(report: NanTraceReport) -> list[RenderableType]:
     out: list[RenderableType] = []
     if report.default_dtype is not None and report.default_dtype.changes:

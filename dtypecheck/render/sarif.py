@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from dtypecheck import __version__
-from dtypecheck.diagnostics import RULES, Diagnostic, diagnostics
+from dtypecheck.diagnostics import RULES, Diagnostic, diagnostics, report_level
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 _SARIF_LEVEL = {"fail": "error", "warn": "warning", "note": "note"}
@@ -46,8 +46,9 @@ def _result(diagnostic: Diagnostic, rule_index: int) -> dict[str, Any]:
     return result
 
 
-def sarif_log(document: dict[str, Any]) -> dict[str, Any]:
-    found = diagnostics(document)
+def sarif_log(report: object) -> dict[str, Any]:
+    """The SARIF log of a report: one result per diagnostic (with a baseline, only the new and worse ones)."""
+    found = diagnostics(report)
     index = {rule.id: i for i, rule in enumerate(RULES)}
     rules = [
         {
@@ -67,19 +68,10 @@ def sarif_log(document: dict[str, Any]) -> dict[str, Any]:
             }
         },
         "results": [_result(d, index[d.rule_id]) for d in found],
-        "properties": {"schema": document.get("schema"), "level": _report_level(document)},
+        "properties": {"schema": getattr(report, "SCHEMA", None), "level": report_level(report)},
     }
     return {"$schema": SARIF_SCHEMA, "version": "2.1.0", "runs": [run]}
 
 
-def _report_level(document: dict[str, Any]) -> str | None:
-    summary = document.get("summary")
-    if isinstance(summary, dict):
-        return summary.get("level")
-    return document.get("status")
-
-
-def render_sarif(report: Any) -> str:
-    from dtypecheck.render.json import document
-
-    return json.dumps(sarif_log(document(report)), indent=2, allow_nan=False) + "\n"
+def render_sarif(report: object) -> str:
+    return json.dumps(sarif_log(report), indent=2, allow_nan=False) + "\n"

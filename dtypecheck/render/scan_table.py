@@ -10,31 +10,45 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from dtypecheck.baseline import BaselineComparison
-from dtypecheck.render.table import LEVEL_STYLE, fmt_bytes, fmt_float, table_renderer
-from dtypecheck.scan_report import CastCounts, Float8CastCounts, Log2Histogram, ScanReport, TensorScan, severity
+from dtypecheck.dtypes import DtypeSpec, lookup
+from dtypecheck.errors import UnknownDtypeError
+from dtypecheck.render.cells import LEVEL_STYLE, fmt_bytes, fmt_float, printable
+from dtypecheck.scan.scan_report import (
+    BaselineComparison,
+    CastCounts,
+    Float8CastCounts,
+    Log2Histogram,
+    ScanReport,
+    TensorScan,
+    severity,
+)
 
 SPARK_WIDTH = 12
 NAME_MIN_WIDTH = 16
 TARGET_WIDTH = 13
 SPARK_LEVELS = "▁▂▃▄▅▆▇█"
-SHORT_NAMES = {
-    "float64": "fp64",
-    "float32": "fp32",
-    "float16": "fp16",
-    "bfloat16": "bf16",
-    "float8_e4m3fn": "e4m3",
-    "float8_e4m3fnuz": "e4m3fnuz",
-    "float8_e5m2": "e5m2",
-    "float8_e5m2fnuz": "e5m2fnuz",
-    "float8_e8m0fnu": "e8m0",
-    "float4_e2m1fn_x2": "fp4",
-}
+
+
+def _spec(name: str) -> DtypeSpec | None:
+    try:
+        return lookup(name)
+    except UnknownDtypeError:
+        return None
+
+
+def _is_scaled(name: str) -> bool:
+    spec = _spec(name)
+    return spec is not None and spec.scaled
+
+
+def _short(name: str) -> str:
+    spec = _spec(name)
+    return spec.short_name if spec is not None else name
 
 
 def legend(report: ScanReport, axis: tuple[int, int]) -> str:
     parts = ["ovf: overflows the target's max", "unf: flushed to zero", "sub: becomes subnormal"]
-    if any(t.startswith("float8_") for t in report.targets):
+    if any(_is_scaled(t) for t in report.targets):
         parts.append("unf@amax: flushed to zero even after scaling the tensor to the target's max")
     parts.append(f"log2|x|: values per binade from 2^{axis[0]} to 2^{axis[1]} (log scale)")
     return " · ".join(parts)
@@ -104,20 +118,20 @@ def _shape(shape: tuple[int, ...]) -> str:
 
 def _tensor_table(report: ScanReport, shown: Sequence[TensorScan], start: int, stop: int) -> Table:
     table = Table(header_style="bold", show_edge=False, pad_edge=False, collapse_padding=True)
-    longest = max((len(t.name) for t in shown), default=6)
+    longest = max((len(printable(t.name)) for t in shown), default=6)
     table.add_column("tensor", overflow="fold", min_width=min(longest, NAME_MIN_WIDTH))
     table.add_column("dtype shape", overflow="fold")
     table.add_column("absmax", justify="right", no_wrap=True)
     table.add_column("min|x|>0", justify="right", no_wrap=True)
     table.add_column("nan/inf", overflow="fold")
     for target in report.targets:
-        table.add_column(SHORT_NAMES.get(target, target), overflow="fold", max_width=TARGET_WIDTH)
+        table.add_column(_short(target), overflow="fold", max_width=TARGET_WIDTH)
     table.add_column("log2|x|", no_wrap=True, min_width=SPARK_WIDTH)
     for tensor in shown:
-        dtype = Text(f"{SHORT_NAMES.get(tensor.dtype, tensor.dtype)} {_shape(tensor.shape)}")
+        dtype = Text(f"{_short(tensor.dtype)} {_shape(tensor.shape)}")
         casts = [tensor.casts.get(target) for target in report.targets]
         table.add_row(
-            Text(tensor.name, style=LEVEL_STYLE[tensor.level] if tensor.level != "ok" else ""),
+            Text(printable(tensor.name), style=LEVEL_STYLE[tensor.level] if tensor.level != "ok" else ""),
             dtype,
             fmt_float(_as_float(tensor.absmax), 4),
             fmt_float(_as_float(tensor.min_abs_nonzero), 3),
@@ -140,7 +154,7 @@ def _summary(report: ScanReport) -> Panel:
         line.append(f"{getattr(s, level):,} {level}", style=LEVEL_STYLE[level])
         line.append(" · " if level != "fail" else "")
     lines: list[RenderableType] = [
-        Text(f"{report.source} ({report.format}) → {', '.join(report.targets)}"),
+        Text(f"{printable(report.source)} ({report.format}) → {', '.join(report.targets)}"),
         line,
     ]
     if s.census:
@@ -162,7 +176,7 @@ def _summary(report: ScanReport) -> Panel:
             continue
         where = f" [{finding.tensor}]" if finding.tensor and finding.tensor not in finding.detail else ""
         text = Text(f"{finding.level:<4} ", style=LEVEL_STYLE[finding.level])
-        text.append(f"{finding.kind}: {finding.detail}{where}")
+        text.append(printable(f"{finding.kind}: {finding.detail}{where}"))
         lines.append(text)
     if benign:
         noun = "finding" if benign == 1 else "findings"
@@ -181,9 +195,10 @@ _STATE_STYLE = {"new": "bold red", "worse": "red", "improved": "green", "fixed":
 
 def _baseline(comparison: BaselineComparison) -> list[RenderableType]:
     counts = " · ".join(f"{n} {state}" for state, n in comparison.counts.items() if n)
+    summary = counts or "no findings in either"
     out: list[RenderableType] = [
         Text(
-            f"against baseline {comparison.source}: {counts or 'no findings in either'} → gate {comparison.level}",
+            f"against baseline {printable(comparison.source)}: {summary} → gate {comparison.level}",
             style=LEVEL_STYLE.get(comparison.level, ""),
         )
     ]
@@ -195,8 +210,8 @@ def _baseline(comparison: BaselineComparison) -> list[RenderableType]:
         for change in changed[:BASELINE_SHOWN]:
             table.add_row(
                 Text(change.state, style=_STATE_STYLE[change.state]),
-                change.tensor or "-",
-                change.check,
+                Text(printable(change.tensor or "-")),
+                Text(printable(change.check)),
                 f"{change.before:,}",
                 f"{change.after:,}",
             )
@@ -206,7 +221,6 @@ def _baseline(comparison: BaselineComparison) -> list[RenderableType]:
     return out
 
 
-@table_renderer(ScanReport)
 def render_scan(report: ScanReport) -> list[RenderableType]:
     ordered = sorted(report.tensors, key=severity)
     limit = report.display_limit

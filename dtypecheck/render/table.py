@@ -1,44 +1,42 @@
-"""Table rendering with rich: the registry of per-report renderers and the shared cell formatting."""
+"""Table rendering with rich: one explicit table of which function draws which report type."""
 
 from __future__ import annotations
 
 import io
-import math
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping
+from functools import cache
+from typing import Any
 
 from rich.console import Console, RenderableType
 
 Renderer = Callable[[Any], list[RenderableType]]
-_RENDERERS: dict[type, Renderer] = {}
-R = TypeVar("R", bound=Renderer)
-
-LEVEL_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red"}
 
 
-def table_renderer(report_type: type) -> Callable[[R], R]:
-    """Register the function that turns one report type into rich renderables."""
+@cache
+def table_renderers() -> Mapping[type, Renderer]:
+    """Report type -> the function that turns it into rich renderables; the one place renderers are listed.
 
-    def register(func: R) -> R:
-        _RENDERERS[report_type] = func
-        return func
+    Built on first use so that rich, and the report modules (torch for memory), load only when a table is drawn.
+    """
+    from dtypecheck.info import InfoReport
+    from dtypecheck.memory.report import MemoryReport
+    from dtypecheck.nantrace.report import NanTraceReport
+    from dtypecheck.render.info_table import render_info
+    from dtypecheck.render.memory_table import render_memory
+    from dtypecheck.render.nantrace_table import render_nantrace
+    from dtypecheck.render.scan_table import render_scan
+    from dtypecheck.scan.scan_report import ScanReport
 
-    return register
+    return {
+        InfoReport: render_info,
+        MemoryReport: render_memory,
+        NanTraceReport: render_nantrace,
+        ScanReport: render_scan,
+    }
 
 
-def _load_renderers() -> None:
-    # Imported for their registrations; kept here so rich loads only when a table is drawn.
-    from dtypecheck.render import (
-        info_table,  # noqa: F401
-        memory_table,  # noqa: F401
-        nantrace_table,  # noqa: F401
-        scan_table,  # noqa: F401
-    )
-
-
-def render_table(report: Any, *, color: bool = False, width: int | None = None) -> str:
-    _load_renderers()
-    renderer = _RENDERERS.get(type(report))
+def render_table(report: object, *, color: bool = False, width: int | None = None) -> str:
+    renderer = table_renderers().get(type(report))
     if renderer is None:
         raise TypeError(f"no table renderer for {type(report).__name__}")
     buffer = io.StringIO()
@@ -55,43 +53,3 @@ def render_table(report: Any, *, color: bool = False, width: int | None = None) 
     for renderable in renderer(report):
         console.print(renderable)
     return buffer.getvalue()
-
-
-def fmt_float(value: float | None, digits: int = 4) -> str:
-    """A compact, unambiguous cell: powers of two as such, everything else in %g."""
-    if value is None:
-        return "-"
-    if math.isnan(value):
-        return "nan"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    if value == 0:
-        return "0"
-    return f"{value:.{digits}g}"
-
-
-def fmt_pow2(value: float | None, digits: int = 4) -> str:
-    """``2^-24 (5.96e-08)`` for exact powers of two, else plain ``fmt_float``."""
-    if value is None or value == 0 or not math.isfinite(value):
-        return fmt_float(value, digits)
-    mantissa, exponent = math.frexp(abs(value))
-    if mantissa == 0.5:
-        sign = "-" if value < 0 else ""
-        return f"{sign}2^{exponent - 1} ({fmt_float(abs(value), 3)})"
-    return fmt_float(value, digits)
-
-
-def fmt_bytes(count: int | None) -> str:
-    """IEC units; byte counts stay integers until this point."""
-    if count is None:
-        return "-"
-    value = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{count} B" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
-
-
-def fmt_count(count: int | None) -> str:
-    return "-" if count is None else f"{count:,}"

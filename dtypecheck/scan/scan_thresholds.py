@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from dtypecheck.dtypes import FloatFormat, lookup
+from dtypecheck.dtypes import DtypeSpec, FloatFormat, lookup
 
 
 @dataclass(frozen=True)
@@ -164,11 +164,11 @@ def target_patterns(target: FloatFormat, kernel: KernelFormat) -> TargetPatterns
     )
 
 
-def scaled_survive_pattern(target: FloatFormat, kernel: KernelFormat, absmax: float) -> int:
+def scaled_survive_pattern(target: DtypeSpec, kernel: KernelFormat, absmax: float) -> int:
     """First magnitude that survives a cast to ``target`` after scaling the tensor by ``target.max / absmax``.
 
     ``|x| * max / absmax <= flush_max`` exactly when ``|x| <= flush_max * absmax / max``: no rounding of the
     scale factor enters the count.
     """
-    edge = cast_edges(target).flush_max * Fraction(absmax) / Fraction(target.max)
+    edge = cast_edges(target.fmt).flush_max * Fraction(absmax) / Fraction(target.scale_max)
     return kernel.first_magnitude(edge, inclusive=False)

@@ -94,9 +94,51 @@ def test_baseline_turns_a_failing_scan_into_a_passing_one_and_back(cli, project:
     sarif = cli("scan-model", str(worse), "--baseline", "baseline.json", "--format", "sarif")
     log = json.loads(sarif.stdout)
     jsonschema.validate(log, SARIF_SCHEMA)
-    states = {(r["ruleId"], r.get("baselineState")) for r in log["runs"][0]["results"]}
-    assert ("DTC101", "unchanged") in states
-    assert ("DTC103", "updated") in states
+    # Exactly what the JSON marks new or worse: the unchanged NaN is neither annotated nor gated.
+    states = [(r["ruleId"], r.get("baselineState")) for r in log["runs"][0]["results"]]
+    assert states == [("DTC103", "updated")]
+    changes = cli("scan-model", str(worse), "--baseline", "baseline.json", "--format", "json").json()["baseline"]
+    gated = [(c["tensor"], c["check"]) for c in changes["changes"] if c["state"] in ("new", "worse")]
+    assert gated == [("layer.weight", "underflow:float16")]
+    github = cli("scan-model", str(worse), "--baseline", "baseline.json", "--format", "github")
+    assert [line.split("::")[-1] for line in github.stdout.splitlines()] == [
+        "layer.weight: 5 of 1000 values underflow in float16"
+    ]
+    restored = _checkpoint(project / "m.safetensors", nan=True)  # back to what the baseline recorded
+    same = cli("scan-model", str(restored), "--baseline", "baseline.json", "--format", "github")
+    assert (same.exit_code, same.stdout) == (0, "")
+
+
+def test_annotations_leave_out_what_the_policy_passed(cli, project: Path) -> None:
+    (project / "pyproject.toml").write_text(
+        """
+[tool.dtypecheck.scan-model]
+targets = ["float16"]
+
+[[tool.dtypecheck.scan-model.ignore]]
+pattern = "layer.*"
+reason = "clamped before the cast"
+checks = ["overflow", "nonfinite"]
+"""
+    )
+    weight = torch.linspace(-1, 1, 1000)
+    weight[:3] = 1e-10  # flush to zero in float16 (below 2**-25)
+    weight[999] = 1e5  # past float16's 65504: an overflow, but ignored by the policy
+    weight[500] = float("nan")  # ignored too
+    ckpt = project / "m.safetensors"
+    save_file({"layer.weight": weight}, str(ckpt))
+    doc = cli("scan-model", str(ckpt), "--format", "json").json()
+    [tensor] = doc["tensors"]
+    assert tensor["casts"]["float16"] == {"overflow": 1, "underflow": 3, "subnormal": 0, "level": "warn"}
+    assert tensor["passed"] == ["nonfinite", "overflow:float16"]
+    github = cli("scan-model", str(ckpt), "--format", "github")
+    assert github.exit_code == 0
+    # Only the underflow the policy did not pass; before, the cast's "warn" let an "error" overflow through.
+    assert github.stdout.splitlines() == [
+        f"::warning file={ckpt},title=DTC103 cast-underflow::layer.weight: 3 of 1000 values underflow in float16"
+    ]
+    sarif = json.loads(cli("scan-model", str(ckpt), "--format", "sarif").stdout)
+    assert [r["ruleId"] for r in sarif["runs"][0]["results"]] == ["DTC103"]
 
 
 def test_baseline_from_config_is_relative_to_the_config_file(cli, project: Path) -> None:
@@ -151,7 +193,7 @@ def test_optimizer_state_in_half_precision_is_a_consistency_finding(cli, project
     assert doc["summary"]["census"]["float16"]["tensors"] == 2
 
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_pre_commit_hook_runs_the_real_command_on_the_files_it_is_given(cli, project: Path) -> None:

@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dtypecheck.dtypes import DtypeSpec, lookup
+from dtypecheck.findings import Level, level_of_counts, worst
 from dtypecheck.loaders.base import TensorRecord
-from dtypecheck.scan_kernel import Kernels
-from dtypecheck.scan_report import CastCounts, Float8CastCounts, Level, Log2Histogram, TensorScan, worst
-from dtypecheck.scan_thresholds import FLOAT32, FLOAT64, KernelFormat, scaled_survive_pattern, target_patterns
-from dtypecheck.scan_values import ChunkResult, float4_table, float_to_int_overflow, float_values, integer_chunk
+from dtypecheck.scan.scan_kernel import Kernels
+from dtypecheck.scan.scan_report import CastCounts, Float8CastCounts, Log2Histogram, TensorScan
+from dtypecheck.scan.scan_thresholds import FLOAT32, FLOAT64, KernelFormat, scaled_survive_pattern, target_patterns
+from dtypecheck.scan.scan_values import ChunkResult, float4_table, float_to_int_overflow, float_values, integer_chunk
 
 if TYPE_CHECKING:
     import torch
@@ -34,10 +35,6 @@ HISTOGRAM_STRIDE = 16
 
 INT_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 """Integer dtypes numpy can hold (sub-byte and quantized ones are reported, not read)."""
-
-
-def is_float8(spec: DtypeSpec) -> bool:
-    return spec.name.startswith("float8_")
 
 
 @dataclass(frozen=True)
@@ -123,7 +120,7 @@ class TensorScanner:
         folded = key_limits.astype(int_t) if kernel.bits == 64 else key_limits.astype(np.uint32).view(np.int32)
         folded = folded ^ ((folded >> (kernel.bits - 1)) & self.mask)
         self.key_posinf, self.key_neginf = int(folded[0]), int(folded[1])
-        self.float4_table = float4_table(self.own) if spec.name == "float4_e2m1fn_x2" else None
+        self.float4_table = float4_table(self.own) if spec.packed > 1 else None
         self.hist = np.zeros(kernel.bins, dtype=np.int64)
         self.counts = np.zeros(len(self.thresholds) + 1, dtype=np.int64)
         info = np.iinfo(int_t)
@@ -139,7 +136,7 @@ class TensorScanner:
         spec = self.spec
         if spec is None:
             return 1
-        return 2 if spec.kind == "complex" or spec.name == "float4_e2m1fn_x2" else 1
+        return 2 if spec.kind == "complex" else spec.packed
 
     def chunk_bytes(self) -> int:
         """Source bytes per chunk, so that the converted chunk stays near ``KERNEL_CHUNK_BYTES``."""
@@ -220,7 +217,7 @@ class TensorScanner:
         return int(self.counts[self.index[pattern]])
 
     def needs_second_pass(self) -> bool:
-        if self.mode != "float" or self.values == 0 or not any(is_float8(t) for t in self._float_targets()):
+        if self.mode != "float" or self.values == 0 or not any(t.scaled for t in self._float_targets()):
             return False
         return self._count_at_least(self.kernel.inf_bits + 1) < self.values  # not all NaN
 
@@ -232,8 +229,8 @@ class TensorScanner:
         bits = self._float_values(chunk).view(self.kernel.int_dtype)
         found = {}
         for target in self._float_targets():
-            if is_float8(target):
-                survive = scaled_survive_pattern(target.fmt, self.kernel, absmax) if absmax > 0 else 1
+            if target.scaled:
+                survive = scaled_survive_pattern(target, self.kernel, absmax) if absmax > 0 else 1
                 found[target.name] = int(
                     self.kernels.count_magnitudes(bits, self.mask, self.kernel.scalar(1), self.kernel.scalar(survive))
                 )
@@ -305,7 +302,7 @@ class TensorScanner:
             raise AssertionError("integer statistics merged without values")
         casts: dict[str, CastCounts] = {}
         for target, count in zip(self._int_targets(), self.int_overflow, strict=True):
-            casts[target.name] = CastCounts(count, 0, 0, "fail" if count else "ok")
+            casts[target.name] = CastCounts(count, 0, 0, level_of_counts({"overflow": count}))
         stats = Stats(low, high, max(abs(low), abs(high)), smallest, 0, 0, 0, zeros, 0)
         return self._tensor(stats, casts, worst([c.level for c in casts.values()]))
 
@@ -341,15 +338,16 @@ class TensorScanner:
             underflow = nonzero - at(p.survive)
             subnormal = at(p.survive) - at(p.normal)
             scaled = self.scaled_counts.get(target.name, 0)  # no pass ran: no finite value to lose
-            level = _cast_level(overflow, underflow + subnormal + scaled)
-            if is_float8(target):
+            counts = {"overflow": overflow, "underflow": underflow, "subnormal": subnormal, "scaled_underflow": scaled}
+            level = level_of_counts(counts)
+            if target.scaled:
                 casts[target.name] = Float8CastCounts(overflow, underflow, subnormal, level, scaled)
             else:
                 casts[target.name] = CastCounts(overflow, underflow, subnormal, level)
         for target, count in zip(self._int_targets(), self.int_overflow, strict=True):
             finite_overflow = count - infinite  # +inf passed the upper test and -inf the lower one
-            casts[target.name] = CastCounts(finite_overflow, 0, 0, _cast_level(finite_overflow, 0))
-        own: Level = "fail" if nan or infinite else "ok"
+            casts[target.name] = CastCounts(finite_overflow, 0, 0, level_of_counts({"overflow": finite_overflow}))
+        own = level_of_counts({"nonfinite": nan + infinite})
         level = worst([own, *(c.level for c in casts.values())])
         return self._tensor(stats, casts, level, self._histogram())
 
@@ -372,11 +370,7 @@ class TensorScanner:
         return max(abs(low), abs(high))
 
 
-def _cast_level(failing: int, warning: int) -> Level:
-    return "fail" if failing else "warn" if warning else "ok"
-
-
 def _null_cast(target: DtypeSpec) -> CastCounts:
-    if is_float8(target):
+    if target.scaled:
         return Float8CastCounts(None, None, None, "ok", None)
     return CastCounts(None, None, None, "ok")

@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from dtypecheck.baseline import BaselineComparison
-from dtypecheck.consistency import census
-from dtypecheck.loaders.base import Finding
-
-Level = Literal["ok", "warn", "fail"]
-LEVEL_RANK: dict[str, int] = {"ok": 0, "warn": 1, "fail": 2}
+from dtypecheck.findings import CAST_CHECKS, CHECK_LEVEL, Check, Finding, Level, rank, worst
+from dtypecheck.scan.consistency import census
 
 Number = float | int
 
-
-def worst(levels: list[Level]) -> Level:
-    return max(levels, key=LEVEL_RANK.__getitem__, default="ok")
+State = Literal["new", "worse", "unchanged", "improved", "fixed"]
+STATES: tuple[State, ...] = ("new", "worse", "unchanged", "improved", "fixed")
+GATED_STATES: tuple[State, ...] = ("new", "worse")
+"""With a baseline, only these gate the exit code and are annotated (SARIF, GitHub)."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +80,8 @@ class TensorScan:
     """Extra: why a tensor was not scanned (a dtype dtypecheck cannot read the values of)."""
     policy: tuple[str, ...] = ()
     """Extra: checks the project's policy ignored or tolerated for this tensor, with the reason."""
+    passed: tuple[str, ...] = ()
+    """Extra: the keys (``check_key``) of the checks in ``policy``: they are neither gated nor annotated."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +105,30 @@ class ScanSummary:
 
 
 @dataclass(frozen=True)
+class Change:
+    """One check on one tensor (or one non-numeric finding) compared with the baseline."""
+
+    tensor: str | None
+    check: str
+    """``nonfinite``, ``overflow:float16`` (``check_key``), or ``finding:<kind>:<detail>``."""
+    before: int
+    after: int
+    state: State
+    level: Level
+    """The level this check carries now (for ``fixed``: the level it had)."""
+
+
+@dataclass(frozen=True)
+class BaselineComparison:
+    source: str
+    changes: tuple[Change, ...]
+    counts: Mapping[str, int]
+    """How many changes are in each state."""
+    level: Level
+    """The gate: the worst level among new and worse checks."""
+
+
+@dataclass(frozen=True)
 class ScanReport:
     SCHEMA: ClassVar[str] = "dtypecheck.scan/1"
 
@@ -125,8 +148,7 @@ class ScanReport:
         """What the exit code follows: the report's level, or only what is new or worse than the baseline."""
         if self.baseline is None:
             return self.summary.level
-        level = self.baseline.level
-        return level if level in ("ok", "warn", "fail") else "fail"  # type: ignore[return-value]
+        return self.baseline.level
 
 
 def summarise(tensors: tuple[TensorScan, ...], findings: tuple[Finding, ...]) -> ScanSummary:
@@ -142,16 +164,62 @@ def summarise(tensors: tuple[TensorScan, ...], findings: tuple[Finding, ...]) ->
         ok=counts["ok"],
         warn=counts["warn"],
         fail=counts["fail"],
-        level=worst([t.level for t in tensors] + finding_levels),
+        level=worst([*(t.level for t in tensors), *finding_levels]),
         census=dtypes,
     )
 
 
+def cast_counts(cast: CastCounts) -> dict[Check, int | None]:
+    """The counts of every check a cast carries (``scaled_underflow`` only for float8/fp4 targets)."""
+    counts: dict[Check, int | None] = {"overflow": cast.overflow, "underflow": cast.underflow}
+    counts["subnormal"] = cast.subnormal
+    if isinstance(cast, Float8CastCounts):
+        counts["scaled_underflow"] = cast.scaled_underflow
+    return {check: counts[check] for check in CAST_CHECKS if check in counts}
+
+
+def nonfinite(tensor: TensorScan) -> int:
+    """NaN and infinite values the tensor already holds."""
+    return (tensor.nan or 0) + (tensor.posinf or 0) + (tensor.neginf or 0)
+
+
+def tensor_checks(tensor: TensorScan) -> Iterator[tuple[str | None, Check, int]]:
+    """``(target, check, count)`` for every nonzero check of a tensor (target None for its own values)."""
+    if nonfinite(tensor):
+        yield None, "nonfinite", nonfinite(tensor)
+    for target, cast in tensor.casts.items():
+        for check, count in cast_counts(cast).items():
+            if count:
+                yield target, check, count
+
+
+def check_key(target: str | None, check: Check) -> str:
+    """How a report names one check of a tensor: ``nonfinite`` or ``<check>:<target>`` (``underflow:float16``)."""
+    return check if target is None else f"{check}:{target}"
+
+
+def gated_checks(tensor: TensorScan) -> Iterator[tuple[str, Check, str | None, int]]:
+    """``(key, check, target, count)`` for every nonzero check the policy did not pass: what gates and is annotated.
+
+    A cast at level ``ok`` gates nothing (how reports written before ``passed`` existed say it)."""
+    for target, check, count in tensor_checks(tensor):
+        key = check_key(target, check)
+        if key in tensor.passed or (target is not None and tensor.casts[target].level == "ok"):
+            continue
+        yield key, check, target, count
+
+
+def finding_key(finding: Finding) -> str:
+    """How a baseline names a non-numeric finding."""
+    return f"finding:{finding.kind}:{finding.detail}"
+
+
 def severity(tensor: TensorScan) -> tuple[int, int, int, str]:
     """Sort key, worst first: level, then values that fail (non-finite, overflow), then values that warn."""
-    failing = (tensor.nan or 0) + (tensor.posinf or 0) + (tensor.neginf or 0)
-    warning = 0
-    for cast in tensor.casts.values():
-        failing += cast.overflow or 0
-        warning += (cast.underflow or 0) + (cast.subnormal or 0)
-    return (-LEVEL_RANK[tensor.level], -failing, -warning, tensor.name)
+    failing = warning = 0
+    for _, check, count in tensor_checks(tensor):
+        if CHECK_LEVEL[check] == "fail":
+            failing += count
+        else:
+            warning += count
+    return (-rank(tensor.level), -failing, -warning, tensor.name)

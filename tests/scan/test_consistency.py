@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dtypecheck.consistency import census, consistency_findings, is_optimizer_state, majority_float_dtype
+from dtypecheck.scan.consistency import census, consistency_findings, is_optimizer_state, majority_float_dtype
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,20 @@ from typing import Any
 
 import pytest
 
-from dtypecheck.baseline import compare, load_baseline
 from dtypecheck.errors import InputError
+from dtypecheck.scan.baseline import compare, load_baseline
+from dtypecheck.scan.scan_document import read_scan_document
+from dtypecheck.scan.scan_report import ScanReport
+
+PICKLE_FAIL = {"kind": "pickle-global", "level": "fail", "detail": "os.system"}
 
 
-def _doc(*tensors: dict[str, Any], findings: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def _json(*tensors: dict[str, Any], findings: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     return {"schema": "dtypecheck.scan/1", "tensors": list(tensors), "findings": findings or []}
+
+
+def _doc(*tensors: dict[str, Any], findings: list[dict[str, Any]] | None = None) -> ScanReport:
+    return read_scan_document(_json(*tensors, findings=findings), "test")
 
 
 def _tensor(name: str, *, nan: int = 0, underflow: int = 0, overflow: int = 0, level: str = "warn") -> dict[str, Any]:
@@ -53,10 +61,10 @@ def test_fixed_and_improved_are_reported_but_pass() -> None:
 
 
 def test_failing_scan_passes_with_its_own_baseline_and_fails_again_when_it_worsens() -> None:
-    failing = _doc(_tensor("w", nan=1), findings=[{"kind": "pickle-global", "level": "fail", "detail": "os.system"}])
+    failing = _doc(_tensor("w", nan=1), findings=[PICKLE_FAIL])
     assert compare(failing, _doc()).level == "fail"
     assert compare(failing, failing).level == "ok"
-    worse = _doc(_tensor("w", nan=2), findings=failing["findings"])
+    worse = _doc(_tensor("w", nan=2), findings=[PICKLE_FAIL])
     assert compare(worse, failing).level == "fail"
 
 
@@ -66,11 +74,41 @@ def test_checks_the_policy_downgraded_to_ok_are_not_gated() -> None:
 
 def test_load_baseline_rejects_what_is_not_a_scan_report(tmp_path: Path) -> None:
     good = tmp_path / "good.json"
-    good.write_text(json.dumps(_doc()))
-    assert load_baseline(good)["schema"] == "dtypecheck.scan/1"
-    for name, body in [("bad.json", "{"), ("info.json", json.dumps({"schema": "dtypecheck.info/1"}))]:
+    good.write_text(json.dumps(_json(_tensor("a", underflow=3))))
+    assert [t.casts["float16"].underflow for t in load_baseline(good).tensors] == [3]
+    malformed = [
+        ("bad.json", "{"),
+        ("info.json", json.dumps({"schema": "dtypecheck.info/1"})),
+        ("deep.json", '{"schema": "dtypecheck.scan/1", "tensors": ' + "[" * 100_000 + "]" * 100_000 + "}"),
+        ("counts.json", json.dumps(_json({**_tensor("a"), "nan": "many"}))),
+        ("level.json", json.dumps(_json(_tensor("a", level="bad")))),
+        ("list.json", json.dumps({"schema": "dtypecheck.scan/1", "tensors": {"a": 1}})),
+    ]
+    for name, body in malformed:
         (tmp_path / name).write_text(body)
         with pytest.raises(InputError):
             load_baseline(tmp_path / name)
     with pytest.raises(InputError, match="no such file"):
         load_baseline(tmp_path / "missing.json")
+
+
+def test_checks_the_policy_passed_are_not_gated_even_beside_others_that_are() -> None:
+    # overflow ignored by the policy, underflow not: the cast is at warn, and only the underflow gates.
+    tensor = {**_tensor("a", nan=1, overflow=2, underflow=3), "passed": ["nonfinite", "overflow:float16"]}
+    result = compare(_doc(tensor), _doc())
+    assert [(c.check, c.state, c.level) for c in result.changes] == [("underflow:float16", "new", "warn")]
+    assert result.level == "warn"
+
+
+def test_a_deeply_nested_baseline_is_one_input_error_line(cli, tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    ckpt = tmp_path / "m.safetensors"
+    save_file({"w": torch.ones(2)}, str(ckpt))
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 200_000 + "]" * 200_000)
+    result = cli("scan-model", str(ckpt), "--baseline", str(deep))
+    assert result.exit_code == 3
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith(f"error: --baseline {deep}: not a JSON report")

@@ -22,10 +22,10 @@ from dtypecheck.dtypes import DtypeSpec, lookup
 from dtypecheck.errors import UsageError
 from dtypecheck.loaders import Checkpoint, Finding, open_checkpoint
 from dtypecheck.progress import ProgressCallback, no_progress
-from dtypecheck.scan_kernel import Kernels, kernels
-from dtypecheck.scan_policy import apply_policy
-from dtypecheck.scan_report import ScanReport, summarise
-from dtypecheck.scan_tensor import TensorScanner
+from dtypecheck.scan.scan_kernel import Kernels, kernels
+from dtypecheck.scan.scan_policy import apply_policy
+from dtypecheck.scan.scan_report import ScanReport, summarise
+from dtypecheck.scan.scan_tensor import TensorScanner
 
 if TYPE_CHECKING:
     import torch

@@ -18,11 +18,11 @@ from safetensors.torch import save_file
 
 from dtypecheck.loaders import Finding, open_checkpoint
 from dtypecheck.render import OutputFormat, render
-from dtypecheck.scan import scan_checkpoint
+from dtypecheck.scan.scan import scan_checkpoint
 
 
 def _load_example_module() -> Any:
-    path = Path(__file__).resolve().parent.parent / "examples" / "make_example_checkpoint.py"
+    path = Path(__file__).resolve().parent.parent.parent / "examples" / "make_example_checkpoint.py"
     spec = importlib.util.spec_from_file_location("make_example_checkpoint", path)
     assert spec is not None
     assert spec.loader is not None
@@ -138,7 +138,7 @@ def test_loader_findings_count_towards_the_level(cli, clean, monkeypatch) -> Non
         checkpoint.findings.append(Finding("pickle-global", "fail", "os.system"))
         return checkpoint
 
-    monkeypatch.setattr("dtypecheck.scan.open_checkpoint", with_finding)
+    monkeypatch.setattr("dtypecheck.scan.scan.open_checkpoint", with_finding)
     result = cli("scan-model", clean, "-f", "json")
     assert result.exit_code == 1
     doc = result.json()
@@ -275,3 +275,20 @@ def test_live_model_with_a_meta_parameter(cli, tmp_path) -> None:
     meta = tensors["1.weight"]
     assert (meta["min"], meta["casts"]["float16"]["overflow"], meta["level"]) == (None, None, "ok")
     assert meta["note"].startswith("no data")
+
+
+def test_hostile_tensor_names_are_escaped_in_the_table_and_kept_in_json(cli, tmp_path: Path) -> None:
+    clear_screen = "w\x1b[2J\x1b]0;pwned\x07"
+    markup = "[bold]m[/]"
+    bidi = "b\u202eetirw"
+    ckpt = tmp_path / "evil.safetensors"
+    save_file({clear_screen: torch.ones(2), markup: torch.ones(2), bidi: torch.ones(2)}, str(ckpt))
+    table = cli("scan-model", str(ckpt), "--all")
+    assert table.exit_code == 0
+    for raw in ("\x1b", "\x07", "\u202e"):
+        assert raw not in table.stdout
+    assert "w\\x1b[2J\\x1b]0;pwned\\x07" in table.stdout
+    assert "[bold]m[/]" in table.stdout  # shown as typed, not read as rich markup
+    assert "b\\u202eetirw" in table.stdout
+    names = {t["name"] for t in cli("scan-model", str(ckpt), "--format", "json").json()["tensors"]}
+    assert names == {clear_screen, markup, bidi}

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dtypecheck.dtypes import DtypeSpec, FloatFormat
-from dtypecheck.scan_thresholds import FLOAT64, KernelFormat
+from dtypecheck.dtypes import DtypeSpec, FloatFormat, spec_of
+from dtypecheck.scan.scan_thresholds import FLOAT64, KernelFormat
 
 if TYPE_CHECKING:
     import torch
@@ -48,7 +48,7 @@ def float_values(chunk: torch.Tensor, kernel: KernelFormat, float4: np.ndarray |
     import torch
 
     if float4 is not None:
-        packed = chunk.view(torch.uint8).numpy()
+        packed = chunk.view(getattr(torch, spec_of(chunk.dtype).storage_dtype)).numpy()
         return np.concatenate([float4[packed & 15], float4[packed >> 4]])
     if chunk.is_complex():
         chunk = torch.view_as_real(chunk).reshape(-1)
@@ -73,8 +73,9 @@ def integer_chunk(chunk: torch.Tensor, targets: Sequence[DtypeSpec]) -> ChunkRes
     """min, max, zeros, smallest nonzero magnitude and each integer target's overflow count of one chunk."""
     import torch
 
-    if chunk.dtype == torch.bool:
-        chunk = chunk.view(torch.uint8)
+    storage = spec_of(chunk.dtype).storage_dtype  # numpy has no view of bool's bits
+    if str(chunk.dtype) != f"torch.{storage}":
+        chunk = chunk.view(getattr(torch, storage))
     values = chunk.numpy()
     if values.size == 0:
         return ChunkResult(values=0)

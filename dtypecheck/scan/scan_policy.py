@@ -10,27 +10,25 @@ from __future__ import annotations
 import dataclasses
 
 from dtypecheck.config import ScanPolicy
-from dtypecheck.consistency import consistency_findings
-from dtypecheck.loaders.base import Finding
-from dtypecheck.scan_report import Float8CastCounts, Level, ScanReport, TensorScan, summarise, worst
+from dtypecheck.findings import Finding, level_of_counts, worst
+from dtypecheck.scan.consistency import consistency_findings
+from dtypecheck.scan.scan_report import ScanReport, TensorScan, cast_counts, check_key, nonfinite, summarise
 
 
 def _judge(tensor: TensorScan, policy: ScanPolicy) -> TensorScan:
     notes: list[str] = []
-    own: Level = "ok"
-    if (tensor.nan or 0) + (tensor.posinf or 0) + (tensor.neginf or 0):
+    passed: list[str] = []
+    own = level_of_counts({"nonfinite": nonfinite(tensor)})
+    if own != "ok":
         rule = policy.ignored(tensor.name, "nonfinite")
-        if rule is None:
-            own = "fail"
-        else:
+        if rule is not None:
+            own = "ok"
+            passed.append(check_key(None, "nonfinite"))
             notes.append(f"nan/inf ignored by '{rule.pattern}': {rule.reason}")
     casts = {}
     for target, cast in tensor.casts.items():
-        counts = {"overflow": cast.overflow, "underflow": cast.underflow, "subnormal": cast.subnormal}
-        if isinstance(cast, Float8CastCounts):
-            counts["scaled_underflow"] = cast.scaled_underflow
-        failing = warning = 0
-        for check, count in counts.items():
+        gated: dict[str, int] = {}
+        for check, count in cast_counts(cast).items():
             if not count:
                 continue
             rule = policy.ignored(tensor.name, check, target)
@@ -38,14 +36,17 @@ def _judge(tensor: TensorScan, policy: ScanPolicy) -> TensorScan:
                 notes.append(f"{check} in {target} ignored by '{rule.pattern}': {rule.reason}")
             elif policy.tolerated(check, target, count, tensor.numel):
                 notes.append(f"{check} in {target} tolerated: {count} of {tensor.numel} within max-{check}-fraction")
-            elif check == "overflow":
-                failing += count
             else:
-                warning += count
-        level: Level = "fail" if failing else "warn" if warning else "ok"
-        casts[target] = dataclasses.replace(cast, level=level)
+                gated[check] = count
+                continue
+            passed.append(check_key(target, check))
+        casts[target] = dataclasses.replace(cast, level=level_of_counts(gated))
     return dataclasses.replace(
-        tensor, casts=casts, level=worst([own, *(c.level for c in casts.values())]), policy=tuple(notes)
+        tensor,
+        casts=casts,
+        level=worst([own, *(c.level for c in casts.values())]),
+        policy=tuple(notes),
+        passed=tuple(passed),
     )
 
 
