@@ -32,6 +32,7 @@ def command_reports(cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dic
     script.write_text("import torch\nx = torch.ones(3)\ny = (x * 2).sum()\n")
     runs = {
         "info": ["info", "fp16"],
+        "info --list": ["info", "--list"],
         "scan-model": ["scan-model", str(ckpt), "--quiet"],
         "estimate-memory": ["estimate-memory", str(write_decoder_config(tmp_path)), "--quiet"],
         "nan-trace": ["nan-trace", str(script), "--quiet"],
@@ -49,7 +50,7 @@ def test_every_command_is_covered_here() -> None:
 
 
 def test_every_report_type_a_command_returns_has_exactly_one_table_renderer(command_reports) -> None:
-    assert set(command_reports) == {"info", "scan-model", "estimate-memory", "nan-trace"}
+    assert set(command_reports) == {"info", "info --list", "scan-model", "estimate-memory", "nan-trace"}
     assert {type(r) for r in command_reports.values()} == set(table_renderers())
 
 

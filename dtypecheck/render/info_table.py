@@ -264,7 +264,6 @@ def render_info(report: InfoReport) -> list[RenderableType]:
     return out
 
 
-@table_renderer(DtypeList)
 def render_dtype_list(report: DtypeList) -> list[RenderableType]:
     table = Table(header_style="bold")
     table.add_column("dtype", no_wrap=True)

@@ -19,9 +19,10 @@ def table_renderers() -> Mapping[type, Renderer]:
     Built on first use so that rich, and the report modules (torch for memory), load only when a table is drawn.
     """
     from dtypecheck.info import InfoReport
+    from dtypecheck.info.names import DtypeList
     from dtypecheck.memory.report import MemoryReport
     from dtypecheck.nantrace.report import NanTraceReport
-    from dtypecheck.render.info_table import render_info
+    from dtypecheck.render.info_table import render_dtype_list, render_info
     from dtypecheck.render.memory_table import render_memory
     from dtypecheck.render.nantrace_table import render_nantrace
     from dtypecheck.render.scan_table import render_scan
@@ -29,6 +30,7 @@ def table_renderers() -> Mapping[type, Renderer]:
 
     return {
         InfoReport: render_info,
+        DtypeList: render_dtype_list,
         MemoryReport: render_memory,
         NanTraceReport: render_nantrace,
         ScanReport: render_scan,
