@@ -1,6 +1,7 @@
-"""Project configuration: ``[tool.dtypecheck]`` in ``pyproject.toml``, found from the working directory upwards.
+"""Project configuration: ``[tool.dtypecheck]`` in ``pyproject.toml``, found from the input's folder upwards.
 
-Like ruff and mypy, the nearest ``pyproject.toml`` that has a ``[tool.dtypecheck]`` table wins; ``--config FILE``
+Like ruff and mypy, the nearest ``pyproject.toml`` that has a ``[tool.dtypecheck]`` table wins, searched from the
+folder of the file being checked (a checkpoint, ``file.py``), then from the working directory; ``--config FILE``
 points elsewhere (a ``pyproject.toml``, or a ``dtypecheck.toml`` whose top level is the table itself). Every key is
 validated here, so an unknown key or a bad value is a usage error naming it, before any work starts. Options given
 on the command line override the file.
@@ -17,6 +18,7 @@ from typing import Any
 
 from dtypecheck.dtypes import lookup_available
 from dtypecheck.errors import UsageError
+from dtypecheck.usercode import python_target
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -280,8 +282,24 @@ def find_config(start: Path | None = None) -> Path | None:
     return None
 
 
-def load_config(explicit: Path | None = None, start: Path | None = None) -> Config:
-    """Load and validate the configuration; ``EMPTY`` when there is none."""
+def start_folder(target: str) -> Path | None:
+    """Where the search for a ``target``'s configuration starts: an existing checkpoint folder itself, else the
+    folder of the file (``file.py`` of ``file.py:factory`` included); ``None`` for what is not a local path (a Hub
+    id), which leaves only the working directory."""
+    python = python_target(target)
+    path = python[0] if python is not None else Path(target)
+    if path.is_dir():
+        return path
+    return path.parent if path.exists() else None
+
+
+def load_config(explicit: Path | None = None, start: Path | None = None, *, near: str | None = None) -> Config:
+    """Load and validate the configuration; ``EMPTY`` when there is none.
+
+    ``explicit`` (``--config``) wins; else the nearest one above ``start`` (default: the working directory); with
+    ``near`` (a checkpoint or ``file.py`` as typed), the nearest one above its folder, else above the working
+    directory.
+    """
     if explicit is not None:
         if not explicit.is_file():
             raise UsageError(f"--config {explicit}: no such file")
@@ -289,7 +307,8 @@ def load_config(explicit: Path | None = None, start: Path | None = None) -> Conf
         if table is None:
             raise UsageError(f"--config {explicit}: no [tool.dtypecheck] table in it")
         return validate(table, str(explicit))
-    found = find_config(start)
+    folder = start_folder(near) if near is not None else None
+    found = (find_config(folder) if folder is not None else None) or find_config(start)
     if found is None:
         return EMPTY
     table = _table_of(found, _read_toml(found)) or {}

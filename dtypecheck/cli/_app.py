@@ -49,12 +49,26 @@ def _configured_default(ctx: typer.Context, param: typer.CallbackParam, value: A
         return value
     key, convert = _CONFIGURED_OPTIONS[name]
     explicit = ctx.params.get("config")
-    cache_key = f"dtypecheck.config:{explicit}"  # read once for both shared options
+    near = _first_input(ctx)
+    cache_key = f"dtypecheck.config:{explicit}:{near}"  # read once for both shared options
     if cache_key not in ctx.meta:
-        ctx.meta[cache_key] = project_config(explicit)
+        ctx.meta[cache_key] = project_config(explicit, near)
     configured = ctx.meta[cache_key].get(ctx.info_name or "", key)
     # A callback's result reaches the command as it is, unconverted: give it the option's own type.
     return value if configured is None else convert(configured)
+
+
+CONFIG_NEAR: dict[str, str] = {}
+"""Commands whose configuration is found from an argument's folder (``scan-model``: its first checkpoint), by the
+parameter holding it; the others find theirs from the working directory."""
+
+
+def _first_input(ctx: typer.Context) -> str | None:
+    # Arguments given on the command line are processed before the options left at their default, so it is here.
+    value = ctx.params.get(CONFIG_NEAR.get(ctx.info_name or "", ""))
+    if isinstance(value, list | tuple):
+        value = value[0] if value else None
+    return value if isinstance(value, str) else None
 
 
 _CONFIGURED_OPTIONS: dict[str, tuple[str, Callable[[Any], Any]]] = {
@@ -111,17 +125,21 @@ ConfigOption = Annotated[
     Path | None,
     typer.Option(
         "--config",
-        help="Read the tool.dtypecheck settings from FILE, not the nearest pyproject.toml above the working folder.",
+        help="Read the tool.dtypecheck settings from FILE, not the nearest pyproject.toml above the input (or "
+        "the working folder).",
         dir_okay=False,
     ),
 ]
 
 
-def project_config(explicit: Path | None) -> Config:
-    """The validated project configuration (``EMPTY`` when there is none); bad keys are usage errors."""
+def project_config(explicit: Path | None, near: str | None = None) -> Config:
+    """The validated project configuration (``EMPTY`` when there is none); bad keys are usage errors.
+
+    ``--config FILE`` wins; else the nearest one above ``near``'s folder (a checkpoint), else above the working folder.
+    """
     from dtypecheck.config import load_config
 
-    return load_config(explicit)
+    return load_config(explicit, near=near)
 
 
 def pick(value: T | None, config: Config, command: str, key: str, default: T) -> T:

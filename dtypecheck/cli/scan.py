@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from dtypecheck.cli._app import (
+    CONFIG_NEAR,
     ConfigOption,
     FailOn,
     FailOnOption,
@@ -23,6 +24,7 @@ from dtypecheck.cli._app import (
     project_config,
     user_code_guard,
 )
+from dtypecheck.cli.scan_baseline import Baselines, configured_path, entry_key, shown
 from dtypecheck.errors import ExitCode, UsageError
 from dtypecheck.loaders.formats import describe_formats
 from dtypecheck.render import OutputFormat
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
     from dtypecheck.config import Config
 
 DEFAULT_TOP = 20
+CONFIG_NEAR["scan-model"] = "checkpoints"  # [tool.dtypecheck] is found from the first checkpoint's folder upwards
 
 
 @app.command("scan-model")
@@ -62,9 +65,23 @@ def scan_model(
         typer.Option(
             "--baseline",
             dir_okay=False,
-            help="An earlier scan-model --format json report: the exit code follows only what is new or worse.",
+            help="A baseline file (written by --update-baseline; an earlier scan-model --format json report also "
+            "works for one checkpoint): the exit code follows only what is new or worse. Default: the baseline key "
+            "of tool.dtypecheck.scan-model in pyproject.toml.",
         ),
     ] = None,
+    update_baseline: Annotated[
+        bool,
+        typer.Option(
+            "--update-baseline",
+            help="Write this scan's reports into the baseline file (--baseline or the configured one) instead of "
+            "comparing: only the entries of the checkpoints scanned change. Exits 0 unless a scan cannot run.",
+        ),
+    ] = False,
+    no_baseline: Annotated[
+        bool,
+        typer.Option("--no-baseline", help="Ignore the configured baseline: gate on everything found."),
+    ] = False,
     top: Annotated[
         int, typer.Option("--top", min=1, help="How many tensors the table shows, worst first (without --all).")
     ] = DEFAULT_TOP,
@@ -97,21 +114,24 @@ def scan_model(
     """
     from dtypecheck.dtypes import parse_dtype_list
     from dtypecheck.render.progress import progress_bar
-    from dtypecheck.scan.baseline import compare, load_baseline
+    from dtypecheck.scan.baseline import compare, nothing_before
     from dtypecheck.scan.scan import check_targets, scan_checkpoint
 
-    settings = project_config(config)
-    names = target or pick(None, settings, "scan-model", "targets", [])
-    targets = check_targets(parse_dtype_list(names)) if names else None
-    everything = pick(show_all, settings, "scan-model", "all", False)
-    threshold = FailOn(pick(fail_on, settings, "scan-model", "fail-on", FailOn.fail))
-    baseline_path = baseline or _configured_path(settings, "baseline")
-    if len(checkpoints) > 1:
-        if fmt in (OutputFormat.json, OutputFormat.sarif) or output is not None or plot is not None:
-            raise UsageError("one checkpoint per JSON/SARIF document, --output or --plot; scan them one at a time")
-        if baseline_path is not None:
-            raise UsageError("--baseline compares one checkpoint with its own earlier report; give one checkpoint")
-    earlier = load_baseline(baseline_path) if baseline_path is not None else None
+    if no_baseline and (baseline is not None or update_baseline):
+        raise UsageError("--no-baseline leaves the baseline out; it cannot go with --baseline or --update-baseline")
+    several = len(checkpoints) > 1
+    if several and (fmt in (OutputFormat.json, OutputFormat.sarif) or output is not None or plot is not None):
+        raise UsageError("one checkpoint per JSON/SARIF document, --output or --plot; scan them one at a time")
+    jobs = [_job(checkpoint, config, target, baseline, no_baseline) for checkpoint in checkpoints]
+    baselines = Baselines(update=update_baseline)
+    for job in jobs:
+        if job.baseline is None and update_baseline:
+            raise UsageError(
+                f"--update-baseline: no baseline file for {job.checkpoint}; give --baseline FILE or set "
+                "baseline in [tool.dtypecheck.scan-model]"
+            )
+        if job.baseline is not None:
+            baselines.open(job.baseline, job.where)
     if plot is not None:
         from dtypecheck.render.scan_plot import require_matplotlib
 
@@ -119,14 +139,26 @@ def scan_model(
         if plot.suffix.lower() != ".png":
             raise UsageError(f"--plot {plot}: the plot is written as PNG; name the file *.png")
     code = ExitCode.OK
-    for checkpoint in checkpoints:
+    for job in jobs:
+        checkpoint, settings = job.checkpoint, job.settings
+        targets = check_targets(parse_dtype_list(job.targets)) if job.targets else None
         with user_code_guard(checkpoint), progress_bar("scanning", quiet=quiet, unit="bytes") as progress:
             report = scan_checkpoint(
                 checkpoint, targets, progress=progress, workers=workers, policy=settings.scan_policy
             )
+        everything = pick(show_all, settings, "scan-model", "all", False)
         report = dataclasses.replace(report, display_limit=None if everything else top)
-        if earlier is not None and baseline_path is not None:
-            comparison = compare(report, earlier, str(baseline_path))
+        if job.baseline is not None and update_baseline:
+            baselines.record(job.baseline, job.key, report)
+        elif job.baseline is not None:
+            earlier = baselines.earlier(job.baseline, job.key, alone=not several)
+            if earlier is None and not quiet:
+                typer.echo(
+                    f"note: {job.where} has no entry for {job.key}: everything it finds counts as new "
+                    "(add it with --update-baseline)",
+                    err=True,
+                )
+            comparison = compare(report, earlier or nothing_before(job.key), str(job.baseline))
             report = dataclasses.replace(report, baseline=comparison)
         if plot is not None:
             from dtypecheck.render.scan_plot import write_plot
@@ -135,14 +167,33 @@ def scan_model(
         emit(report, fmt, output, quiet=quiet)
         if plot is not None and not quiet:
             typer.echo(f"wrote {plot}", err=True)
-        code = max(code, level_exit_code(report.gate_level, threshold))
+        threshold = FailOn(pick(fail_on, settings, "scan-model", "fail-on", FailOn.fail))
+        if not update_baseline:
+            code = max(code, level_exit_code(report.gate_level, threshold))
+    baselines.write(quiet=quiet)
     return int(code)
 
 
-def _configured_path(settings: Config, key: str) -> Path | None:
-    """A path from the config file is relative to the folder of that file, as ruff and mypy read theirs."""
-    value = settings.get("scan-model", key)
-    if value is None:
-        return None
-    path = Path(str(value))
-    return path if path.is_absolute() or settings.path is None else settings.path.parent / path
+@dataclasses.dataclass(frozen=True)
+class _Job:
+    """One checkpoint of the run, with what its own configuration (or the command line) says about it."""
+
+    checkpoint: str
+    settings: Config
+    targets: list[str]
+    baseline: Path | None
+    where: str
+    """How errors and notes name the baseline file."""
+    key: str
+    """The checkpoint's entry in the baseline file."""
+
+
+def _job(checkpoint: str, config: Path | None, target: list[str] | None, baseline: Path | None, off: bool) -> _Job:
+    settings = project_config(config, checkpoint)
+    names = target or pick(None, settings, "scan-model", "targets", [])
+    configured = None if off or baseline is not None else configured_path(settings, "baseline")
+    path = baseline or configured
+    where = f"--baseline {path}"
+    if configured is not None and settings.path is not None:
+        where = f"baseline {shown(configured)} (from {shown(settings.path)})"
+    return _Job(checkpoint, settings, list(names), path, where, entry_key(checkpoint, settings))

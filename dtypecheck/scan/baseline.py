@@ -2,13 +2,18 @@
 
 A checkpoint that always had 3 subnormals should not fail CI forever: with ``--baseline report.json`` the exit
 code follows the checks that appeared or grew since the baseline, while the report still shows everything.
-A baseline is an earlier scan JSON document (the contract), read back into the report types, so a baseline
-written by any earlier version can be read.
+A baseline file is a ``dtypecheck.baseline/1`` document holding the reports of several checkpoints (so that
+pre-commit can pass any number of changed files), each under its path relative to the project's configuration;
+an earlier single scan JSON document (the contract) still works as the baseline of one checkpoint. Either is read
+back into the report types, so a baseline written by any earlier version can be read.
 """
 
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from dtypecheck.errors import InputError
@@ -23,9 +28,58 @@ from dtypecheck.scan.scan_report import (
     State,
     finding_key,
     gated_checks,
+    summarise,
 )
+from dtypecheck.usercode import python_target
 
-__all__ = ["BaselineComparison", "Change", "State", "compare", "load_baseline"]
+__all__ = [
+    "BASELINE_SCHEMA",
+    "Baseline",
+    "BaselineComparison",
+    "Change",
+    "State",
+    "checkpoint_key",
+    "compare",
+    "load_baseline",
+    "nothing_before",
+]
+
+BASELINE_SCHEMA = "dtypecheck.baseline/1"
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A baseline file: the earlier reports of one or several checkpoints."""
+
+    path: str
+    checkpoints: Mapping[str, ScanReport]
+    """Each checkpoint's report by its ``checkpoint_key``."""
+    single: bool = False
+    """Read from an old single scan report (keyed by its ``source``): the baseline of whichever one checkpoint is
+    scanned alone; among several, only of the one whose key its ``source`` equals."""
+
+    def report_for(self, key: str, *, alone: bool) -> ScanReport | None:
+        """The earlier report of the checkpoint named ``key`` (``alone``: the only one scanned), if there is one."""
+        if self.single and alone:
+            return next(iter(self.checkpoints.values()))
+        return self.checkpoints.get(key)
+
+
+def checkpoint_key(target: str, root: Path) -> str:
+    """How a baseline names a checkpoint: its path relative to ``root`` (the configuration file's folder) with
+    ``/`` separators, ``../`` where it lies outside (``file.py:factory`` keeps its ``:factory``); what is not a
+    local path (a Hub id ``org/name@rev``) as typed."""
+    python = python_target(target)
+    path = python[0] if python is not None else Path(target)
+    if not path.exists():
+        return target
+    key = Path(os.path.relpath(path.resolve(), root.resolve())).as_posix()
+    return f"{key}:{python[1]}" if python is not None and python[1] else key
+
+
+def nothing_before(source: str = "") -> ScanReport:
+    """The baseline of a checkpoint the baseline file has no entry for: every check it gates is new."""
+    return ScanReport(source, "", (), (), (), summarise((), ()))
 
 
 def _checks(report: ScanReport) -> dict[tuple[str | None, str], tuple[int, Level]]:
@@ -63,15 +117,25 @@ def compare(current: ScanReport, baseline: ScanReport, source: str = "") -> Base
     return BaselineComparison(source, tuple(changes), counts, gate)
 
 
-def load_baseline(path: Path) -> ScanReport:
-    """Read an earlier ``scan-model --format json`` document."""
-    where = f"--baseline {path}"
+def load_baseline(path: Path, where: str | None = None) -> Baseline:
+    """Read a baseline file: a ``dtypecheck.baseline/1`` document, or an earlier ``scan-model --format json`` one.
+
+    ``where`` names it in errors (default ``--baseline PATH``)."""
+    where = where or f"--baseline {path}"
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise InputError(f"{where}: no such file") from None
+        raise InputError(f"{where}: no such file (write it with --update-baseline)") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
         raise InputError(f"{where}: not a JSON report ({exc})") from None
     except RecursionError:
         raise InputError(f"{where}: not a JSON report (nested too deeply)") from None
-    return read_scan_document(doc, where)
+    schema = doc.get("schema") if isinstance(doc, dict) else None
+    if isinstance(schema, str) and schema.startswith("dtypecheck.baseline/"):
+        entries = doc.get("checkpoints")
+        if not isinstance(entries, dict):
+            raise InputError(f"{where}: malformed baseline (checkpoints is not an object)")
+        reports = {str(key): read_scan_document(entry, f"{where} [{key}]") for key, entry in entries.items()}
+        return Baseline(str(path), reports)
+    report = read_scan_document(doc, where)
+    return Baseline(str(path), {report.source: report}, single=True)

@@ -75,7 +75,9 @@ def test_checks_the_policy_downgraded_to_ok_are_not_gated() -> None:
 def test_load_baseline_rejects_what_is_not_a_scan_report(tmp_path: Path) -> None:
     good = tmp_path / "good.json"
     good.write_text(json.dumps(_json(_tensor("a", underflow=3))))
-    assert [t.casts["float16"].underflow for t in load_baseline(good).tensors] == [3]
+    earlier = load_baseline(good).report_for("any.safetensors", alone=True)  # an old single report: one checkpoint's
+    assert earlier is not None
+    assert [t.casts["float16"].underflow for t in earlier.tensors] == [3]
     malformed = [
         ("bad.json", "{"),
         ("info.json", json.dumps({"schema": "dtypecheck.info/1"})),
@@ -83,6 +85,8 @@ def test_load_baseline_rejects_what_is_not_a_scan_report(tmp_path: Path) -> None
         ("counts.json", json.dumps(_json({**_tensor("a"), "nan": "many"}))),
         ("level.json", json.dumps(_json(_tensor("a", level="bad")))),
         ("list.json", json.dumps({"schema": "dtypecheck.scan/1", "tensors": {"a": 1}})),
+        ("entries.json", json.dumps({"schema": "dtypecheck.baseline/1", "checkpoints": [1]})),
+        ("entry.json", json.dumps({"schema": "dtypecheck.baseline/1", "checkpoints": {"m.pt": {"schema": "x"}}})),
     ]
     for name, body in malformed:
         (tmp_path / name).write_text(body)
