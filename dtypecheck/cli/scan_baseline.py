@@ -74,12 +74,12 @@ class Baselines:
         """Write every updated file: its earlier entries (not an old single report's) with the new ones replaced."""
         for path, fresh in self.written.items():
             before = self.files[path]
-            kept = {} if before.single else {k: r for k, r in before.checkpoints.items() if k not in fresh}
-            entries = {**kept, **fresh}
+            kept = {} if before.single else {k: d for k, d in before.documents.items() if k not in fresh}
+            entries = {**kept, **{key: document(report) for key, report in fresh.items()}}
             text = {
                 "schema": BASELINE_SCHEMA,
                 "dtypecheck_version": __version__,
-                "checkpoints": {key: document(entries[key]) for key in sorted(entries)},
+                "checkpoints": {key: entries[key] for key in sorted(entries)},
             }
             path.parent.mkdir(parents=True, exist_ok=True)
             write_atomically(path, json.dumps(text, indent=2, allow_nan=False) + "\n")

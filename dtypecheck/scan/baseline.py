@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dtypecheck.errors import InputError
 from dtypecheck.findings import CHECK_LEVEL, Level, worst
@@ -54,6 +55,8 @@ class Baseline:
     path: str
     checkpoints: Mapping[str, ScanReport]
     """Each checkpoint's report by its ``checkpoint_key``."""
+    documents: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, repr=False)
+    """Each entry's JSON document as read: kept verbatim when other entries are updated."""
     single: bool = False
     """Read from an old single scan report (keyed by its ``source``): the baseline of whichever one checkpoint is
     scanned alone; among several, only of the one whose key its ``source`` equals."""
@@ -136,6 +139,6 @@ def load_baseline(path: Path, where: str | None = None) -> Baseline:
         if not isinstance(entries, dict):
             raise InputError(f"{where}: malformed baseline (checkpoints is not an object)")
         reports = {str(key): read_scan_document(entry, f"{where} [{key}]") for key, entry in entries.items()}
-        return Baseline(str(path), reports)
+        return Baseline(str(path), reports, entries)
     report = read_scan_document(doc, where)
-    return Baseline(str(path), {report.source: report}, single=True)
+    return Baseline(str(path), {report.source: report}, {report.source: doc}, single=True)
