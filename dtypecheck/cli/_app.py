@@ -125,8 +125,8 @@ ConfigOption = Annotated[
     Path | None,
     typer.Option(
         "--config",
-        help="Read the tool.dtypecheck settings from FILE, not the nearest pyproject.toml above the input (or "
-        "the working folder).",
+        help="Read the tool.dtypecheck settings from FILE, not the nearest pyproject.toml above the working folder "
+        "(scan-model: above each checkpoint's folder first).",
         dir_okay=False,
     ),
 ]
