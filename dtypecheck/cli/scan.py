@@ -179,9 +179,13 @@ class _Job:
     """One checkpoint of the run, with what its own configuration (or the command line) says about it."""
 
     checkpoint: str
+    """As typed."""
     settings: Config
+    """Its own configuration (``--config``, else the nearest above its folder, else above the working folder)."""
     targets: list[str]
+    """Dtype names from ``--target`` or the configuration; empty for the default targets."""
     baseline: Path | None
+    """The baseline file it is compared with (or, with ``--update-baseline``, written into); None without one."""
     where: str
     """How errors and notes name the baseline file."""
     key: str

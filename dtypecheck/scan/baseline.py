@@ -53,6 +53,7 @@ class Baseline:
     """A baseline file: the earlier reports of one or several checkpoints."""
 
     path: str
+    """The file it was read from, as given."""
     checkpoints: Mapping[str, ScanReport]
     """Each checkpoint's report by its ``checkpoint_key``."""
     documents: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, repr=False)
