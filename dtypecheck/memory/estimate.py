@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from dtypecheck.dtypes import DtypeSpec, lookup
-from dtypecheck.errors import InputError, UsageError
+from dtypecheck.errors import DtypecheckError, InputError, UsageError
 from dtypecheck.memory import states
 from dtypecheck.memory.report import (
     MemoryBytes,
@@ -28,6 +28,9 @@ from dtypecheck.memory.tracing import (
     trace_pass,
 )
 from dtypecheck.progress import ProgressCallback, no_progress
+from dtypecheck.usercode import raise_user_error
+
+DeviceKind = Literal["cpu", "cuda"]
 
 if TYPE_CHECKING:
     from dtypecheck.memory.subject import Subject
@@ -52,7 +55,19 @@ class EstimateOptions:
     checkpointing: bool = False
     keep_unquantized: bool = False
     group_size: int = 128
-    optimizer_impl: OptimizerImpl = "foreach"
+    optimizer_impl: OptimizerImpl | None = None
+    """None: torch's own default on ``device`` (foreach on CUDA, the for-loop on the CPU)."""
+    device: DeviceKind = "cpu"
+    """Where the step runs: it decides the optimizer implementation torch picks by default."""
+
+    @property
+    def impl(self) -> OptimizerImpl:
+        return self.optimizer_impl or default_impl(self.device)
+
+
+def default_impl(device: DeviceKind) -> OptimizerImpl:
+    """What ``torch.optim`` picks when not told: ``foreach`` when every parameter is on CUDA, else the for-loop."""
+    return "foreach" if device == "cuda" else "for-loop"
 
 
 @dataclass(frozen=True)
@@ -168,13 +183,24 @@ class _Profiles:
         weights_dtype = torch.float32 if amp else compute.torch_dtype()
         assert weights_dtype is not None  # only available dtypes reach the estimate
         cast_module(traceable.module, weights_dtype, traceable.fake_mode)
-        return trace_pass(
-            traceable,
-            train=row.mode == "training",
-            autocast_dtype=compute.torch_dtype() if amp else None,
-            checkpointing=self.checkpointing,
-            input_dtype=None if amp else weights_dtype,
-        )
+        try:
+            return trace_pass(
+                traceable,
+                train=row.mode == "training",
+                autocast_dtype=compute.torch_dtype() if amp else None,
+                checkpointing=self.checkpointing,
+                input_dtype=None if amp else weights_dtype,
+            )
+        except DtypecheckError:
+            raise
+        except Exception as exc:  # noqa: BLE001  (the model's own code, or an op fake tensors cannot run)
+            what = f"a {row.mode} step in {compute.name}"
+            if self.subject.user_file is not None:
+                raise_user_error(exc, f"tracing {what}", self.subject.user_file)
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise InputError(
+                f"{self.subject.source}: cannot trace {what} of this model ({type(exc).__name__}: {first})"
+            ) from None
 
 
 def _ceil_div(value: int, parts: int) -> int:
@@ -231,14 +257,14 @@ def estimate_row(subject: Subject, row: _Row, options: EstimateOptions, profile:
     optimizer_states = _ceil_div(states.optimizer_state_bytes(inventory, options.optimizer, spec, precision), opt_parts)
     master = _ceil_div(states.master_weight_bytes(inventory, precision), opt_parts)
     transient = _ceil_div(
-        states.optimizer_step_transient(inventory, options.optimizer, spec, precision, options.optimizer_impl),
+        states.optimizer_step_transient(inventory, options.optimizer, spec, precision, options.impl),
         opt_parts,
     )
     # Steady state: optimizer states (and master weights) live through the whole step; gradients are set to
     # None before the forward pass and accumulate during backward.
     resident = weights + buffers + optimizer_states + master + ddp_buckets
     forward_backward = resident + gathered + (profile.peak(1 / grad_parts) if profile else gradients)
-    optimizer_step = resident + gradients + transient + (profile.input_bytes if profile else 0)
+    optimizer_step = resident + gradients + transient + (profile.retained_bytes if profile else 0)
     total = max(forward_backward, optimizer_step)
     return MemoryEstimate(
         dtype=spec.name,
@@ -264,6 +290,7 @@ def estimate_row(subject: Subject, row: _Row, options: EstimateOptions, profile:
         context=None,
         checkpointing=options.checkpointing,
         peak_phase="forward-backward" if forward_backward >= optimizer_step else "optimizer-step",
+        optimizer_impl=options.impl,
     )
 
 
