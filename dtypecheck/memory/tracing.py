@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dtypecheck.memory.step import DEFAULT_LOSS, StepLoss, forward_and_loss
+from dtypecheck.memory.workspaces import real_workspace_bytes, workspace_output
 
 if TYPE_CHECKING:
     import torch
@@ -117,12 +118,13 @@ class LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._external.append(storage)  # keeps the id stable while we run
         self._storages[id(storage)] = (0, False)
 
-    def track(self, tensor: torch.Tensor) -> None:
+    def track(self, tensor: torch.Tensor, nbytes: int | None = None) -> None:
+        """Count ``tensor``'s storage while it lives (as ``nbytes`` when the fake storage cannot tell)."""
         storage = tensor.untyped_storage()
         key = id(storage)
         if key in self._storages:
             return
-        nbytes = storage.nbytes()
+        nbytes = storage.nbytes() if nbytes is None else nbytes
         self._storages[key] = (nbytes, False)
         self._refs[key] = weakref.ref(storage, functools.partial(self._release, key))
         self.activations += nbytes
@@ -154,6 +156,9 @@ class LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
         from torch.utils._pytree import tree_flatten
 
         out = func(*args, **(kwargs or {}))
+        workspace = workspace_output(func)
+        if workspace is not None and isinstance(out[workspace], torch.Tensor) and out[workspace].numel() == 0:
+            self.track(out[workspace], real_workspace_bytes(func, workspace, args, kwargs or {}))
         if isinstance(out, torch.Tensor):
             self.track(out)
         else:
