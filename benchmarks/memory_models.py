@@ -32,9 +32,7 @@ def _gpt(tied: bool) -> tuple[nn.Module, torch.Tensor, Any]:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    config = GPT2Config(
-        vocab_size=VOCAB, n_positions=TOKENS, n_embd=128, n_layer=4, n_head=4, tie_word_embeddings=tied
-    )
+    config = GPT2Config(vocab_size=VOCAB, n_positions=TOKENS, n_embd=128, n_layer=4, n_head=4, tie_word_embeddings=tied)
     config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0.0
     return GPT2LMHeadModel(config), _ids(), next_token_loss
 
@@ -73,9 +71,7 @@ def t5() -> tuple[nn.Module, dict[str, torch.Tensor], Any]:
     from transformers import T5Config, T5ForConditionalGeneration
 
     torch.manual_seed(0)
-    config = T5Config(
-        vocab_size=VOCAB, d_model=128, d_kv=32, d_ff=512, num_layers=3, num_heads=4, dropout_rate=0.0
-    )
+    config = T5Config(vocab_size=VOCAB, d_model=128, d_kv=32, d_ff=512, num_layers=3, num_heads=4, dropout_rate=0.0)
 
     def loss_fn(output: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         logits = output.logits

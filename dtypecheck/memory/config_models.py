@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,17 +119,17 @@ def _hf_inputs(
         frames = 2 * _size_of(config, "max_source_positions", seq)
         kwargs["input_features"] = torch.zeros(batch, bins, frames)
     elif main == "input_values":
-        kwargs["input_values"] = torch.zeros(batch, seq)
+        # ``seq`` frames of raw audio: each frame is the feature encoder's total stride of samples.
+        stride = math.prod(getattr(config, "conv_stride", None) or (1,))
+        kwargs["input_values"] = torch.zeros(batch, seq * stride)
     if not kwargs and main in accepted:
         kwargs[main] = ids(batch, seq)
     decoder = head in ("Seq2SeqLM", "SpeechSeq2Seq") or bool(getattr(config, "is_encoder_decoder", False))
+    if decoder and "decoder_input_ids" in accepted:
+        kwargs["decoder_input_ids"] = ids(batch, seq)  # given, not derived from labels (some configs cannot)
     if labels and train and "labels" in accepted:
-        if head in ("ImageClassification", "AudioClassification"):
-            kwargs["labels"] = ids(batch)
-        else:
-            kwargs["labels"] = ids(batch, seq)  # seq2seq models build their decoder inputs from the labels
-    elif decoder and "decoder_input_ids" in accepted:
-        kwargs["decoder_input_ids"] = ids(batch, seq)
+        classifier = head in ("ImageClassification", "AudioClassification")
+        kwargs["labels"] = ids(batch) if classifier else ids(batch, seq)
     if "use_cache" in accepted:
         kwargs["use_cache"] = False  # the KV cache is counted for --context tokens, not for the pass
     return kwargs
@@ -170,7 +171,7 @@ def _choose_builder(path: Path, data: dict[str, Any]) -> _Choice:
 def build_from_config(path: Path, data: dict[str, Any], *, batch_size: int, seq_len: int, loss: StepLoss) -> Subject:
     import torch
 
-    from dtypecheck.memory.fakes import fakify_module, new_fake_mode
+    from dtypecheck.memory.fakes import fakify_module, new_fake_mode, on_meta_without_init
     from dtypecheck.memory.tracing import Traceable
 
     choice = _choose_builder(path, data)
@@ -179,7 +180,7 @@ def build_from_config(path: Path, data: dict[str, Any], *, batch_size: int, seq_
 
     def build_on_meta(layers: int | None) -> torch.nn.Module:
         try:
-            with torch.device("meta"):
+            with on_meta_without_init():
                 return build(layers)
         except Exception as exc:  # noqa: BLE001  (whatever a model class raises on a config it cannot build)
             raise InputError(f"{path}: cannot build a model from this config ({_one_line(exc)})") from None
@@ -194,13 +195,26 @@ def build_from_config(path: Path, data: dict[str, Any], *, batch_size: int, seq_
 
     def traceable(module: torch.nn.Module, layers: int | None) -> Traceable:
         mode = new_fake_mode()
-        fakify_module(module, mode)
+        fake: list[bool] = []
+
+        def prepare() -> None:  # once, also for reshaped copies sharing the module
+            if not fake:
+                fakify_module(module, mode)
+                fake.append(True)
 
         def make_fake_inputs(batch: int | None, seq: int | None) -> Any:
             return inputs(module, batch or batch_size, seq or seq_len, real=False)
 
         return Traceable(
-            mode, module, make_fake_inputs, batch_size, seq_len, loss=loss, layers=layers, with_layers=shallow
+            mode,
+            module,
+            make_fake_inputs,
+            batch_size,
+            seq_len,
+            loss=loss,
+            layers=layers,
+            with_layers=shallow,
+            prepare=prepare,
         )
 
     def shallow(layers: int) -> Traceable:

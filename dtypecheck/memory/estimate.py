@@ -128,14 +128,15 @@ def _shards(strategy: Strategy, world_size: int) -> tuple[int, int, int]:
     }[strategy]
 
 
-SHALLOW_LAYERS = (2, 3, 4)
+SHALLOW_LAYERS = (1, 2, 3)
 """Block counts traced to extrapolate a deep model: two to extrapolate from, a third to check linearity."""
 
 
 class _Profiles:
     """Traces each distinct pass once: rows that compute alike share a profile. A model of many identical
-    blocks (a config's ``num_hidden_layers``) is traced at 2, 3 and 4 blocks and extrapolated when the bytes
-    grow by the same step per block, which is what keeps a 70B config to seconds."""
+    blocks (a config's ``num_hidden_layers``) is traced at 1 and 2 blocks and extrapolated when the bytes grow
+    by the same step per block; the first inference pass and the first training pass are also traced at 3
+    blocks to check that step. This is what keeps a 70B config to seconds."""
 
     def __init__(self, subject: Subject, checkpointing: bool, progress: ProgressCallback, total: int) -> None:
         self.subject = subject
@@ -144,6 +145,8 @@ class _Profiles:
         self.total = total
         self.cache: dict[tuple[int, str, bool], Profile | None] = {}
         self.shallow: dict[int, Traceable] = {}
+        self.linear: dict[bool, bool] = {}
+        """Per pass kind (training or not): whether its bytes were checked to grow by one step per block."""
         self.extrapolated = False
 
     def get(self, row: _Row) -> Profile | None:
@@ -161,16 +164,23 @@ class _Profiles:
 
     def _profile(self, traceable: Traceable, row: _Row, compute: DtypeSpec, amp: bool) -> Profile:
         layers = traceable.layers
+        training = row.mode == "training"
         if layers and traceable.with_layers is not None and layers > SHALLOW_LAYERS[-1]:
+            checked = training in self.linear
+            if checked and not self.linear[training]:
+                return self._trace(traceable, row, compute, amp)
+            counts = SHALLOW_LAYERS[:2] if checked else SHALLOW_LAYERS
             try:
-                for count in SHALLOW_LAYERS:
+                for count in counts:
                     if count not in self.shallow:
                         self.shallow[count] = traceable.with_layers(count)
             except InputError:
                 traceable.with_layers = None  # this config cannot be built shallower: trace it whole
                 return self._trace(traceable, row, compute, amp)
-            profiles = [self._trace(self.shallow[count], row, compute, amp) for count in SHALLOW_LAYERS]
-            if linear_profiles(profiles):
+            profiles = [self._trace(self.shallow[count], row, compute, amp) for count in counts]
+            if not checked:
+                self.linear[training] = linear_profiles(profiles)
+            if self.linear[training]:
                 self.extrapolated = True
                 return ExtrapolatedProfile(profiles[0], profiles[1], SHALLOW_LAYERS[0], layers)
         return self._trace(traceable, row, compute, amp)
@@ -182,6 +192,7 @@ class _Profiles:
 
         weights_dtype = torch.float32 if amp else compute.torch_dtype()
         assert weights_dtype is not None  # only available dtypes reach the estimate
+        traceable.ready()
         cast_module(traceable.module, weights_dtype, traceable.fake_mode)
         try:
             return trace_pass(
@@ -194,7 +205,7 @@ class _Profiles:
         except DtypecheckError:
             raise
         except Exception as exc:  # noqa: BLE001  (the model's own code, or an op fake tensors cannot run)
-            what = f"a {row.mode} step in {compute.name}"
+            what = f"{'a training step' if row.mode == 'training' else 'an inference pass'} in {compute.name}"
             if self.subject.user_file is not None:
                 raise_user_error(exc, f"tracing {what}", self.subject.user_file)
             first = (str(exc).strip().splitlines() or [""])[0]
@@ -321,7 +332,8 @@ def estimate_memory(
     if profiles.extrapolated:
         note = (
             f"activations of {subject.traceable.layers if subject.traceable else 0} identical blocks extrapolated "
-            f"from traces with {', '.join(map(str, SHALLOW_LAYERS))} blocks (their growth per block checked equal)"
+            f"from traces with {' and '.join(map(str, SHALLOW_LAYERS[:2]))} blocks (their growth per block checked "
+            f"equal at {SHALLOW_LAYERS[2]})"
         )
         info = dataclasses.replace(info, notes=(*info.notes, note))
     return MemoryReport(info, estimates, None, tuple(skipped))

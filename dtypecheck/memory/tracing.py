@@ -198,6 +198,16 @@ class Traceable:
     """How many identical blocks the model repeats, when its config says."""
     with_layers: Callable[[int], Traceable] | None = None
     """The same model with fewer blocks, to trace a deep model from shallow copies of it."""
+    prepare: Callable[[], None] | None = None
+    """Makes the module's parameters fake, run before the first trace: a deep model extrapolated from shallow
+    copies never pays for it."""
+
+    def ready(self) -> Traceable:
+        """Run ``prepare`` once; returns self."""
+        if self.prepare is not None:
+            prepare, self.prepare = self.prepare, None
+            prepare()
+        return self
 
     def inputs(self) -> Any:
         return self.make_inputs(self.batch_size, self.seq_len)

@@ -54,5 +54,3 @@ def _probe(key: tuple[Any, ...], func: Any, index: int, args: tuple[Any, ...], k
         size = int(workspace.untyped_storage().nbytes()) if isinstance(workspace, torch.Tensor) else 0
     _CACHE[key] = size
     return size
-
-
