@@ -103,8 +103,8 @@ def parse_fit(target: str, reserve: str | None) -> DeviceBudget:
     elif key[:1].isdigit():
         capacity, accelerator = parse_size(target, "--fit"), False
     else:
-        close = difflib.get_close_matches(key, DEVICES, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else f" (known: {', '.join(DEVICES)})"
+        close = [name for name in DEVICES if name.startswith(key)] or difflib.get_close_matches(key, DEVICES, n=1)
+        hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else f" (known: {', '.join(DEVICES)})"
         raise UsageError(f"--fit {target!r}: not a size or a known device{hint}")
     held = parse_reserve(reserve or DEFAULT_RESERVE, capacity)
     if held >= capacity:

@@ -188,20 +188,21 @@ class _Profiles:
     def _trace(self, traceable: Traceable, row: _Row, compute: DtypeSpec, amp: bool) -> ActivationProfile:
         import torch
 
-        from dtypecheck.memory.fakes import cast_module
+        from dtypecheck.memory.fakes import cast_module, quiet_fake_tensor_log
 
         weights_dtype = torch.float32 if amp else compute.torch_dtype()
         assert weights_dtype is not None  # only available dtypes reach the estimate
         traceable.ready()
         cast_module(traceable.module, weights_dtype, traceable.fake_mode)
         try:
-            return trace_pass(
-                traceable,
-                train=row.mode == "training",
-                autocast_dtype=compute.torch_dtype() if amp else None,
-                checkpointing=self.checkpointing,
-                input_dtype=None if amp else weights_dtype,
-            )
+            with quiet_fake_tensor_log():
+                return trace_pass(
+                    traceable,
+                    train=row.mode == "training",
+                    autocast_dtype=compute.torch_dtype() if amp else None,
+                    checkpointing=self.checkpointing,
+                    input_dtype=None if amp else weights_dtype,
+                )
         except DtypecheckError:
             raise
         except Exception as exc:  # noqa: BLE001  (the model's own code, or an op fake tensors cannot run)

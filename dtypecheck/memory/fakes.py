@@ -109,3 +109,17 @@ def on_meta_without_init() -> Iterator[None]:
     finally:
         for name, original in originals.items():
             setattr(init, name, original)
+
+
+@contextlib.contextmanager
+def quiet_fake_tensor_log() -> Iterator[None]:
+    """Silence the traceback FakeTensorMode logs when an op fails: the error itself is reported in one line."""
+    import logging
+
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
