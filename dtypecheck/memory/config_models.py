@@ -37,8 +37,9 @@ def _mini_builder(path: Path, data: dict[str, Any]) -> Builder:
 
 
 HEADS = ("MaskedLM", "CausalLM", "Seq2SeqLM", "ImageClassification", "SpeechSeq2Seq", "AudioClassification")
-"""transformers' task heads tried in order: the first whose mapping has the config's class builds the model (an
-encoder that is not a decoder is built as a masked LM), so that it computes its own loss from ``labels``."""
+"""transformers' task heads tried in order (the sequence-to-sequence ones first for an encoder-decoder): the first
+whose mapping has the config's class builds the model (an encoder that is not a decoder is built as a masked LM),
+so that it computes its own loss from ``labels``."""
 
 
 def _hf_builder(path: Path) -> tuple[Builder, str, str, int | None, Any]:
@@ -52,7 +53,9 @@ def _hf_builder(path: Path) -> tuple[Builder, str, str, int | None, Any]:
         raise InputError(f"{path}: transformers cannot read this config ({_one_line(exc)})") from None
     kind = type(config)
     head = "Model"
-    for candidate in HEADS:
+    # An encoder-decoder (Whisper, BART) may also map to a decoder-only causal LM: build the whole model.
+    order = sorted(HEADS, key=lambda h: "Seq2Seq" not in h) if getattr(config, "is_encoder_decoder", False) else HEADS
+    for candidate in order:
         if candidate == "MaskedLM" and getattr(config, "is_decoder", False):
             continue
         if kind in getattr(transformers, f"AutoModelFor{candidate}")._model_mapping:
