@@ -116,7 +116,7 @@ def accuracy(folder: Path) -> list[tuple[str, str, int, int, float, str]]:
     config = folder / "decoder" / "config.json"
     config.parent.mkdir(exist_ok=True)
     config.write_text(json.dumps(DECODER), encoding="utf-8")
-    cases = [
+    cases: list[tuple[str, str, str, dict[str, Any]]] = [
         ("MLP 4x1024", "batch 8", f"{HERE}:mlp_small", {}),
         ("MLP 4x1024", "batch 4096", f"{HERE}:mlp_large", {}),
         ("CNN 6 conv+BN", "batch 2", f"{HERE}:cnn_small", {}),
@@ -187,14 +187,15 @@ def reference_peak(model: nn.Module, inputs: Any, loss_fn: Any, amp: bool) -> in
 
 def step_accuracy() -> list[tuple[str, str, int, int, float, str]]:
     """Issue 12: each model with its own loss, estimated through the CLI's code path, against ``reference_peak``."""
-    import memory_models
-
+    from benchmarks import memory_models
     from dtypecheck.dtypes import lookup
     from dtypecheck.memory import EstimateOptions, estimate_memory, open_subject
+    from dtypecheck.memory.states import Precision
 
     rows = []
     for label, factory in memory_models.MODELS.items():
-        for dtype, precision in (("float32", "pure"), ("bfloat16", "amp")):
+        configurations: tuple[tuple[str, Precision], ...] = (("float32", "pure"), ("bfloat16", "amp"))
+        for dtype, precision in configurations:
             model, inputs, loss_fn = getattr(memory_models, factory)()
             measured = reference_peak(model, inputs, loss_fn, amp=precision == "amp")
             subject = open_subject(f"{Path(memory_models.__file__).resolve()}:{factory}")
@@ -258,7 +259,7 @@ def main() -> None:
     parser.add_argument("--suite", choices=("all", "step", "speed"), default="all")
     parser.add_argument("--full-trace", action="store_true", help="also trace the 70B model in full (slow)")
     args = parser.parse_args()
-    sys.path.insert(0, str(HERE.parent))
+    sys.path.insert(0, str(HERE.parent.parent))  # the repository root: ``benchmarks`` and ``dtypecheck``
     if args.suite in ("all", "step"):
         step_rows = step_accuracy()
         print("| model | training step | estimate | measured (MemTracker) | error | peak in |")

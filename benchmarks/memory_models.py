@@ -92,10 +92,10 @@ def vit() -> tuple[nn.Module, torch.Tensor, Any]:
         num_hidden_layers=4,
         num_attention_heads=4,
         intermediate_size=768,
-        num_labels=100,
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
     )
+    config.num_labels = 100
     labels = torch.randint(0, 100, (BATCH * 2,))
 
     def loss_fn(output: Any, _pixels: torch.Tensor) -> torch.Tensor:

@@ -95,7 +95,9 @@ def test_config_that_cannot_be_traced_exits_3_in_one_line(cli, tmp_path):
     assert result.exit_code == 3
     assert result.stdout == ""
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "cannot trace" in lines[0]
+    assert len(lines) == 1
+    assert lines[0].startswith("error: ")
+    assert "cannot trace" in lines[0]
     assert "Traceback" not in result.stderr
 
 

@@ -25,7 +25,6 @@ from dtypecheck.render import OutputFormat
 if TYPE_CHECKING:
     from dtypecheck.memory.estimate import DeviceKind
     from dtypecheck.memory.states import Optimizer
-    from dtypecheck.memory.step import LossName
 
 
 class ModeChoice(str, Enum):
@@ -208,9 +207,7 @@ def estimate_memory(
     )
     with user_code_guard(model), progress_bar("estimating memory", quiet=quiet, unit="passes") as progress:
         progress(0, 1, "reading the model")
-        subject = open_subject(
-            model, batch_size=batch_size, seq_len=seq_len, loss=cast("LossName", loss.value) if loss else None
-        )
+        subject = open_subject(model, batch_size=batch_size, seq_len=seq_len, loss=loss.value if loss else None)
         report = estimate_memory(subject, options, progress)
         if device_budget is not None:
             from dtypecheck.memory.fit import fit_report

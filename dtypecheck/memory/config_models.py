@@ -102,7 +102,7 @@ def _hf_inputs(
     import torch
 
     accepted = set(inspect.signature(model.forward).parameters)
-    vocab = int(getattr(config, "vocab_size", None) or getattr(getattr(config, "text_config", None), "vocab_size", 2))
+    vocab = _size_of(config, "vocab_size", 0) or _size_of(getattr(config, "text_config", None), "vocab_size", 2)
 
     def ids(*shape: int) -> torch.Tensor:
         if real:

@@ -9,6 +9,7 @@ limit and the next value. Anything else, or a failed check, is settled by bisect
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -41,6 +42,12 @@ class _Shapes:
             self.cache[key] = (shaped, _Profiles(shaped, self.options.checkpointing, no_progress, total=1))
         shaped, profiles = self.cache[key]
         return estimate_row(shaped, row, self.options, profiles.get(row)).bytes.total
+
+    def total_at_batch(self, row: _Row, seq: int | None, batch: int) -> int:
+        return self.total(row, batch, seq)
+
+    def total_at_seq(self, row: _Row, batch: int | None, seq: int) -> int:
+        return self.total(row, batch, seq)
 
 
 def _largest(fits: Callable[[int], bool], low: int, high: int | None) -> int:
@@ -101,13 +108,14 @@ def fit_report(
     batch, seq = subject.batch_size, subject.seq_len
     fitted = []
     for row, estimate in zip(rows, report.estimates, strict=True):
-        max_batch = max_seq = None
+        max_batch: int | None = None
+        max_seq: int | None = None
         methods = []
         if subject.traceable is not None:
-            max_batch, method = largest_fitting(lambda b, row=row: shapes.total(row, b, seq), usable)
+            max_batch, method = largest_fitting(functools.partial(shapes.total_at_batch, row, seq), usable)
             methods.append(method)
             if seq is not None:
-                max_seq, method = largest_fitting(lambda s, row=row: shapes.total(row, batch, s), usable)
+                max_seq, method = largest_fitting(functools.partial(shapes.total_at_seq, row, batch), usable)
                 methods.append(method)
         fit = Fit(
             device=budget.name,

@@ -12,7 +12,7 @@ import contextlib
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from dtypecheck.errors import UsageError
 from dtypecheck.memory.report import Measurement, MemoryEstimate
@@ -180,7 +180,8 @@ def measure_row(subject: Subject, row: MemoryEstimate, device_name: str | None =
     optimizer = None
     if row.mode == "training":
         params = [p for p in module.parameters() if p.requires_grad]
-        optimizer = make_optimizer(row.optimizer or "adamw", params, row.optimizer_impl or "for-loop")
+        impl = cast("OptimizerImpl", row.optimizer_impl or "for-loop")
+        optimizer = make_optimizer(row.optimizer or "adamw", params, impl)
     autocast_dtype = spec.torch_dtype() if amp else None
     input_dtype = None if amp else spec.torch_dtype()
     peak = measured_peak(module, make_inputs, subject.loss, optimizer, autocast_dtype, device, input_dtype)

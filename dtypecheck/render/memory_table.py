@@ -110,7 +110,7 @@ def render_memory(report: MemoryReport) -> list[RenderableType]:
         ("KV", lambda r: _dash_if_zero(r.bytes.kv_cache), any(r.bytes.kv_cache for r in rows)),
         ("total", lambda r: fmt_bytes(r.bytes.total), True),
     ]
-    measured = {(m.dtype, m.mode, m.precision): m for m in report.measurements}
+    measured: dict[tuple[str, str, str], Measurement] = {(m.dtype, m.mode, m.precision): m for m in report.measurements}
     if measured:
         columns.append(("measured", lambda r: _measured(measured, r), True))
     if any(r.fit is not None for r in rows):
