@@ -133,3 +133,15 @@ def test_fit_of_a_checkpoint_says_only_whether_it_fits(cli, tmp_path):
     assert (tight["usable_bytes"], tight["fits"], tight["max_batch_size"]) == (3 * 2**20, False, None)
     roomy = cli(*base, "--reserve", "1MiB").json()["estimates"][0]["fit"]
     assert (roomy["usable_bytes"], roomy["fits"], roomy["search"]) == (7 * 2**20, True, "direct")
+
+
+def test_fit_reserve_and_loss_from_the_project_config(cli, wide, tmp_path):
+    config = tmp_path / "pyproject.toml"
+    config.write_text('[tool.dtypecheck.estimate-memory]\nfit = "1MiB"\nreserve = "0"\nloss = "mse"\n')
+    doc = cli("estimate-memory", wide, "-d", "fp32", "--config", str(config), "-f", "json").json()
+    assert doc["model"]["loss"] == "mse"
+    assert doc["estimates"][0]["fit"]["max_batch_size"] == 384  # as test_fit_inference_by_hand
+    config.write_text('[tool.dtypecheck.estimate-memory]\nloss = "hinge"\n')
+    result = cli("estimate-memory", wide, "--config", str(config))
+    assert result.exit_code == 2
+    assert "loss" in result.stderr

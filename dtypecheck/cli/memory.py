@@ -25,6 +25,7 @@ from dtypecheck.render import OutputFormat
 if TYPE_CHECKING:
     from dtypecheck.memory.estimate import DeviceKind
     from dtypecheck.memory.states import Optimizer
+    from dtypecheck.memory.step import LossName
 
 
 class ModeChoice(str, Enum):
@@ -186,6 +187,7 @@ def estimate_memory(
     )
     batch_size = pick(batch_size, settings, command, "batch-size", None)
     seq_len = pick(seq_len, settings, command, "seq-len", None)
+    chosen_loss: LossName | None = pick(loss.value if loss else None, settings, command, "loss", None)
     fit_target = pick(fit, settings, command, "fit", None)
     device_budget = parse_fit(fit_target, pick(reserve, settings, command, "reserve", None)) if fit_target else None
     chosen_device = device.value if device else pick(None, settings, command, "device", None)
@@ -207,7 +209,7 @@ def estimate_memory(
     )
     with user_code_guard(model), progress_bar("estimating memory", quiet=quiet, unit="passes") as progress:
         progress(0, 1, "reading the model")
-        subject = open_subject(model, batch_size=batch_size, seq_len=seq_len, loss=loss.value if loss else None)
+        subject = open_subject(model, batch_size=batch_size, seq_len=seq_len, loss=chosen_loss)
         report = estimate_memory(subject, options, progress)
         if device_budget is not None:
             from dtypecheck.memory.fit import fit_report

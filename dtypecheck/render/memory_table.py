@@ -130,10 +130,14 @@ def render_memory(report: MemoryReport) -> list[RenderableType]:
     table.add_column("precision", no_wrap=True)
     for name, _ in shown:
         table.add_column(name, justify="right", style="bold" if name == "total" else None, no_wrap=True)
-    table.add_column("bar", no_wrap=True, min_width=BAR_WIDTH)
+    # The fit and measured columns take the bar's room: a row of a table this wide would wrap.
+    with_bar = not measured and all(r.fit is None for r in rows)
+    if with_bar:
+        table.add_column("bar", no_wrap=True, min_width=BAR_WIDTH)
     for row in rows:
         mode = "train" if row.mode == "training" else "infer"
-        table.add_row(row.dtype, mode, row.precision, *(cell(row) for _, cell in shown), stacked_bar(_terms(row)))
+        bar = (stacked_bar(_terms(row)),) if with_bar else ()
+        table.add_row(row.dtype, mode, row.precision, *(cell(row) for _, cell in shown), *bar)
     out.append(table)
 
     lines = Text()
@@ -152,6 +156,8 @@ def render_memory(report: MemoryReport) -> list[RenderableType]:
     for skipped in report.skipped:
         lines.append(f"skipped: {skipped}\n", style="dim")
     legend = ", ".join(f"{letter} {label}" for letter, _, label in SEGMENTS)
-    lines.append(f"total is the peak of the step, not the sum of the columns; bar: {legend}", style="dim")
+    lines.append("total is the peak of the step, not the sum of the columns", style="dim")
+    if with_bar:
+        lines.append(f"; bar: {legend}", style="dim")
     out.append(lines)
     return out
