@@ -143,16 +143,19 @@ def test_deep_config_is_extrapolated_exactly(tmp_path):
     }
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config), encoding="utf-8")
-    subject = open_subject(str(path), seq_len=16, batch_size=2)
-    options = EstimateOptions(dtypes=(lookup("float32"),), modes=("training",), strategy="zero2", world_size=4)
-    report = estimate_memory(subject, options)
-    assert any("extrapolated" in note for note in report.model.notes)
-    # The same model traced in full, all 7 blocks.
-    assert subject.traceable is not None
-    subject.traceable.with_layers = None
-    full = estimate_memory(subject, options)
-    assert not any("extrapolated" in note for note in full.model.notes)
-    assert report.estimates == full.estimates
+    for options in (
+        EstimateOptions(dtypes=(lookup("float32"),), modes=("training",), strategy="zero2", world_size=4),
+        EstimateOptions(context=32),  # the default grid: inference and training passes, four kinds of trace
+    ):
+        subject = open_subject(str(path), seq_len=16, batch_size=2)
+        report = estimate_memory(subject, options)
+        assert any("extrapolated" in note for note in report.model.notes)
+        # The same model traced in full, all 7 blocks.
+        assert subject.traceable is not None
+        subject.traceable.with_layers = None
+        full = estimate_memory(subject, options)
+        assert not any("extrapolated" in note for note in full.model.notes)
+        assert report.estimates == full.estimates
 
 
 def test_linear_profiles_rejects_uneven_growth():
