@@ -71,25 +71,27 @@ def default_impl(device: DeviceKind) -> OptimizerImpl:
 
 
 @dataclass(frozen=True)
-class _Row:
+class Row:
+    """One configuration to estimate (what ``plan_rows`` yields, in the report's order)."""
+
     spec: DtypeSpec
     mode: Mode
     precision: Precision
 
 
-def plan_rows(options: EstimateOptions) -> tuple[list[_Row], list[str]]:
+def plan_rows(options: EstimateOptions) -> tuple[list[Row], list[str]]:
     """The configurations to estimate, and those of the default grid left out (with why).
 
     A dtype the user named together with an explicit ``--mode training`` that it cannot train in is a usage error.
     """
     dtypes = options.dtypes or tuple(lookup(name) for name in DEFAULT_DTYPES)
     modes = options.modes or ("inference", "training")
-    rows: list[_Row] = []
+    rows: list[Row] = []
     skipped: list[str] = []
     for spec in dtypes:
         for mode in modes:
             if mode == "inference":
-                rows.append(_Row(spec, mode, "pure"))
+                rows.append(Row(spec, mode, "pure"))
                 continue
             if not states.can_train(spec):
                 why = (
@@ -107,11 +109,11 @@ def plan_rows(options: EstimateOptions) -> tuple[list[_Row], list[str]]:
                 if wide and precision != "pure":
                     skipped.append(f"{spec.name} {precision}: the same as pure for a {spec.bits}-bit dtype")
                     continue
-                rows.append(_Row(spec, mode, precision))
+                rows.append(Row(spec, mode, precision))
     return rows, skipped
 
 
-def _compute_dtype(row: _Row) -> DtypeSpec:
+def _compute_dtype(row: Row) -> DtypeSpec:
     return row.spec if states.can_train(row.spec) else lookup(QUANTIZED_COMPUTE_DTYPE)
 
 
@@ -132,7 +134,7 @@ SHALLOW_LAYERS = (1, 2, 3)
 """Block counts traced to extrapolate a deep model: two to extrapolate from, a third to check linearity."""
 
 
-class _Profiles:
+class TraceCache:
     """Traces each distinct pass once: rows that compute alike share a profile. A model of many identical
     blocks (a config's ``num_hidden_layers``) is traced at 1 and 2 blocks and extrapolated when the bytes grow
     by the same step per block; the first inference pass and the first training pass are also traced at 3
@@ -149,7 +151,7 @@ class _Profiles:
         """Per pass kind (training or not): whether its bytes were checked to grow by one step per block."""
         self.extrapolated = False
 
-    def get(self, row: _Row) -> Profile | None:
+    def get(self, row: Row) -> Profile | None:
         traceable = self.subject.traceable
         if traceable is None:
             return None
@@ -162,7 +164,7 @@ class _Profiles:
             self.cache[key] = self._profile(traceable, row, compute, amp)
         return self.cache[key]
 
-    def _profile(self, traceable: Traceable, row: _Row, compute: DtypeSpec, amp: bool) -> Profile:
+    def _profile(self, traceable: Traceable, row: Row, compute: DtypeSpec, amp: bool) -> Profile:
         layers = traceable.layers
         training = row.mode == "training"
         if layers and traceable.with_layers is not None and layers > SHALLOW_LAYERS[-1]:
@@ -185,7 +187,7 @@ class _Profiles:
                 return ExtrapolatedProfile(profiles[0], profiles[1], SHALLOW_LAYERS[0], layers)
         return self._trace(traceable, row, compute, amp)
 
-    def _trace(self, traceable: Traceable, row: _Row, compute: DtypeSpec, amp: bool) -> ActivationProfile:
+    def _trace(self, traceable: Traceable, row: Row, compute: DtypeSpec, amp: bool) -> ActivationProfile:
         import torch
 
         from dtypecheck.memory.fakes import cast_module, quiet_fake_tensor_log
@@ -219,14 +221,14 @@ def _ceil_div(value: int, parts: int) -> int:
     return math.ceil(value / parts)
 
 
-def _kv_cache_bytes(subject: Subject, row: _Row, context: int | None, batch: int) -> int:
+def _kv_cache_bytes(subject: Subject, row: Row, context: int | None, batch: int) -> int:
     if row.mode != "inference" or not context or subject.decoder is None:
         return 0
     bits = _compute_dtype(row).bits
     return subject.decoder.kv_elements(context) * batch * bits // 8
 
 
-def estimate_row(subject: Subject, row: _Row, options: EstimateOptions, profile: Profile | None) -> MemoryEstimate:
+def estimate_row(subject: Subject, row: Row, options: EstimateOptions, profile: Profile | None) -> MemoryEstimate:
     inventory = subject.inventory
     spec, precision = row.spec, row.precision
     training = row.mode == "training"
@@ -326,7 +328,7 @@ def estimate_memory(
     """Every requested configuration's per-device bytes; nothing is allocated for real."""
     validate(subject, options)
     rows, skipped = plan_rows(options)
-    profiles = _Profiles(subject, options.checkpointing, progress, total=len(rows))
+    profiles = TraceCache(subject, options.checkpointing, progress, total=len(rows))
     estimates = tuple(estimate_row(subject, row, options, profiles.get(row)) for row in rows)
     progress(len(rows), len(rows), "done")
     info = subject.model_info()

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from dtypecheck.memory.devices import DeviceBudget
-from dtypecheck.memory.estimate import EstimateOptions, _Profiles, _Row, estimate_row, plan_rows
+from dtypecheck.memory.estimate import EstimateOptions, Row, TraceCache, estimate_row, plan_rows
 from dtypecheck.memory.report import Fit, MemoryReport
 from dtypecheck.progress import ProgressCallback, no_progress
 
@@ -32,21 +32,21 @@ class _Shapes:
         self.subject = subject
         self.options = options
         self.progress = progress
-        self.cache: dict[tuple[int | None, int | None], tuple[Subject, _Profiles]] = {}
+        self.cache: dict[tuple[int | None, int | None], tuple[Subject, TraceCache]] = {}
 
-    def total(self, row: _Row, batch: int | None, seq: int | None) -> int:
+    def total(self, row: Row, batch: int | None, seq: int | None) -> int:
         key = (batch, seq)
         if key not in self.cache:
             self.progress(len(self.cache), len(self.cache) + 1, f"fitting: batch {batch}, seq {seq}")
             shaped = self.subject.reshaped(batch, seq)
-            self.cache[key] = (shaped, _Profiles(shaped, self.options.checkpointing, no_progress, total=1))
+            self.cache[key] = (shaped, TraceCache(shaped, self.options.checkpointing, no_progress, total=1))
         shaped, profiles = self.cache[key]
         return estimate_row(shaped, row, self.options, profiles.get(row)).bytes.total
 
-    def total_at_batch(self, row: _Row, seq: int | None, batch: int) -> int:
+    def total_at_batch(self, row: Row, seq: int | None, batch: int) -> int:
         return self.total(row, batch, seq)
 
-    def total_at_seq(self, row: _Row, batch: int | None, seq: int) -> int:
+    def total_at_seq(self, row: Row, batch: int | None, seq: int) -> int:
         return self.total(row, batch, seq)
 
 
