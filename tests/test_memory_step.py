@@ -213,3 +213,19 @@ def test_loss_fn_error_shows_the_users_frame(cli, lm):
     result = cli("estimate-memory", f"{lm}:failing_loss", "-m", "training")
     assert 'raise KeyError("labels")' in result.stderr
     assert "dtypecheck/memory" not in result.stderr
+
+
+def test_large_lstm_workspace_is_extended_from_small_probes(monkeypatch):
+    import dtypecheck.memory.workspaces as workspaces
+
+    rnn = torch.ops.aten.mkldnn_rnn_layer.default
+
+    def args(batch: int) -> tuple[Any, ...]:
+        weights = (torch.zeros(256, 64), torch.zeros(256, 64), torch.zeros(256), torch.zeros(256))
+        states = (torch.zeros(batch, 64), torch.zeros(batch, 64))
+        return (torch.zeros(32, batch, 64), *weights, *states, False, [], 2, 64, 1, True, False, False, True)
+
+    exact = int(rnn(*args(48))[3].untyped_storage().nbytes())  # the real kernel at batch 48
+    monkeypatch.setattr(workspaces, "PROBE_LIMIT", 0)  # as for a --fit search at a batch too big to allocate
+    extended = workspaces.real_workspace_bytes(rnn, 3, args(48), {})
+    assert extended == pytest.approx(exact, rel=0.005)

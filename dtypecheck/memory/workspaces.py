@@ -2,17 +2,29 @@
 
 oneDNN's LSTM/GRU (``aten.mkldnn_rnn_layer``, what ``nn.LSTM`` runs on the CPU) returns a workspace that autograd
 saves for the backward pass; its meta kernel returns zero elements because the size comes from the oneDNN
-primitive. The tracer asks the real kernel once per shape, on zero-filled CPU tensors of the same shapes (one
-layer's input and weights: small next to the model it estimates).
+primitive. The tracer asks the real kernel once per shape, on zero-filled CPU tensors of the same shapes. Past
+``PROBE_LIMIT`` bytes of real input (a ``--fit`` search at a huge batch), it asks at batch 1 and 2 instead and
+extends the step linearly: the workspace holds per-sequence gates and states, plus a page-rounded remainder.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
+
+class _TensorShape(NamedTuple):
+    shape: tuple[int, ...]
+    dtype: Any
+
+
+PROBE_LIMIT = 64 * 2**20
+"""The most bytes of real zero-filled arguments a probe allocates."""
 _CACHE: dict[tuple[Any, ...], int] = {}
 _WORKSPACE_OUTPUT = {"aten.mkldnn_rnn_layer.default": 3}
 """Op -> the index of its output that is a run-time-sized workspace."""
+_BATCH_DIMS = {"aten.mkldnn_rnn_layer.default": (1, None, None, None, None, 0, 0)}
+"""Op -> for each tensor argument, its batch dimension (None: not batched): ``input`` is (seq, batch, features),
+``hx`` and ``cx`` are (batch, hidden)."""
 
 
 def workspace_output(func: Any) -> int | None:
@@ -20,37 +32,53 @@ def workspace_output(func: Any) -> int | None:
     return _WORKSPACE_OUTPUT.get(str(func))
 
 
-def _signature(args: tuple[Any, ...]) -> tuple[Any, ...]:
+def _shapes(args: tuple[Any, ...]) -> tuple[Any, ...]:
     import torch
 
     def hashable(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
-            return (tuple(value.shape), value.dtype)
+            return _TensorShape(tuple(value.shape), value.dtype)
         return tuple(value) if isinstance(value, list) else value
 
     return tuple(hashable(a) for a in args)
+
+
+def _with_batch(shapes: tuple[Any, ...], dims: tuple[int | None, ...], batch: int) -> tuple[Any, ...]:
+    resized = list(shapes)
+    for index, dim in enumerate(dims):
+        if dim is not None:
+            shape, dtype = resized[index]
+            resized[index] = _TensorShape((*shape[:dim], batch, *shape[dim + 1 :]), dtype)
+    return tuple(resized)
+
+
+def _probe(func: Any, index: int, shapes: tuple[Any, ...], kwargs: dict[str, Any], grad: bool) -> int:
+    key = (str(func), index, shapes, tuple(sorted(kwargs.items())), grad)
+    if key in _CACHE:
+        return _CACHE[key]
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    # Under the caller's grad mode: without grad the kernel returns no workspace, and nothing is counted.
+    with unset_fake_temporarily(), torch.set_grad_enabled(grad):
+        real = [torch.zeros(a.shape, dtype=a.dtype) if isinstance(a, _TensorShape) else a for a in shapes]
+        workspace = func(*real, **kwargs)[index]
+        size = int(workspace.untyped_storage().nbytes()) if isinstance(workspace, torch.Tensor) else 0
+    _CACHE[key] = size
+    return size
 
 
 def real_workspace_bytes(func: Any, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
     """Bytes of output ``index`` when ``func`` runs for real on zero tensors of the same shapes (cached)."""
     import torch
 
-    key = (str(func), index, _signature(args), tuple(sorted(kwargs.items())), torch.is_grad_enabled())
-    return _probe(key, func, index, args, kwargs)
-
-
-def _probe(key: tuple[Any, ...], func: Any, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
-    cached = _CACHE.get(key)
-    if cached is not None:
-        return cached
-    import torch
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    # Under the caller's grad mode: without grad the kernel returns no workspace, and nothing is counted.
-    with unset_fake_temporarily():
-        real = [torch.zeros(a.shape, dtype=a.dtype) if isinstance(a, torch.Tensor) else a for a in args]
-        out = func(*real, **kwargs)
-        workspace = out[index]
-        size = int(workspace.untyped_storage().nbytes()) if isinstance(workspace, torch.Tensor) else 0
-    _CACHE[key] = size
-    return size
+    shapes = _shapes(args)
+    grad = torch.is_grad_enabled()
+    real_bytes = sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
+    dims = _BATCH_DIMS.get(str(func))
+    if real_bytes <= PROBE_LIMIT or dims is None:
+        return _probe(func, index, shapes, kwargs, grad)
+    batch = int(args[0].shape[dims[0]]) if dims[0] is not None else 1
+    one = _probe(func, index, _with_batch(shapes, dims, 1), kwargs, grad)
+    two = _probe(func, index, _with_batch(shapes, dims, 2), kwargs, grad)
+    return one + (batch - 1) * (two - one)
