@@ -216,7 +216,7 @@ def test_loss_fn_error_shows_the_users_frame(cli, lm):
 
 
 def test_large_lstm_workspace_is_extended_from_small_probes(monkeypatch):
-    import dtypecheck.memory.workspaces as workspaces
+    from dtypecheck.memory import workspaces
 
     rnn = torch.ops.aten.mkldnn_rnn_layer.default
 
@@ -226,6 +226,8 @@ def test_large_lstm_workspace_is_extended_from_small_probes(monkeypatch):
         return (torch.zeros(32, batch, 64), *weights, *states, False, [], 2, 64, 1, True, False, False, True)
 
     exact = int(rnn(*args(48))[3].untyped_storage().nbytes())  # the real kernel at batch 48
-    monkeypatch.setattr(workspaces, "PROBE_LIMIT", 0)  # as for a --fit search at a batch too big to allocate
+    real_bytes = sum(a.nbytes for a in args(48) if isinstance(a, torch.Tensor))
+    # As for a --fit search at a batch too big to allocate: probes at batch 8 and 16, extended to 48.
+    monkeypatch.setattr(workspaces, "PROBE_LIMIT", real_bytes // 3)
     extended = workspaces.real_workspace_bytes(rnn, 3, args(48), {})
     assert extended == pytest.approx(exact, rel=0.005)

@@ -3,8 +3,8 @@
 oneDNN's LSTM/GRU (``aten.mkldnn_rnn_layer``, what ``nn.LSTM`` runs on the CPU) returns a workspace that autograd
 saves for the backward pass; its meta kernel returns zero elements because the size comes from the oneDNN
 primitive. The tracer asks the real kernel once per shape, on zero-filled CPU tensors of the same shapes. Past
-``PROBE_LIMIT`` bytes of real input (a ``--fit`` search at a huge batch), it asks at batch 1 and 2 instead and
-extends the step linearly: the workspace holds per-sequence gates and states, plus a page-rounded remainder.
+``PROBE_LIMIT`` bytes of real input (a ``--fit`` search at a huge batch), it asks at the two largest batches b and
+2b within the limit and extends linearly: the workspace holds per-sequence gates and states, page-rounded.
 """
 
 from __future__ import annotations
@@ -79,6 +79,8 @@ def real_workspace_bytes(func: Any, index: int, args: tuple[Any, ...], kwargs: d
     if real_bytes <= PROBE_LIMIT or dims is None:
         return _probe(func, index, shapes, kwargs, grad)
     batch = int(args[0].shape[dims[0]]) if dims[0] is not None else 1
-    one = _probe(func, index, _with_batch(shapes, dims, 1), kwargs, grad)
-    two = _probe(func, index, _with_batch(shapes, dims, 2), kwargs, grad)
-    return one + (batch - 1) * (two - one)
+    # The two largest batches within the limit: the page rounding matters least there.
+    small = max(1, batch * PROBE_LIMIT // real_bytes // 2)
+    first = _probe(func, index, _with_batch(shapes, dims, small), kwargs, grad)
+    second = _probe(func, index, _with_batch(shapes, dims, 2 * small), kwargs, grad)
+    return first + (batch - small) * (second - first) // small
