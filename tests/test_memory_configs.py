@@ -135,3 +135,22 @@ def test_training_checkpoint_trainer_state_of_any_spelling(cli, tmp_path, key):
     torch.save({"model": model.state_dict(), key: state, "epoch": 3}, path)
     doc = cli("estimate-memory", str(path), "-f", "json", "-d", "fp32").json()
     assert doc["model"]["parameters"] == 16 * 32 + 32 + 32 * 4 + 4
+
+
+def test_mixture_of_experts_config_in_float32(cli, tmp_path):
+    # transformers runs its experts through aten._grouped_mm, whose meta kernel takes bfloat16 only.
+    config = {
+        "model_type": "mixtral",
+        "vocab_size": 128,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    result = cli("estimate-memory", str(tmp_path), "-d", "fp32", "--seq-len", "16", "--measure", "-f", "json")
+    assert result.exit_code == 0, result.stderr
+    assert all(abs(m["error"]) < 0.01 for m in result.json()["measurements"])

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dtypecheck.memory.step import DEFAULT_LOSS, StepLoss, forward_and_loss
-from dtypecheck.memory.workspaces import real_workspace_bytes, workspace_output
+from dtypecheck.memory.workspaces import real_workspace_bytes, run_op, workspace_output
 
 if TYPE_CHECKING:
     import torch
@@ -155,7 +155,7 @@ class LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
         import torch
         from torch.utils._pytree import tree_flatten
 
-        out = func(*args, **(kwargs or {}))
+        out = run_op(func, args, kwargs or {})
         workspace = workspace_output(func)
         if workspace is not None and isinstance(out[workspace], torch.Tensor) and out[workspace].numel() == 0:
             self.track(out[workspace], real_workspace_bytes(func, workspace, args, kwargs or {}))

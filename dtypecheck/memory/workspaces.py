@@ -1,10 +1,14 @@
-"""Workspaces a kernel sizes at run time, which fake tensors report as empty.
+"""What fake tensors cannot tell by themselves: workspaces a kernel sizes at run time, and ops whose meta kernel
+accepts fewer dtypes than the real ones.
 
 oneDNN's LSTM/GRU (``aten.mkldnn_rnn_layer``, what ``nn.LSTM`` runs on the CPU) returns a workspace that autograd
 saves for the backward pass; its meta kernel returns zero elements because the size comes from the oneDNN
 primitive. The tracer asks the real kernel once per shape, on zero-filled CPU tensors of the same shapes. Past
 ``PROBE_LIMIT`` bytes of real input (a ``--fit`` search at a huge batch), it asks at the two largest batches b and
 2b within the limit and extends linearly: the workspace holds per-sequence gates and states, page-rounded.
+
+``aten._grouped_mm`` (mixture-of-experts layers in transformers) has a meta kernel that takes bfloat16 only, while
+the model runs it in float32 too; it is shaped in bfloat16 and its output given the inputs' dtype.
 """
 
 from __future__ import annotations
@@ -25,6 +29,29 @@ _WORKSPACE_OUTPUT = {"aten.mkldnn_rnn_layer.default": 3}
 _BATCH_DIMS = {"aten.mkldnn_rnn_layer.default": (1, None, None, None, None, 0, 0)}
 """Op -> for each tensor argument, its batch dimension (None: not batched): ``input`` is (seq, batch, features),
 ``hx`` and ``cx`` are (batch, hidden)."""
+
+
+_BFLOAT16_META_ONLY = frozenset({"aten._grouped_mm.default"})
+
+
+def run_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``func(*args, **kwargs)`` on fake tensors, shaping a bfloat16-only meta kernel in bfloat16."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    if str(func) not in _BFLOAT16_META_ONLY:
+        return func(*args, **kwargs)
+    dtypes = {a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()}
+    if dtypes <= {torch.bfloat16}:
+        return func(*args, **kwargs)
+
+    def to_bfloat16(value: Any) -> Any:
+        is_float = isinstance(value, torch.Tensor) and value.is_floating_point()
+        return value.to(torch.bfloat16) if is_float else value
+
+    out = func(*tree_map(to_bfloat16, args), **tree_map(to_bfloat16, kwargs))
+    dtype = next(iter(dtypes)) if len(dtypes) == 1 else torch.float32
+    return out.to(dtype)
 
 
 def workspace_output(func: Any) -> int | None:
