@@ -1,4 +1,10 @@
-"""Accuracy and speed of ``dtypecheck estimate-memory`` (issue 5).
+"""Accuracy and speed of ``dtypecheck estimate-memory`` (issues 5 and 12).
+
+The user's step (issue 12): for each model of ``memory_models.py`` (GPT-2 LM with cross-entropy, the same with a
+tied embedding, a BERT masked LM, a T5 encoder-decoder, a ViT, a CNN and an LSTM LM), the estimated peak of one
+training step with the factory's own ``loss_fn`` against the peak MemTracker measures on the second iteration of a
+plain loop written below (``train_step``: output referenced through backward, torch's default AdamW, which is the
+for-loop implementation on the CPU). Rows: float32 and bfloat16 autocast. Target: |error| <= 5%.
 
 Accuracy: for an MLP, a CNN and a transformer (dtypecheck's Llama-style decoder from a config), each at a small
 batch (model states dominate) and a large one (activations dominate), the estimated peak of one AdamW training
@@ -9,18 +15,22 @@ Speed: wall time of estimating a Llama-2-70B-shaped config (default grid, every 
 in fresh processes, and the same with the deep model traced in full instead of extrapolated from shallow copies.
 
     .venv/bin/python benchmarks/bench_memory.py --repeats 3
+    .venv/bin/python benchmarks/bench_memory.py --suite step          # issue 12's models only
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -106,7 +116,7 @@ def accuracy(folder: Path) -> list[tuple[str, str, int, int, float, str]]:
     config = folder / "decoder" / "config.json"
     config.parent.mkdir(exist_ok=True)
     config.write_text(json.dumps(DECODER), encoding="utf-8")
-    cases = [
+    cases: list[tuple[str, str, str, dict[str, Any]]] = [
         ("MLP 4x1024", "batch 8", f"{HERE}:mlp_small", {}),
         ("MLP 4x1024", "batch 4096", f"{HERE}:mlp_large", {}),
         ("CNN 6 conv+BN", "batch 2", f"{HERE}:cnn_small", {}),
@@ -121,7 +131,7 @@ def accuracy(folder: Path) -> list[tuple[str, str, int, int, float, str]]:
             subject = open_subject(target, **kwargs)
             options = EstimateOptions(dtypes=(lookup(dtype),), modes=("training",), precisions=(precision,))
             row = estimate_memory(subject, options).estimates[0]
-            measured = measure_row(subject, row, "foreach", "cpu")
+            measured = measure_row(subject, row, "cpu")
             b = row.bytes
             states = b.parameters + b.gradients + b.optimizer_states
             dominant = "states" if states > (b.activations or 0) else "activations"
@@ -136,6 +146,64 @@ def accuracy(folder: Path) -> list[tuple[str, str, int, int, float, str]]:
                 )
             )
             print(f"  {rows[-1][0]:<30} {rows[-1][1]:<14} error {measured.error:+.3%}", file=sys.stderr)
+    return rows
+
+
+def _as_call(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if isinstance(inputs, dict):
+        return (), inputs
+    return (inputs,), {}
+
+
+def reference_peak(model: nn.Module, inputs: Any, loss_fn: Any, amp: bool) -> int:
+    """MemTracker's peak of the second iteration of a plain training loop (the referee, independent of dtypecheck)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    model.train()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])  # torch's default impl
+
+    def load_batch() -> Any:  # a data loader hands over a fresh batch each step
+        return {k: v.clone() for k, v in inputs.items()} if isinstance(inputs, dict) else inputs.clone()
+
+    def train_step(batch: Any) -> None:
+        args, kwargs = _as_call(batch)
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16) if amp else contextlib.nullcontext()
+        with autocast:
+            output = model(*args, **kwargs)
+            loss = loss_fn(output, batch)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    train_step(load_batch())
+    tracker = MemTracker()
+    tracker.track_external(model, optimizer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with tracker:
+            train_step(load_batch())
+    return int(tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"])
+
+
+def step_accuracy() -> list[tuple[str, str, int, int, float, str]]:
+    """Issue 12: each model with its own loss, estimated through the CLI's code path, against ``reference_peak``."""
+    from benchmarks import memory_models
+    from dtypecheck.dtypes import lookup
+    from dtypecheck.memory import EstimateOptions, estimate_memory, open_subject
+    from dtypecheck.memory.states import Precision
+
+    rows = []
+    for label, factory in memory_models.MODELS.items():
+        configurations: tuple[tuple[str, Precision], ...] = (("float32", "pure"), ("bfloat16", "amp"))
+        for dtype, precision in configurations:
+            model, inputs, loss_fn = getattr(memory_models, factory)()
+            measured = reference_peak(model, inputs, loss_fn, amp=precision == "amp")
+            subject = open_subject(f"{Path(memory_models.__file__).resolve()}:{factory}")
+            options = EstimateOptions(dtypes=(lookup(dtype),), modes=("training",), precisions=(precision,))
+            row = estimate_memory(subject, options).estimates[0]
+            error = (row.bytes.total - measured) / measured
+            rows.append((label, f"{dtype} {precision}", row.bytes.total, measured, error, row.peak_phase))
+            print(f"  {label:<28} {dtype} {precision:<5} error {error:+.3%}", file=sys.stderr)
     return rows
 
 
@@ -188,10 +256,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-speed", action="store_true")
+    parser.add_argument("--suite", choices=("all", "step", "speed"), default="all")
     parser.add_argument("--full-trace", action="store_true", help="also trace the 70B model in full (slow)")
     args = parser.parse_args()
+    sys.path.insert(0, str(HERE.parent.parent))  # the repository root: ``benchmarks`` and ``dtypecheck``
+    if args.suite in ("all", "step"):
+        step_rows = step_accuracy()
+        print("| model | training step | estimate | measured (MemTracker) | error | peak in |")
+        print("|---|---|---:|---:|---:|---|")
+        for name, config, estimate, measured, error, phase in step_rows:
+            print(f"| {name} | {config} | {estimate:,} | {measured:,} | {error:+.3%} | {phase} |")
+        print(f"\nworst |error| {max(abs(r[4]) for r in step_rows):.3%} (target <= 5%)\n")
+    if args.suite == "step":
+        return
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
+        if args.suite == "speed":
+            speed(folder, args.repeats, args.full_trace)
+            return
         rows = accuracy(folder)
         print("| model, batch | training step | estimate | measured (MemTracker) | error | dominated by |")
         print("|---|---|---:|---:|---:|---|")

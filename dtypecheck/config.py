@@ -209,6 +209,10 @@ SECTION_KEYS: dict[str, dict[str, Validator]] = {
         "strategy": _one_of("none", "ddp", "zero1", "zero2", "zero3", "fsdp"),
         "batch-size": _positive_int,
         "seq-len": _positive_int,
+        "loss": _one_of("cross-entropy", "mse", "sum"),
+        "device": _one_of("cpu", "cuda"),
+        "fit": _string,
+        "reserve": _string,
     },
 }
 

@@ -27,11 +27,11 @@ def test_measure_refuses_what_cannot_fit(cli, tmp_path):
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [
-        (("{f}:missing",), 3, "no function named 'missing'"),
+        (("{f}:missing",), 3, "defines no 'missing'"),
         (("{f}:not_callable",), 3, "is not callable"),
         (("{f}:wrong",), 3, "must return an nn.Module"),
         (("{f}:raises",), 3, "raised ValueError: boom in user code"),
-        (("{f}",), 2, "name the factory function"),
+        (("{f}",), 2, "name the factory that builds the model"),
         (("{d}/nothing.py:f",), 3, "no such file"),
         (("{f}:mlp", "-d", "int4", "-m", "training"), 2, "cannot estimate training in int4"),
         (("{f}:mlp", "-d", "int8", "-m", "training"), 2, "cannot estimate training in int8"),
@@ -39,7 +39,7 @@ def test_measure_refuses_what_cannot_fit(cli, tmp_path):
         (("{f}:mlp", "--context", "10"), 2, "--context needs a decoder model"),
         (("{f}:mlp", "--seq-len", "10"), 2, "--seq-len applies to a config"),
         (("{f}:mlp", "-d", "fp17"), 2, "unknown dtype 'fp17'"),
-        (("{f}:mlp", "--optimizer", "lion", "--measure"), 2, "--measure runs torch's own optimizers"),
+        (("{f}:mlp", "--optimizer", "lion", "-m", "training", "--measure"), 2, "--measure runs torch's own optimizers"),
         (("{f}:no_inputs", "--measure"), 2, "--measure needs a model to run"),
         (("{f}:mlp", "--group-size", "0"), 2, "--group-size must be at least 1"),
         (("{d}/missing_dir",), 3, "no such file or directory"),

@@ -19,7 +19,8 @@ from dtypecheck.dtypes import lookup
 from dtypecheck.memory import EstimateOptions, estimate_memory, open_subject
 from dtypecheck.memory.fakes import fake_inputs, fakify_module, new_fake_mode
 from dtypecheck.memory.measure import measure_row
-from dtypecheck.memory.tracing import Traceable, checkpointed, linear_profiles, loss_of, trace_pass
+from dtypecheck.memory.step import model_loss
+from dtypecheck.memory.tracing import Traceable, checkpointed, linear_profiles, trace_pass
 
 # Only ops whose CPU kernels pick a layout from the data could make the fake count differ (none of these
 # models has one); 1% keeps the test about the method, not about one kernel's internal choice.
@@ -63,13 +64,14 @@ def _real_peak(model: nn.Module, x: torch.Tensor, *, train: bool, checkpointing:
     model.train(train)
     tracker = MemTracker()
     tracker.track_external(model)
-    blocks = Traceable(None, model, lambda: ((), {}), None).blocks() if checkpointing else []  # type: ignore[arg-type]
+    blocks = Traceable(None, model, lambda b, s: None, None).blocks() if checkpointing else []  # type: ignore[arg-type]
     with tracker, checkpointed(blocks):
         batch = x.clone()
         if train:
-            loss = loss_of(model(batch))
+            output = model(batch)
+            loss = model_loss(output)
             loss.backward()
-            del loss
+            del loss, output
         else:
             with torch.no_grad():
                 model(batch)
@@ -82,7 +84,7 @@ def _traced_peak(model: nn.Module, x: torch.Tensor, *, train: bool, checkpointin
     mode = new_fake_mode()
     fake_model = fakify_module(copy.deepcopy(model), mode)
     fake_x = fake_inputs(mode, x)
-    traceable = Traceable(mode, fake_model, lambda: ((fake_x.clone(),), {}), int(x.shape[0]))
+    traceable = Traceable(mode, fake_model, lambda b, s: fake_x.clone(), int(x.shape[0]))
     return trace_pass(traceable, train=train, autocast_dtype=None, checkpointing=checkpointing).peak()
 
 
@@ -124,7 +126,7 @@ def test_full_step_estimate_matches_a_measured_cpu_step(tmp_path, dtype, precisi
     options = EstimateOptions(dtypes=(lookup(dtype),), modes=("training",), precisions=(precision,))
     report = estimate_memory(subject, options)
     row = report.estimates[0]
-    measured = measure_row(subject, row, "foreach")
+    measured = measure_row(subject, row)
     assert measured.device == "cpu"
     assert row.bytes.total == pytest.approx(measured.peak_bytes, rel=STEP_TOLERANCE)
 
@@ -141,16 +143,19 @@ def test_deep_config_is_extrapolated_exactly(tmp_path):
     }
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config), encoding="utf-8")
-    subject = open_subject(str(path), seq_len=16, batch_size=2)
-    options = EstimateOptions(dtypes=(lookup("float32"),), modes=("training",), strategy="zero2", world_size=4)
-    report = estimate_memory(subject, options)
-    assert any("extrapolated" in note for note in report.model.notes)
-    # The same model traced in full, all 7 blocks.
-    assert subject.traceable is not None
-    subject.traceable.with_layers = None
-    full = estimate_memory(subject, options)
-    assert not any("extrapolated" in note for note in full.model.notes)
-    assert report.estimates == full.estimates
+    for options in (
+        EstimateOptions(dtypes=(lookup("float32"),), modes=("training",), strategy="zero2", world_size=4),
+        EstimateOptions(context=32),  # the default grid: inference and training passes, four kinds of trace
+    ):
+        subject = open_subject(str(path), seq_len=16, batch_size=2)
+        report = estimate_memory(subject, options)
+        assert any("extrapolated" in note for note in report.model.notes)
+        # The same model traced in full, all 7 blocks.
+        assert subject.traceable is not None
+        subject.traceable.with_layers = None
+        full = estimate_memory(subject, options)
+        assert not any("extrapolated" in note for note in full.model.notes)
+        assert report.estimates == full.estimates
 
 
 def test_linear_profiles_rejects_uneven_growth():

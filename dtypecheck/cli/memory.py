@@ -23,7 +23,9 @@ from dtypecheck.errors import ExitCode, UsageError
 from dtypecheck.render import OutputFormat
 
 if TYPE_CHECKING:
+    from dtypecheck.memory.estimate import DeviceKind
     from dtypecheck.memory.states import Optimizer
+    from dtypecheck.memory.step import LossName
 
 
 class ModeChoice(str, Enum):
@@ -55,6 +57,17 @@ class StrategyChoice(str, Enum):
     fsdp = "fsdp"
 
 
+class LossChoice(str, Enum):
+    cross_entropy = "cross-entropy"
+    mse = "mse"
+    sum = "sum"
+
+
+class DeviceChoice(str, Enum):
+    cpu = "cpu"
+    cuda = "cuda"
+
+
 class ImplChoice(str, Enum):
     foreach = "foreach"
     for_loop = "for-loop"
@@ -66,8 +79,8 @@ def estimate_memory(
     model: Annotated[
         str,
         typer.Argument(
-            help="file.py:factory (returns a module or (module, example_inputs)), a checkpoint file or folder, "
-            "or a Hugging Face config.json (or a folder with one)."
+            help="file.py:factory (returns a module, (module, example_inputs) or (module, example_inputs, "
+            "loss_fn)), a checkpoint file or folder, or a Hugging Face config.json (or a folder with one)."
         ),
     ],
     dtype: Annotated[
@@ -109,11 +122,42 @@ def estimate_memory(
     ] = False,
     group_size: Annotated[int, typer.Option(help="int4 quantization group size (a scale and zero each).")] = 128,
     optimizer_impl: Annotated[
-        ImplChoice, typer.Option(help="torch optimizer implementation (foreach is torch's default on GPUs).")
-    ] = ImplChoice.foreach,
+        ImplChoice | None,
+        typer.Option(
+            help="torch optimizer implementation [default: torch's own for --device: foreach on CUDA, "
+            "for-loop on the CPU]."
+        ),
+    ] = None,
+    loss: Annotated[
+        LossChoice | None,
+        typer.Option(
+            help="The training step's loss, taken of the output (logits) [default: the factory's loss_fn, else the "
+            "model's own loss output, else the sum of its outputs]."
+        ),
+    ] = None,
+    device: Annotated[
+        DeviceChoice | None,
+        typer.Option(help="Where the step runs [default: cuda if available or --fit names a GPU, else cpu]."),
+    ] = None,
+    fit: Annotated[
+        str | None,
+        typer.Option(
+            help="Device memory to fit: a size (80GiB, 24GB) or a device name (h100-80gb, a100-40gb, l4, rtx4090; "
+            "see README). Adds fits / largest batch (and sequence) per row."
+        ),
+    ] = None,
+    reserve: Annotated[
+        str | None,
+        typer.Option(
+            help="With --fit: memory held back for the runtime and the caching allocator, a size, a percentage of "
+            "the device, or both (2GiB+5%) [default: 1GiB+5%]."
+        ),
+    ] = None,
     measure: Annotated[
         bool,
-        typer.Option(help="Also run one real step (CUDA if present, else CPU) of the first training row and compare."),
+        typer.Option(
+            help="Also run one real step (CUDA if present, else CPU) of every float row (pure or amp) and compare."
+        ),
     ] = False,
     fmt: FormatOption = OutputFormat.table,
     output: OutputOption = None,
@@ -130,6 +174,7 @@ def estimate_memory(
 
     from dtypecheck.dtypes import parse_dtype_list
     from dtypecheck.memory import EstimateOptions, estimate_memory, open_subject
+    from dtypecheck.memory.devices import default_device, parse_fit
     from dtypecheck.render.progress import progress_bar
 
     if fmt not in (OutputFormat.table, OutputFormat.json):
@@ -142,6 +187,12 @@ def estimate_memory(
     )
     batch_size = pick(batch_size, settings, command, "batch-size", None)
     seq_len = pick(seq_len, settings, command, "seq-len", None)
+    chosen_loss: LossName | None = pick(loss.value if loss else None, settings, command, "loss", None)
+    fit_target = pick(fit, settings, command, "fit", None)
+    device_budget = parse_fit(fit_target, pick(reserve, settings, command, "reserve", None)) if fit_target else None
+    chosen_device = device.value if device else pick(None, settings, command, "device", None)
+    if chosen_device is None:
+        chosen_device = "cuda" if device_budget is not None and device_budget.accelerator else default_device()
     options = EstimateOptions(
         dtypes=tuple(parse_dtype_list(dtype or settings.get(command, "dtypes"))),
         modes=tuple(m.value for m in mode or []),
@@ -153,18 +204,24 @@ def estimate_memory(
         checkpointing=checkpointing,
         keep_unquantized=keep_unquantized,
         group_size=group_size,
-        optimizer_impl=optimizer_impl.value,
+        optimizer_impl=optimizer_impl.value if optimizer_impl else None,
+        device=cast("DeviceKind", chosen_device),
     )
     with user_code_guard(model), progress_bar("estimating memory", quiet=quiet, unit="passes") as progress:
         progress(0, 1, "reading the model")
-        subject = open_subject(model, batch_size=batch_size, seq_len=seq_len)
+        subject = open_subject(model, batch_size=batch_size, seq_len=seq_len, loss=chosen_loss)
         report = estimate_memory(subject, options, progress)
-        if measure:
-            from dtypecheck.memory.measure import measure_row
+        if device_budget is not None:
+            from dtypecheck.memory.fit import fit_report
 
-            rows = [r for r in report.estimates if r.mode == "training"] or list(report.estimates)
-            progress(0, 1, "measuring one real step")
-            measured = measure_row(subject, rows[0], options.optimizer_impl)
-            report = dataclasses.replace(report, measured=measured)
+            report = fit_report(subject, options, report, device_budget, progress)
+        if measure:
+            from dtypecheck.memory.measure import measure_rows
+
+            progress(0, 1, "measuring real steps")
+            measurements, unmeasured = measure_rows(subject, report.estimates)
+            trained = [m for m in measurements if m.mode == "training"] or list(measurements)
+            skipped = (*report.skipped, *unmeasured)
+            report = dataclasses.replace(report, measured=trained[0], measurements=measurements, skipped=skipped)
     emit(report, fmt, output, quiet=quiet)
     return ExitCode.OK

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,12 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 from dtypecheck.errors import InputError
 from dtypecheck.memory.inventory import inventory_of_module
+from dtypecheck.memory.step import StepLoss
 from dtypecheck.memory.subject import DecoderShape, Subject
 
 if TYPE_CHECKING:
     import torch
 
-    from dtypecheck.memory.tracing import Inputs, Traceable
+    from dtypecheck.memory.tracing import Traceable
 
 Builder = Callable[[int | None], "torch.nn.Module"]
 """Builds the model, with ``n`` blocks instead of the config's when given."""
@@ -34,28 +36,32 @@ def _mini_builder(path: Path, data: dict[str, Any]) -> Builder:
     return build
 
 
-def _hf_builder(path: Path) -> tuple[Builder, bool, bool, str, int | None]:
-    """(build, is_decoder, has_loss, architecture, blocks) from transformers' Auto classes; nothing is downloaded.
+HEADS = ("MaskedLM", "CausalLM", "Seq2SeqLM", "ImageClassification", "SpeechSeq2Seq", "AudioClassification")
+"""transformers' task heads tried in order (the sequence-to-sequence ones first for an encoder-decoder): the first
+whose mapping has the config's class builds the model (an encoder that is not a decoder is built as a masked LM),
+so that it computes its own loss from ``labels``."""
 
-    Encoders (BERT and the like) are built with their masked-LM head, decoders with their causal-LM head, so that
-    the model computes its own loss from ``labels``; anything else as the bare model."""
+
+def _hf_builder(path: Path) -> tuple[Builder, str, str, int | None, Any]:
+    """(build, head, architecture, blocks, config) from transformers' Auto classes; nothing is downloaded."""
     import transformers
 
     transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # chatter would interleave with the table
     try:
         config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
-    except (ValueError, OSError, KeyError, TypeError) as exc:
-        raise InputError(f"{path}: transformers cannot read this config ({exc})") from exc
+    except Exception as exc:  # noqa: BLE001  (transformers raises anything on a config it cannot read)
+        raise InputError(f"{path}: transformers cannot read this config ({_one_line(exc)})") from None
     kind = type(config)
-    masked = kind in transformers.AutoModelForMaskedLM._model_mapping and not getattr(config, "is_decoder", False)
-    causal = not masked and kind in transformers.AutoModelForCausalLM._model_mapping
-    auto: Any
-    if masked:
-        auto = transformers.AutoModelForMaskedLM
-    elif causal:
-        auto = transformers.AutoModelForCausalLM
-    else:
-        auto = transformers.AutoModel
+    head = "Model"
+    # An encoder-decoder (Whisper, BART) may also map to a decoder-only causal LM: build the whole model.
+    order = sorted(HEADS, key=lambda h: "Seq2Seq" not in h) if getattr(config, "is_encoder_decoder", False) else HEADS
+    for candidate in order:
+        if candidate == "MaskedLM" and getattr(config, "is_decoder", False):
+            continue
+        if kind in getattr(transformers, f"AutoModelFor{candidate}")._model_mapping:
+            head = candidate
+            break
+    auto: Any = getattr(transformers, "AutoModel" if head == "Model" else f"AutoModelFor{head}")
     blocks = getattr(config, "num_hidden_layers", None)
 
     def build(layers: int | None) -> torch.nn.Module:
@@ -67,19 +73,81 @@ def _hf_builder(path: Path) -> tuple[Builder, bool, bool, str, int | None]:
         return model
 
     architecture = str(getattr(config, "model_type", kind.__name__))
-    return build, causal, causal or masked, architecture, blocks if isinstance(blocks, int) else None
+    return build, head, architecture, blocks if isinstance(blocks, int) else None, config
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _size_of(config: Any, name: str, default: int) -> int:
+    """A vision or audio size from the config or its ``vision_config``/``audio_config``."""
+    for source in (config, getattr(config, "vision_config", None), getattr(config, "audio_config", None)):
+        value = getattr(source, name, None) if source is not None else None
+        if isinstance(value, int) and value > 0:
+            return value
+        if isinstance(value, list | tuple) and value and isinstance(value[0], int):
+            return int(value[0])
+    return default
+
+
+def _hf_inputs(
+    model: torch.nn.Module, config: Any, head: str, batch: int, seq: int, *, train: bool, labels: bool, real: bool
+) -> dict[str, Any]:
+    """Keyword inputs for ``model.forward``, from what it takes and what the config says (``seq`` tokens for
+    text; the config's image size for images; ``seq`` frames for audio)."""
+    import inspect
+
+    import torch
+
+    accepted = set(inspect.signature(model.forward).parameters)
+    vocab = _size_of(config, "vocab_size", 0) or _size_of(getattr(config, "text_config", None), "vocab_size", 2)
+
+    def ids(*shape: int) -> torch.Tensor:
+        if real:
+            return torch.randint(0, max(vocab, 1), shape)
+        return torch.zeros(shape, dtype=torch.long)
+
+    main = getattr(model, "main_input_name", "input_ids")
+    kwargs: dict[str, Any] = {}
+    if "input_ids" in accepted and (main == "input_ids" or "pixel_values" in accepted):
+        kwargs["input_ids"] = ids(batch, seq)
+    if "pixel_values" in accepted:
+        size = _size_of(config, "image_size", 224)
+        channels = _size_of(config, "num_channels", 3)
+        kwargs["pixel_values"] = torch.zeros(batch, channels, size, size)
+    if main == "input_features":
+        bins = _size_of(config, "num_mel_bins", 80)
+        frames = 2 * _size_of(config, "max_source_positions", seq)
+        kwargs["input_features"] = torch.zeros(batch, bins, frames)
+    elif main == "input_values":
+        # ``seq`` frames of raw audio: each frame is the feature encoder's total stride of samples.
+        stride = math.prod(getattr(config, "conv_stride", None) or (1,))
+        kwargs["input_values"] = torch.zeros(batch, seq * stride)
+    if not kwargs and main in accepted:
+        kwargs[main] = ids(batch, seq)
+    decoder = head in ("Seq2SeqLM", "SpeechSeq2Seq") or bool(getattr(config, "is_encoder_decoder", False))
+    if decoder and "decoder_input_ids" in accepted:
+        kwargs["decoder_input_ids"] = ids(batch, seq)  # given, not derived from labels (some configs cannot)
+    if labels and train and "labels" in accepted:
+        classifier = head in ("ImageClassification", "AudioClassification")
+        kwargs["labels"] = ids(batch) if classifier else ids(batch, seq)
+    if "use_cache" in accepted:
+        kwargs["use_cache"] = False  # the KV cache is counted for --context tokens, not for the pass
+    return kwargs
 
 
 @dataclass(frozen=True)
 class _Choice:
     build: Builder
     decoder: bool
-    """A causal LM: its inputs get ``use_cache=False`` and its inference a KV cache."""
-    has_loss: bool
-    """Computes its own loss from ``labels``."""
+    """A causal LM: its inference holds a KV cache."""
+    head: str
+    """transformers' task head (``CausalLM``, ``Seq2SeqLM``...), or ``mini`` for dtypecheck's own decoder."""
     architecture: str
-    hf: bool
     blocks: int | None
+    hf_config: Any = None
     notes: tuple[str, ...] = ()
 
 
@@ -89,7 +157,7 @@ def _choose_builder(path: Path, data: dict[str, Any]) -> _Choice:
     model_type = data.get("model_type")
     blocks = data.get("num_hidden_layers")
     if model_type == MINI_MODEL_TYPE:
-        return _Choice(_mini_builder(path, data), True, True, MINI_MODEL_TYPE, False, blocks)
+        return _Choice(_mini_builder(path, data), True, "mini", MINI_MODEL_TYPE, blocks)
     try:
         import transformers  # noqa: F401
     except ImportError:
@@ -98,43 +166,59 @@ def _choose_builder(path: Path, data: dict[str, Any]) -> _Choice:
                 f"{path}: a {model_type or 'Hugging Face'!r} config needs transformers (pip install 'dtypecheck[hf]')"
             ) from None
         note = "transformers is not installed: built as dtypecheck's Llama-style decoder"
-        return _Choice(_mini_builder(path, data), True, True, str(model_type), False, blocks, (note,))
-    build, causal, has_loss, architecture, blocks = _hf_builder(path)
-    return _Choice(build, causal, has_loss, architecture, True, blocks)
+        return _Choice(_mini_builder(path, data), True, "mini", str(model_type), blocks, notes=(note,))
+    build, head, architecture, blocks, config = _hf_builder(path)
+    return _Choice(build, head == "CausalLM", head, architecture, blocks, config)
 
 
-def build_from_config(path: Path, data: dict[str, Any], *, batch_size: int, seq_len: int) -> Subject:
+def build_from_config(path: Path, data: dict[str, Any], *, batch_size: int, seq_len: int, loss: StepLoss) -> Subject:
     import torch
 
-    from dtypecheck.memory.fakes import fakify_module, new_fake_mode
+    from dtypecheck.memory.fakes import fakify_module, new_fake_mode, on_meta_without_init
     from dtypecheck.memory.tracing import Traceable
 
     choice = _choose_builder(path, data)
     build = choice.build
+    own_loss = loss.name == "model"
 
     def build_on_meta(layers: int | None) -> torch.nn.Module:
         try:
-            with torch.device("meta"):
+            with on_meta_without_init():
                 return build(layers)
-        except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
-            raise InputError(f"{path}: cannot build a model from this config ({type(exc).__name__}: {exc})") from exc
+        except Exception as exc:  # noqa: BLE001  (whatever a model class raises on a config it cannot build)
+            raise InputError(f"{path}: cannot build a model from this config ({_one_line(exc)})") from None
 
-    def inputs(ids: torch.Tensor, train: bool) -> Inputs:
-        kwargs: dict[str, Any] = {"input_ids": ids}
-        if choice.has_loss and train:
-            kwargs["labels"] = ids
-        if choice.hf and choice.decoder:
-            kwargs["use_cache"] = False  # the KV cache is counted for --context tokens, not for the pass
-        return (), kwargs
+    def inputs(module: torch.nn.Module, batch: int, seq: int, *, real: bool) -> dict[str, Any]:
+        if choice.head == "mini":
+            ids = torch.randint(0, vocab, (batch, seq)) if real else torch.zeros((batch, seq), dtype=torch.long)
+            return {"input_ids": ids, "labels": ids} if (own_loss and module.training) else {"input_ids": ids}
+        return _hf_inputs(
+            module, choice.hf_config, choice.head, batch, seq, train=module.training, labels=own_loss, real=real
+        )
 
     def traceable(module: torch.nn.Module, layers: int | None) -> Traceable:
         mode = new_fake_mode()
-        fakify_module(module, mode)
+        fake: list[bool] = []
 
-        def make_fake_inputs() -> Inputs:
-            return inputs(torch.zeros((batch_size, seq_len), dtype=torch.long), module.training)
+        def prepare() -> None:  # once, also for reshaped copies sharing the module
+            if not fake:
+                fakify_module(module, mode)
+                fake.append(True)
 
-        return Traceable(mode, module, make_fake_inputs, batch_size, layers=layers, with_layers=shallow)
+        def make_fake_inputs(batch: int | None, seq: int | None) -> Any:
+            return inputs(module, batch or batch_size, seq or seq_len, real=False)
+
+        return Traceable(
+            mode,
+            module,
+            make_fake_inputs,
+            batch_size,
+            seq_len,
+            loss=loss,
+            layers=layers,
+            with_layers=shallow,
+            prepare=prepare,
+        )
 
     def shallow(layers: int) -> Traceable:
         return traceable(build_on_meta(layers), layers)
@@ -143,9 +227,9 @@ def build_from_config(path: Path, data: dict[str, Any], *, batch_size: int, seq_
     inventory = inventory_of_module(module)
     vocab = int(data.get("vocab_size") or 2)
 
-    def real() -> tuple[torch.nn.Module, Callable[[], Inputs]]:
+    def real() -> tuple[torch.nn.Module, Callable[[], Any]]:
         real_module = build(None)
-        return real_module, lambda: inputs(torch.randint(0, vocab, (batch_size, seq_len)), real_module.training)
+        return real_module, lambda: inputs(real_module, batch_size, seq_len, real=True)
 
     return Subject(
         source=str(path),
@@ -159,4 +243,5 @@ def build_from_config(path: Path, data: dict[str, Any], *, batch_size: int, seq_
         seq_len=seq_len,
         notes=choice.notes,
         real=real,
+        loss=loss,
     )

@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from dtypecheck.dtypes import DtypeSpec, lookup
-from dtypecheck.errors import InputError, UsageError
+from dtypecheck.errors import DtypecheckError, InputError, UsageError
 from dtypecheck.memory import states
 from dtypecheck.memory.report import (
     MemoryBytes,
@@ -28,6 +28,9 @@ from dtypecheck.memory.tracing import (
     trace_pass,
 )
 from dtypecheck.progress import ProgressCallback, no_progress
+from dtypecheck.usercode import raise_user_error
+
+DeviceKind = Literal["cpu", "cuda"]
 
 if TYPE_CHECKING:
     from dtypecheck.memory.subject import Subject
@@ -52,29 +55,43 @@ class EstimateOptions:
     checkpointing: bool = False
     keep_unquantized: bool = False
     group_size: int = 128
-    optimizer_impl: OptimizerImpl = "foreach"
+    optimizer_impl: OptimizerImpl | None = None
+    """None: torch's own default on ``device`` (foreach on CUDA, the for-loop on the CPU)."""
+    device: DeviceKind = "cpu"
+    """Where the step runs: it decides the optimizer implementation torch picks by default."""
+
+    @property
+    def impl(self) -> OptimizerImpl:
+        return self.optimizer_impl or default_impl(self.device)
+
+
+def default_impl(device: DeviceKind) -> OptimizerImpl:
+    """What ``torch.optim`` picks when not told: ``foreach`` when every parameter is on CUDA, else the for-loop."""
+    return "foreach" if device == "cuda" else "for-loop"
 
 
 @dataclass(frozen=True)
-class _Row:
+class Row:
+    """One configuration to estimate (what ``plan_rows`` yields, in the report's order)."""
+
     spec: DtypeSpec
     mode: Mode
     precision: Precision
 
 
-def plan_rows(options: EstimateOptions) -> tuple[list[_Row], list[str]]:
+def plan_rows(options: EstimateOptions) -> tuple[list[Row], list[str]]:
     """The configurations to estimate, and those of the default grid left out (with why).
 
     A dtype the user named together with an explicit ``--mode training`` that it cannot train in is a usage error.
     """
     dtypes = options.dtypes or tuple(lookup(name) for name in DEFAULT_DTYPES)
     modes = options.modes or ("inference", "training")
-    rows: list[_Row] = []
+    rows: list[Row] = []
     skipped: list[str] = []
     for spec in dtypes:
         for mode in modes:
             if mode == "inference":
-                rows.append(_Row(spec, mode, "pure"))
+                rows.append(Row(spec, mode, "pure"))
                 continue
             if not states.can_train(spec):
                 why = (
@@ -92,11 +109,11 @@ def plan_rows(options: EstimateOptions) -> tuple[list[_Row], list[str]]:
                 if wide and precision != "pure":
                     skipped.append(f"{spec.name} {precision}: the same as pure for a {spec.bits}-bit dtype")
                     continue
-                rows.append(_Row(spec, mode, precision))
+                rows.append(Row(spec, mode, precision))
     return rows, skipped
 
 
-def _compute_dtype(row: _Row) -> DtypeSpec:
+def _compute_dtype(row: Row) -> DtypeSpec:
     return row.spec if states.can_train(row.spec) else lookup(QUANTIZED_COMPUTE_DTYPE)
 
 
@@ -113,14 +130,15 @@ def _shards(strategy: Strategy, world_size: int) -> tuple[int, int, int]:
     }[strategy]
 
 
-SHALLOW_LAYERS = (2, 3, 4)
+SHALLOW_LAYERS = (1, 2, 3)
 """Block counts traced to extrapolate a deep model: two to extrapolate from, a third to check linearity."""
 
 
-class _Profiles:
+class TraceCache:
     """Traces each distinct pass once: rows that compute alike share a profile. A model of many identical
-    blocks (a config's ``num_hidden_layers``) is traced at 2, 3 and 4 blocks and extrapolated when the bytes
-    grow by the same step per block, which is what keeps a 70B config to seconds."""
+    blocks (a config's ``num_hidden_layers``) is traced at 1 and 2 blocks and extrapolated when the bytes grow
+    by the same step per block; the first inference pass and the first training pass are also traced at 3
+    blocks to check that step. This is what keeps a 70B config to seconds."""
 
     def __init__(self, subject: Subject, checkpointing: bool, progress: ProgressCallback, total: int) -> None:
         self.subject = subject
@@ -129,9 +147,11 @@ class _Profiles:
         self.total = total
         self.cache: dict[tuple[int, str, bool], Profile | None] = {}
         self.shallow: dict[int, Traceable] = {}
+        self.linear: dict[bool, bool] = {}
+        """Per pass kind (training or not): whether its bytes were checked to grow by one step per block."""
         self.extrapolated = False
 
-    def get(self, row: _Row) -> Profile | None:
+    def get(self, row: Row) -> Profile | None:
         traceable = self.subject.traceable
         if traceable is None:
             return None
@@ -144,51 +164,71 @@ class _Profiles:
             self.cache[key] = self._profile(traceable, row, compute, amp)
         return self.cache[key]
 
-    def _profile(self, traceable: Traceable, row: _Row, compute: DtypeSpec, amp: bool) -> Profile:
+    def _profile(self, traceable: Traceable, row: Row, compute: DtypeSpec, amp: bool) -> Profile:
         layers = traceable.layers
+        training = row.mode == "training"
         if layers and traceable.with_layers is not None and layers > SHALLOW_LAYERS[-1]:
+            checked = training in self.linear
+            if checked and not self.linear[training]:
+                return self._trace(traceable, row, compute, amp)
+            counts = SHALLOW_LAYERS[:2] if checked else SHALLOW_LAYERS
             try:
-                for count in SHALLOW_LAYERS:
+                for count in counts:
                     if count not in self.shallow:
                         self.shallow[count] = traceable.with_layers(count)
             except InputError:
                 traceable.with_layers = None  # this config cannot be built shallower: trace it whole
                 return self._trace(traceable, row, compute, amp)
-            profiles = [self._trace(self.shallow[count], row, compute, amp) for count in SHALLOW_LAYERS]
-            if linear_profiles(profiles):
+            profiles = [self._trace(self.shallow[count], row, compute, amp) for count in counts]
+            if not checked:
+                self.linear[training] = linear_profiles(profiles)
+            if self.linear[training]:
                 self.extrapolated = True
                 return ExtrapolatedProfile(profiles[0], profiles[1], SHALLOW_LAYERS[0], layers)
         return self._trace(traceable, row, compute, amp)
 
-    def _trace(self, traceable: Traceable, row: _Row, compute: DtypeSpec, amp: bool) -> ActivationProfile:
+    def _trace(self, traceable: Traceable, row: Row, compute: DtypeSpec, amp: bool) -> ActivationProfile:
         import torch
 
-        from dtypecheck.memory.fakes import cast_module
+        from dtypecheck.memory.fakes import cast_module, quiet_fake_tensor_log
 
         weights_dtype = torch.float32 if amp else compute.torch_dtype()
         assert weights_dtype is not None  # only available dtypes reach the estimate
+        traceable.ready()
         cast_module(traceable.module, weights_dtype, traceable.fake_mode)
-        return trace_pass(
-            traceable,
-            train=row.mode == "training",
-            autocast_dtype=compute.torch_dtype() if amp else None,
-            checkpointing=self.checkpointing,
-            input_dtype=None if amp else weights_dtype,
-        )
+        try:
+            with quiet_fake_tensor_log():
+                return trace_pass(
+                    traceable,
+                    train=row.mode == "training",
+                    autocast_dtype=compute.torch_dtype() if amp else None,
+                    checkpointing=self.checkpointing,
+                    input_dtype=None if amp else weights_dtype,
+                )
+        except DtypecheckError:
+            raise
+        except Exception as exc:  # noqa: BLE001  (the model's own code, or an op fake tensors cannot run)
+            what = f"{'a training step' if row.mode == 'training' else 'an inference pass'} in {compute.name}"
+            if self.subject.user_file is not None:
+                raise_user_error(exc, f"tracing {what}", self.subject.user_file)
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise InputError(
+                f"{self.subject.source}: cannot trace {what} of this model ({type(exc).__name__}: {first})"
+            ) from None
 
 
 def _ceil_div(value: int, parts: int) -> int:
     return math.ceil(value / parts)
 
 
-def _kv_cache_bytes(subject: Subject, row: _Row, context: int | None, batch: int) -> int:
+def _kv_cache_bytes(subject: Subject, row: Row, context: int | None, batch: int) -> int:
     if row.mode != "inference" or not context or subject.decoder is None:
         return 0
     bits = _compute_dtype(row).bits
     return subject.decoder.kv_elements(context) * batch * bits // 8
 
 
-def estimate_row(subject: Subject, row: _Row, options: EstimateOptions, profile: Profile | None) -> MemoryEstimate:
+def estimate_row(subject: Subject, row: Row, options: EstimateOptions, profile: Profile | None) -> MemoryEstimate:
     inventory = subject.inventory
     spec, precision = row.spec, row.precision
     training = row.mode == "training"
@@ -231,14 +271,14 @@ def estimate_row(subject: Subject, row: _Row, options: EstimateOptions, profile:
     optimizer_states = _ceil_div(states.optimizer_state_bytes(inventory, options.optimizer, spec, precision), opt_parts)
     master = _ceil_div(states.master_weight_bytes(inventory, precision), opt_parts)
     transient = _ceil_div(
-        states.optimizer_step_transient(inventory, options.optimizer, spec, precision, options.optimizer_impl),
+        states.optimizer_step_transient(inventory, options.optimizer, spec, precision, options.impl),
         opt_parts,
     )
     # Steady state: optimizer states (and master weights) live through the whole step; gradients are set to
     # None before the forward pass and accumulate during backward.
     resident = weights + buffers + optimizer_states + master + ddp_buckets
     forward_backward = resident + gathered + (profile.peak(1 / grad_parts) if profile else gradients)
-    optimizer_step = resident + gradients + transient + (profile.input_bytes if profile else 0)
+    optimizer_step = resident + gradients + transient + (profile.retained_bytes if profile else 0)
     total = max(forward_backward, optimizer_step)
     return MemoryEstimate(
         dtype=spec.name,
@@ -264,6 +304,7 @@ def estimate_row(subject: Subject, row: _Row, options: EstimateOptions, profile:
         context=None,
         checkpointing=options.checkpointing,
         peak_phase="forward-backward" if forward_backward >= optimizer_step else "optimizer-step",
+        optimizer_impl=options.impl,
     )
 
 
@@ -287,14 +328,15 @@ def estimate_memory(
     """Every requested configuration's per-device bytes; nothing is allocated for real."""
     validate(subject, options)
     rows, skipped = plan_rows(options)
-    profiles = _Profiles(subject, options.checkpointing, progress, total=len(rows))
+    profiles = TraceCache(subject, options.checkpointing, progress, total=len(rows))
     estimates = tuple(estimate_row(subject, row, options, profiles.get(row)) for row in rows)
     progress(len(rows), len(rows), "done")
     info = subject.model_info()
     if profiles.extrapolated:
         note = (
             f"activations of {subject.traceable.layers if subject.traceable else 0} identical blocks extrapolated "
-            f"from traces with {', '.join(map(str, SHALLOW_LAYERS))} blocks (their growth per block checked equal)"
+            f"from traces with {' and '.join(map(str, SHALLOW_LAYERS[:2]))} blocks (their growth per block checked "
+            f"equal at {SHALLOW_LAYERS[2]})"
         )
         info = dataclasses.replace(info, notes=(*info.notes, note))
     return MemoryReport(info, estimates, None, tuple(skipped))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -83,3 +85,41 @@ def cast_module(module: torch.nn.Module, dtype: torch.dtype, mode: FakeTensorMod
         for name, buffer in list(sub._buffers.items()):
             if buffer is not None:
                 sub._buffers[name] = convert(buffer)
+
+
+@contextlib.contextmanager
+def on_meta_without_init() -> Iterator[None]:
+    """Build modules on the meta device with ``torch.nn.init``'s in-place initialisers made no-ops: a meta tensor
+    has no values to fill, and the meta ``normal_`` runs through Python references that import torch._dynamo
+    (seconds) on first use."""
+    import torch
+    from torch.nn import init
+
+    names = [name for name in dir(init) if name.endswith("_") and not name.startswith("_")]
+    originals = {name: getattr(init, name) for name in names}
+
+    def keep(tensor: torch.Tensor, *_args: Any, **_kwargs: Any) -> torch.Tensor:
+        return tensor
+
+    try:
+        for name in names:
+            setattr(init, name, keep)
+        with torch.device("meta"):
+            yield
+    finally:
+        for name, original in originals.items():
+            setattr(init, name, original)
+
+
+@contextlib.contextmanager
+def quiet_fake_tensor_log() -> Iterator[None]:
+    """Silence the traceback FakeTensorMode logs when an op fails: the error itself is reported in one line."""
+    import logging
+
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)

@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dtypecheck.errors import InputError, UsageError
 from dtypecheck.memory.inventory import Inventory, inventory_of_module, inventory_of_records
+from dtypecheck.memory.step import DEFAULT_LOSS, NAMED_LOSSES, LossName, StepLoss, user_loss
 from dtypecheck.memory.subject import DecoderShape, Subject
-from dtypecheck.usercode import call_user
+from dtypecheck.usercode import load_factory, python_target
 
 if TYPE_CHECKING:
     import torch
-
-    from dtypecheck.memory.tracing import Inputs
 
 DEFAULT_SEQ_LEN = 512
 CHECKPOINT_NOTE = (
@@ -26,74 +22,29 @@ CHECKPOINT_NOTE = (
 )
 
 
-def open_subject(target: str, *, batch_size: int | None = None, seq_len: int | None = None) -> Subject:
+def open_subject(
+    target: str, *, batch_size: int | None = None, seq_len: int | None = None, loss: LossName | None = None
+) -> Subject:
     """Dispatch on what ``target`` is: a factory spec, a config, or a checkpoint."""
-    path_part = target.rsplit(":", 1)[0] if ":" in target else target
-    if path_part.endswith(".py"):
+    if python_target(target) is not None:
         if seq_len is not None:
             raise UsageError("--seq-len applies to a config's inputs; a factory gives its own example inputs")
-        return load_factory(target, batch_size=batch_size)
+        return open_factory(target, batch_size=batch_size, loss=loss)
     path = Path(target)
     if not path.exists():
         raise InputError(f"no such file or directory: {target}")
     if path.is_dir() and (path / "config.json").is_file():
-        return load_config(path / "config.json", batch_size=batch_size, seq_len=seq_len)
+        return load_config(path / "config.json", batch_size=batch_size, seq_len=seq_len, loss=loss)
     if path.is_file() and path.name.endswith(".json") and not path.name.endswith(".index.json"):
-        return load_config(path, batch_size=batch_size, seq_len=seq_len)
-    if batch_size is not None or seq_len is not None:
-        raise UsageError("--batch-size and --seq-len need a factory or a config: a checkpoint has no forward pass")
+        return load_config(path, batch_size=batch_size, seq_len=seq_len, loss=loss)
+    if batch_size is not None or seq_len is not None or loss is not None:
+        raise UsageError(
+            "--batch-size, --seq-len and --loss need a factory or a config: a checkpoint has no forward pass"
+        )
     return load_checkpoint(target)
 
 
 # --- file.py:factory ---------------------------------------------------------------------------------------
-
-
-def _import_user_file(path: Path) -> Any:
-    spec = importlib.util.spec_from_file_location(f"dtypecheck_user_{uuid.uuid4().hex}", path)
-    if spec is None or spec.loader is None:
-        raise InputError(f"{path}: cannot be imported as a Python file")
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(path.parent))
-    try:
-        call_user(lambda: spec.loader.exec_module(module), str(path), path)  # type: ignore[union-attr]
-    finally:
-        sys.path.remove(str(path.parent))
-    return module
-
-
-def call_factory(target: str) -> tuple[torch.nn.Module, Any]:
-    """Import ``file.py`` and call ``factory()``: a module, or ``(module, example_inputs)``."""
-    from torch import nn
-
-    if ":" not in target:
-        raise UsageError(f"{target}: name the factory function too, as {target}:NAME")
-    file_part, name = target.rsplit(":", 1)
-    path = Path(file_part).resolve()
-    if not path.is_file():
-        raise InputError(f"no such file: {file_part}")
-    module = _import_user_file(path)
-    factory = getattr(module, name, None)
-    if factory is None:
-        raise InputError(f"{file_part}: no function named {name!r}")
-    if not callable(factory):
-        raise InputError(f"{file_part}: {name!r} is not callable")
-    result = call_user(factory, f"{name}()", path)
-    inputs: Any = None
-    if isinstance(result, tuple | list) and len(result) == 2 and isinstance(result[0], nn.Module):
-        result, inputs = result
-    if not isinstance(result, nn.Module):
-        raise InputError(
-            f"{name}() returned {type(result).__name__}; it must return an nn.Module or (module, example_inputs)"
-        )
-    return result, inputs
-
-
-def _as_call(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    if isinstance(inputs, dict):
-        return (), dict(inputs)
-    if isinstance(inputs, tuple | list):
-        return tuple(inputs), {}
-    return (inputs,), {}
 
 
 def _first_batch_dim(inputs: Any) -> int | None:
@@ -125,11 +76,25 @@ def _resize_batch(inputs: Any, old: int | None, new: int | None, *, real: bool) 
     return tree_map(resize, inputs)
 
 
-def load_factory(target: str, *, batch_size: int | None = None) -> Subject:
+def step_loss(factory_loss: Any, loss: LossName | None, user_file: Path | None) -> StepLoss:
+    """The factory's ``loss_fn``, else the ``--loss`` named, else the model's own loss (or its outputs' sum)."""
+    if factory_loss is not None:
+        if loss is not None:
+            raise UsageError("the factory returns its own loss_fn; leave out --loss")
+        assert user_file is not None
+        return StepLoss(user_loss(factory_loss, user_file), "loss_fn")
+    if loss is not None:
+        return StepLoss(NAMED_LOSSES[loss], loss)
+    return DEFAULT_LOSS
+
+
+def open_factory(target: str, *, batch_size: int | None = None, loss: LossName | None = None) -> Subject:
     from dtypecheck.memory.fakes import fake_inputs, fakify_module, new_fake_mode
     from dtypecheck.memory.tracing import Traceable
 
-    module, inputs = call_factory(target)
+    made = load_factory(target)
+    module, inputs = made.model, made.inputs
+    chosen = step_loss(made.loss_fn, loss, made.file)
     inventory = inventory_of_module(module)
     decoder = DecoderShape.from_config(getattr(module, "config", None) or {})
     notes: list[str] = []
@@ -145,14 +110,14 @@ def load_factory(target: str, *, batch_size: int | None = None) -> Subject:
         fakify_module(module, mode)
         fake = fake_inputs(mode, inputs)
 
-        def make_inputs() -> Inputs:
-            return _as_call(_resize_batch(fake, original_batch, batch, real=False))
+        def make_inputs(rows: int | None, _seq: int | None) -> Any:
+            return _resize_batch(fake, original_batch, rows, real=False)
 
-        traceable = Traceable(mode, module, make_inputs, batch)
+        traceable = Traceable(mode, module, make_inputs, batch, loss=chosen)
 
-    def real() -> tuple[torch.nn.Module, Callable[[], Inputs]]:
-        real_module, real_inputs = call_factory(target)
-        return real_module, lambda: _as_call(_resize_batch(real_inputs, original_batch, batch, real=True))
+    def real() -> tuple[torch.nn.Module, Callable[[], Any]]:
+        again = load_factory(target)
+        return again.model, lambda: _resize_batch(again.inputs, original_batch, batch, real=True)
 
     return Subject(
         source=target,
@@ -166,6 +131,8 @@ def load_factory(target: str, *, batch_size: int | None = None) -> Subject:
         seq_len=None,
         notes=tuple(notes),
         real=real if inputs is not None else None,
+        loss=chosen,
+        user_file=made.file,
     )
 
 
@@ -212,8 +179,12 @@ def read_config(path: Path) -> dict[str, Any]:
     return data
 
 
-def load_config(path: Path, *, batch_size: int | None = None, seq_len: int | None = None) -> Subject:
+def load_config(
+    path: Path, *, batch_size: int | None = None, seq_len: int | None = None, loss: LossName | None = None
+) -> Subject:
     from dtypecheck.memory.config_models import build_from_config
 
     data = read_config(path)
-    return build_from_config(path, data, batch_size=batch_size or 1, seq_len=seq_len or DEFAULT_SEQ_LEN)
+    return build_from_config(
+        path, data, batch_size=batch_size or 1, seq_len=seq_len or DEFAULT_SEQ_LEN, loss=step_loss(None, loss, None)
+    )

@@ -7,6 +7,7 @@ the estimate needs about model states (weights, gradients, optimizer states) is 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -157,14 +158,21 @@ def _entry(name: str, tensor: torch.Tensor, kind: LayerKind, *, trainable: bool)
     )
 
 
-TRAINING_STATE_KEYS = frozenset(
-    {"optimizer", "optim", "optimizer_state_dict", "optimizer_states", "scheduler", "lr_scheduler", "scaler"}
+_TRAINING_STATE = re.compile(
+    r"^(?:"
+    r"optim(?:izer)?s?|opt"  # optimizer, optimizers, optim, opt
+    r"|(?:lr_)?schedulers?"  # scheduler, lr_scheduler, lr_schedulers
+    r"|(?:grad_|amp_)?scaler"  # scaler, grad_scaler
+    r")(?:[_-]?(?:state|states|state_dict|state_dicts|sd|dict))?$"
 )
-"""Top-level keys of a training checkpoint that hold the trainer's state, not the model's."""
+"""A key of a training checkpoint that holds the trainer's state, not the model's, in any common spelling:
+``optimizer``, ``optimizer_state``, ``optimizer_states``, ``optimizer_state_dict``, ``optim``, ``opt_state``,
+``lr_scheduler``, ``scheduler``, ``scaler``..."""
 
 
 def is_training_state(name: str) -> bool:
-    return name.split(".", 1)[0].lower() in TRAINING_STATE_KEYS
+    """True for a tensor under a trainer-state key at any level but the last (``ckpt.optimizer_state.state.0``)."""
+    return any(_TRAINING_STATE.match(part.lower()) for part in name.split(".")[:-1])
 
 
 def inventory_of_records(records: Iterable[TensorRecord]) -> Inventory:

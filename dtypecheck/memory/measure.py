@@ -2,7 +2,8 @@
 
 On the CPU, PyTorch's own ``MemTracker`` is the referee (it counts every live tensor storage, as the CUDA caching
 allocator's ``max_memory_allocated`` does on a GPU). A warm-up step runs first so that the optimizer states exist,
-as they do in every step but the first; the measured step starts with gradients set to None.
+as they do in every step but the first; the measured step starts with gradients set to None. The step is the one
+the estimate traced (``step.py``): the same loss, the output referenced until the step ends.
 """
 
 from __future__ import annotations
@@ -11,17 +12,17 @@ import contextlib
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from dtypecheck.errors import UsageError
 from dtypecheck.memory.report import Measurement, MemoryEstimate
 from dtypecheck.memory.states import OptimizerImpl
+from dtypecheck.memory.step import StepLoss, forward_and_loss
 
 if TYPE_CHECKING:
     import torch
 
     from dtypecheck.memory.subject import Subject
-    from dtypecheck.memory.tracing import Inputs
 
 TORCH_OPTIMIZERS = ("adamw", "adam", "sgd", "adafactor")
 MEASURE_FRACTION = 0.8
@@ -65,51 +66,45 @@ def make_optimizer(name: str, params: list[torch.nn.Parameter], impl: OptimizerI
     raise UsageError(f"--measure runs torch's own optimizers ({', '.join(TORCH_OPTIMIZERS)}), not {name}")
 
 
-def _to_device(inputs: Inputs, device: torch.device) -> Inputs:
+def _to_device(inputs: Any, device: torch.device) -> Any:
     import torch
     from torch.utils._pytree import tree_map
 
-    def move(value: Any) -> Any:
-        return value.to(device) if isinstance(value, torch.Tensor) else value
-
-    args, kwargs = inputs
-    return tree_map(move, args), tree_map(move, kwargs)
+    return tree_map(lambda v: v.to(device) if isinstance(v, torch.Tensor) else v, inputs)
 
 
 def run_step(
     module: torch.nn.Module,
-    make_inputs: Callable[[], Inputs],
+    make_inputs: Callable[[], Any],
+    loss: StepLoss,
     optimizer: torch.optim.Optimizer | None,
     autocast_dtype: torch.dtype | None,
     device: torch.device,
     input_dtype: torch.dtype | None = None,
 ) -> None:
-    """One training step (or, without an optimizer, one no-grad forward pass), dropping every reference."""
+    """One training step (or, without an optimizer, one no-grad forward pass); every reference it made (the batch,
+    the output, the loss) lives until it returns, as in a loop's ``train_step(batch)``."""
     import torch
 
-    from dtypecheck.memory.tracing import cast_inputs, loss_of
+    from dtypecheck.memory.tracing import cast_inputs
 
-    args, kwargs = _to_device(cast_inputs(make_inputs(), input_dtype), device)
+    inputs = _to_device(cast_inputs(make_inputs(), input_dtype), device)
     autocast = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
     if optimizer is None:
-        with torch.no_grad(), autocast:
-            module(*args, **kwargs)
+        with torch.no_grad():
+            forward_and_loss(module, inputs, None, autocast)
         return
-    with autocast:
-        output = module(*args, **kwargs)
-        loss = loss_of(output)
-    del output
-    # The batch stays referenced through backward and the step, as a loop's ``for batch in loader`` keeps it.
-    loss.backward()  # type: ignore[no-untyped-call]
-    del loss
+    _output, value = forward_and_loss(module, inputs, loss, autocast)
+    assert value is not None
+    value.backward()  # type: ignore[no-untyped-call]
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    del args, kwargs
 
 
 def measured_peak(
     module: torch.nn.Module,
-    make_inputs: Callable[[], Inputs],
+    make_inputs: Callable[[], Any],
+    loss: StepLoss,
     optimizer: torch.optim.Optimizer | None,
     autocast_dtype: torch.dtype | None,
     device: torch.device,
@@ -119,11 +114,12 @@ def measured_peak(
     import torch
 
     module.train(optimizer is not None)
-    run_step(module, make_inputs, optimizer, autocast_dtype, device, input_dtype)
+    step = (module, make_inputs, loss, optimizer, autocast_dtype, device, input_dtype)
+    run_step(*step)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
-        run_step(module, make_inputs, optimizer, autocast_dtype, device, input_dtype)
+        run_step(*step)
         torch.cuda.synchronize(device)
         return int(torch.cuda.max_memory_allocated(device))
     from torch.distributed._tools.mem_tracker import MemTracker
@@ -134,28 +130,41 @@ def measured_peak(
         # Its module tracker warns about autograd nodes of modules already collected; the bytes are unaffected.
         warnings.simplefilter("ignore", UserWarning)
         with tracker:
-            run_step(module, make_inputs, optimizer, autocast_dtype, device, input_dtype)
+            run_step(*step)
     return int(tracker.get_tracker_snapshot("peak")[device]["Total"])
 
 
-def measure_row(
-    subject: Subject, row: MemoryEstimate, impl: OptimizerImpl, device_name: str | None = None
-) -> Measurement:
+def why_not_measurable(subject: Subject, row: MemoryEstimate) -> str | None:
+    """Why ``row`` cannot be run for real here, or None when it can."""
+    from dtypecheck.dtypes import lookup
+
+    if subject.real is None:
+        return "--measure needs a model to run: a factory that returns example inputs, or a config"
+    if row.sharding.strategy != "none":
+        return "--measure runs on one device; leave out --strategy"
+    spec = lookup(row.dtype)
+    if not spec.is_float or spec.bits < 16:
+        return f"--measure runs float dtypes (float32, bfloat16, float16), not {row.dtype}"
+    if row.mode == "training" and row.optimizer not in TORCH_OPTIMIZERS:
+        return f"--measure runs torch's own optimizers ({', '.join(TORCH_OPTIMIZERS)}), not {row.optimizer}"
+    if row.precision == "master":
+        return "--measure runs pure and amp precision; master-weight training needs a trainer's loop"
+    if row.checkpointing:
+        return "--measure does not apply --checkpointing; measure without it"
+    return None
+
+
+def measure_row(subject: Subject, row: MemoryEstimate, device_name: str | None = None) -> Measurement:
+    """One real step of ``row``'s configuration, with the optimizer implementation the row assumed."""
     import torch
 
     from dtypecheck.dtypes import lookup
 
-    if subject.real is None:
-        raise UsageError("--measure needs a model to run: a factory that returns example inputs, or a config")
-    if row.sharding.strategy != "none":
-        raise UsageError("--measure runs on one device; leave out --strategy")
+    why = why_not_measurable(subject, row)
+    if why is not None:
+        raise UsageError(why)
+    assert subject.real is not None
     spec = lookup(row.dtype)
-    if not spec.is_float or spec.bits < 16:
-        raise UsageError(f"--measure runs float dtypes (float32, bfloat16, float16), not {row.dtype}")
-    if row.precision == "master":
-        raise UsageError("--measure runs pure and amp precision; master-weight training needs a trainer's loop")
-    if row.checkpointing:
-        raise UsageError("--measure does not apply --checkpointing; measure without it")
     device = torch.device(device_name or ("cuda" if torch.cuda.is_available() else "cpu"))
     available = _available_bytes(device)
     if available is not None and row.bytes.total > MEASURE_FRACTION * available:
@@ -170,10 +179,12 @@ def measure_row(
     module = module.to(device=device, dtype=torch.float32 if amp else spec.torch_dtype())
     optimizer = None
     if row.mode == "training":
-        optimizer = make_optimizer(row.optimizer or "adamw", [p for p in module.parameters() if p.requires_grad], impl)
+        params = [p for p in module.parameters() if p.requires_grad]
+        impl = cast("OptimizerImpl", row.optimizer_impl or "for-loop")
+        optimizer = make_optimizer(row.optimizer or "adamw", params, impl)
     autocast_dtype = spec.torch_dtype() if amp else None
     input_dtype = None if amp else spec.torch_dtype()
-    peak = measured_peak(module, make_inputs, optimizer, autocast_dtype, device, input_dtype)
+    peak = measured_peak(module, make_inputs, subject.loss, optimizer, autocast_dtype, device, input_dtype)
     estimate = row.bytes.total
     return Measurement(
         device=str(device) if device.type == "cpu" else f"{device.type}:{device.index or 0}",
@@ -185,3 +196,18 @@ def measure_row(
         precision=row.precision,
         referee="MemTracker" if device.type == "cpu" else "torch.cuda.max_memory_allocated",
     )
+
+
+def measure_rows(
+    subject: Subject, rows: tuple[MemoryEstimate, ...], device_name: str | None = None
+) -> tuple[tuple[Measurement, ...], tuple[str, ...]]:
+    """A real step of every row that can run here (float dtypes, pure or amp, one device), and why the others were
+    not run; a usage error when none can."""
+    reasons = {id(row): why_not_measurable(subject, row) for row in rows}
+    chosen = [row for row in rows if reasons[id(row)] is None]
+    if not chosen:
+        raise UsageError(reasons[id(rows[0])] if rows else "--measure: no configuration to run")
+    unmeasured = tuple(
+        f"measuring {row.dtype} {row.mode} {row.precision}: {reasons[id(row)]}" for row in rows if reasons[id(row)]
+    )
+    return tuple(measure_row(subject, row, device_name) for row in chosen), unmeasured

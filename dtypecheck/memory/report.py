@@ -28,6 +28,9 @@ class ModelInfo:
     """*(extra)* the parameters as stored in the input."""
     notes: tuple[str, ...]
     """*(extra)* what the estimate could not see, and the assumptions it made."""
+    loss: str = "model"
+    """*(extra)* the loss of the traced training step: ``loss_fn`` (the factory's), ``cross-entropy``, ``mse``,
+    ``sum``, or ``model`` (the model's own ``loss`` output, else the sum of its outputs)."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,29 @@ class MemoryBytes:
 
 
 @dataclass(frozen=True)
+class Fit:
+    """Whether a row fits one device of ``capacity`` bytes, keeping ``reserve`` bytes for the runtime."""
+
+    device: str
+    """The device named (``h100-80gb``) or the size given (``80GiB``)."""
+    capacity_bytes: int
+    reserve_bytes: int
+    """Held back for the CUDA context and kernels' workspaces, and for the caching allocator's fragmentation."""
+    usable_bytes: int
+    """``capacity_bytes - reserve_bytes``: what the step's peak may reach."""
+    fits: bool
+    """The row's ``total`` at its own batch (and sequence length) is at most ``usable_bytes``."""
+    max_batch_size: int | None
+    """The largest batch whose peak fits at this sequence length (0: not even one); null when there is no
+    forward pass to scale (a checkpoint) or the peak does not grow with the batch."""
+    max_seq_len: int | None
+    """For a config: the longest sequence whose peak fits at this batch size; else null."""
+    search: str
+    """How the limits were found: ``linear`` (sizes checked to grow by the same step), ``quadratic``, or
+    ``bisection`` (traced at each candidate)."""
+
+
+@dataclass(frozen=True)
 class MemoryEstimate:
     dtype: str
     mode: Mode
@@ -78,6 +104,11 @@ class MemoryEstimate:
     """*(extra)*"""
     peak_phase: str
     """*(extra)* ``forward``, ``forward-backward`` or ``optimizer-step``: where ``total`` is reached."""
+    optimizer_impl: str | None = None
+    """*(extra)* the torch optimizer implementation whose step transient is counted (``foreach``, ``for-loop``,
+    ``fused``); null for inference."""
+    fit: Fit | None = None
+    """*(extra)* with ``--fit``: whether the row fits the device, and the largest batch (and sequence) that does."""
 
 
 @dataclass(frozen=True)
@@ -105,3 +136,6 @@ class MemoryReport:
     measured: Measurement | None
     skipped: tuple[str, ...]
     """*(extra)* configurations left out of the default grid, and why (int8 cannot be trained, ...)."""
+    measurements: tuple[Measurement, ...] = ()
+    """*(extra)* with ``--measure``: one real step of every row that can run here (``measured`` is the first
+    training one)."""

@@ -158,6 +158,11 @@ def optimizer_step_transient(
         if impl == "foreach":
             copies = 2 if optimizer == "adafactor" else 1
             transient = copies * sum(_bytes(p.numel, bits) for p in trainable)
+        elif optimizer in ("adamw", "adam"):
+            # ``denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)``: the square root and the quotient
+            # of one tensor exist at once, while the previous tensor's ``denom`` is still bound to the loop variable.
+            sizes = [_bytes(p.numel, bits) for p in trainable]
+            transient = max(2 * size + previous for previous, size in zip([0, *sizes], sizes, strict=False))
         else:
             transient = 2 * max(_bytes(p.numel, bits) for p in trainable)
     if precision == "master" and trainable:

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dtypecheck.memory.inventory import Inventory
 from dtypecheck.memory.report import ModelInfo
+from dtypecheck.memory.step import DEFAULT_LOSS, StepLoss
 
 if TYPE_CHECKING:
     import torch
 
-    from dtypecheck.memory.tracing import Inputs, Traceable
+    from dtypecheck.memory.tracing import Traceable
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,7 @@ class DecoderShape:
         return cls(int(layers), int(kv_heads), int(head_dim))
 
 
-RealBuilder = Callable[[], "tuple[torch.nn.Module, Callable[[], Inputs]]"]
+RealBuilder = Callable[[], "tuple[torch.nn.Module, Callable[[], Any]]"]
 
 
 @dataclass
@@ -66,6 +69,15 @@ class Subject:
     notes: tuple[str, ...] = ()
     real: RealBuilder | None = None
     """Builds the real module and a maker of real inputs, for ``--measure``."""
+    loss: StepLoss = DEFAULT_LOSS
+    """The loss the training step takes (traced and measured alike)."""
+    user_file: Path | None = None
+    """The factory's file: an exception in the model's own code is reported with that file's frames."""
+
+    def reshaped(self, batch_size: int | None, seq_len: int | None) -> Subject:
+        """The same model fed ``batch_size`` x ``seq_len`` inputs (for ``--fit``'s search; not measurable)."""
+        traceable = self.traceable.reshaped(batch_size, seq_len) if self.traceable else None
+        return dataclasses.replace(self, traceable=traceable, batch_size=batch_size, seq_len=seq_len, real=None)
 
     def model_info(self) -> ModelInfo:
         inventory = self.inventory
@@ -79,4 +91,5 @@ class Subject:
             architecture=self.architecture,
             parameter_bytes=self.parameter_bytes,
             notes=self.notes,
+            loss=self.loss.name,
         )

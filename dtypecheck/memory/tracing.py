@@ -10,6 +10,7 @@ sharding can scale them separately.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import itertools
 import weakref
@@ -19,12 +20,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from dtypecheck.memory.step import DEFAULT_LOSS, StepLoss, forward_and_loss
+from dtypecheck.memory.workspaces import real_workspace_bytes, run_op, workspace_output
+
 if TYPE_CHECKING:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
-
-
-Inputs = tuple[tuple[Any, ...], dict[str, Any]]
 
 
 class Profile(Protocol):
@@ -34,7 +35,7 @@ class Profile(Protocol):
     def peak_activations(self) -> int: ...
 
     @property
-    def input_bytes(self) -> int: ...
+    def retained_bytes(self) -> int: ...
 
     def peak(self, gradient_scale: float = 1.0) -> int: ...
 
@@ -49,8 +50,9 @@ class ActivationProfile:
     """(activation bytes, gradient bytes) at every moment that can be the peak, whatever the gradients'
     share per device: the Pareto front of the whole timeline."""
     ops: int
-    input_bytes: int = 0
-    """The batch itself, still referenced by the training loop during the optimizer step."""
+    retained_bytes: int = 0
+    """What the training loop still references during the optimizer step: the batch, the model's output (the
+    logits) and the loss, and anything the model keeps after backward."""
 
     def peak(self, gradient_scale: float = 1.0) -> int:
         """Peak live bytes when each device keeps ``gradient_scale`` of the gradients (1/N under ZeRO-2)."""
@@ -78,8 +80,8 @@ class ExtrapolatedProfile:
         return self._extend(self.smaller.peak_activations, self.larger.peak_activations)
 
     @property
-    def input_bytes(self) -> int:
-        return self.larger.input_bytes
+    def retained_bytes(self) -> int:
+        return self._extend(self.smaller.retained_bytes, self.larger.retained_bytes)
 
     def peak(self, gradient_scale: float = 1.0) -> int:
         return self._extend(self.smaller.peak(gradient_scale), self.larger.peak(gradient_scale))
@@ -89,6 +91,7 @@ def linear_profiles(profiles: list[ActivationProfile]) -> bool:
     """True when consecutive block counts add the same bytes to every figure the estimate reads."""
     series = [[p.peak(scale) for p in profiles] for scale in (0.0, 0.125, 0.5, 1.0)]
     series.append([p.peak_activations for p in profiles])
+    series.append([p.retained_bytes for p in profiles])
     for values in series:
         steps = [b - a for a, b in itertools.pairwise(values)]
         # A scaled gradient share is rounded down to whole bytes, hence the one byte of slack.
@@ -115,12 +118,13 @@ class LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._external.append(storage)  # keeps the id stable while we run
         self._storages[id(storage)] = (0, False)
 
-    def track(self, tensor: torch.Tensor) -> None:
+    def track(self, tensor: torch.Tensor, nbytes: int | None = None) -> None:
+        """Count ``tensor``'s storage while it lives (as ``nbytes`` when the fake storage cannot tell)."""
         storage = tensor.untyped_storage()
         key = id(storage)
         if key in self._storages:
             return
-        nbytes = storage.nbytes()
+        nbytes = storage.nbytes() if nbytes is None else nbytes
         self._storages[key] = (nbytes, False)
         self._refs[key] = weakref.ref(storage, functools.partial(self._release, key))
         self.activations += nbytes
@@ -151,7 +155,10 @@ class LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
         import torch
         from torch.utils._pytree import tree_flatten
 
-        out = func(*args, **(kwargs or {}))
+        out = run_op(func, args, kwargs or {})
+        workspace = workspace_output(func)
+        if workspace is not None and isinstance(out[workspace], torch.Tensor) and out[workspace].numel() == 0:
+            self.track(out[workspace], real_workspace_bytes(func, workspace, args, kwargs or {}))
         if isinstance(out, torch.Tensor):
             self.track(out)
         else:
@@ -162,7 +169,7 @@ class LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._timeline.append((self.activations, self.gradients))
         return out
 
-    def profile(self, input_bytes: int = 0) -> ActivationProfile:
+    def profile(self, retained_bytes: int = 0) -> ActivationProfile:
         frontier: list[tuple[int, int]] = []
         best_gradients = -1
         # Sweep by activations, largest first: a point is on the front when it holds more gradients than
@@ -172,22 +179,48 @@ class LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 frontier.append((activations, gradients))
                 best_gradients = gradients
         peak = max((a for a, _ in self._timeline), default=0)
-        return ActivationProfile(peak, tuple(frontier), self.ops, input_bytes)
+        return ActivationProfile(peak, tuple(frontier), self.ops, retained_bytes)
 
 
 @dataclass
 class Traceable:
-    """A module with fake parameters, how to make its inputs, and where its checkpointable blocks are."""
+    """A module with fake parameters, how to make its inputs, the loss the step takes, and its blocks."""
 
     fake_mode: FakeTensorMode
     module: torch.nn.Module
-    make_inputs: Callable[[], Inputs]
-    """Called under the fake mode and the tracker, so the batch itself is counted as activation memory."""
+    make_inputs: Callable[[int | None, int | None], Any]
+    """``(batch_size, seq_len) -> inputs`` in the factory's own form (a tensor, a tuple, a dict of keyword
+    arguments). Called under the fake mode and the tracker, so the batch itself is counted as activation memory."""
     batch_size: int | None
+    seq_len: int | None = None
+    loss: StepLoss = DEFAULT_LOSS
     layers: int | None = None
     """How many identical blocks the model repeats, when its config says."""
     with_layers: Callable[[int], Traceable] | None = None
     """The same model with fewer blocks, to trace a deep model from shallow copies of it."""
+    prepare: Callable[[], None] | None = None
+    """Makes the module's parameters fake, run before the first trace: a deep model extrapolated from shallow
+    copies never pays for it."""
+
+    def ready(self) -> Traceable:
+        """Run ``prepare`` once; returns self."""
+        if self.prepare is not None:
+            prepare, self.prepare = self.prepare, None
+            prepare()
+        return self
+
+    def inputs(self) -> Any:
+        return self.make_inputs(self.batch_size, self.seq_len)
+
+    def reshaped(self, batch_size: int | None, seq_len: int | None) -> Traceable:
+        """The same model fed ``batch_size`` x ``seq_len`` inputs (its shallow copies too)."""
+        shallow = self.with_layers
+        return dataclasses.replace(
+            self,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            with_layers=None if shallow is None else lambda n: shallow(n).reshaped(batch_size, seq_len),
+        )
 
     def blocks(self) -> list[torch.nn.Module]:
         """The units ``--checkpointing`` recomputes: every element of the outermost ModuleLists/Sequentials."""
@@ -206,30 +239,7 @@ class Traceable:
         return found
 
 
-def loss_of(output: Any) -> torch.Tensor:
-    """The model's own ``loss`` when it has one, else the sum of every differentiable floating output."""
-    import torch
-    from torch.utils._pytree import tree_flatten
-
-    loss = getattr(output, "loss", None)
-    if isinstance(loss, torch.Tensor) and loss.requires_grad:
-        return loss
-    if hasattr(output, "to_tuple"):
-        output = output.to_tuple()
-    elif isinstance(output, dict):
-        output = list(output.values())
-    tensors = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
-    if not tensors:
-        from dtypecheck.errors import InputError
-
-        raise InputError("the model's output has no tensor that requires grad, so no backward pass can be traced")
-    total = tensors[0].sum()
-    for tensor in tensors[1:]:
-        total = total + tensor.sum()
-    return total
-
-
-def cast_inputs(inputs: Inputs, dtype: torch.dtype | None) -> Inputs:
+def cast_inputs(inputs: Any, dtype: torch.dtype | None) -> Any:
     """Floating inputs in the dtype the weights are in (as a pure-bfloat16 training loop feeds them)."""
     import torch
     from torch.utils._pytree import tree_map
@@ -242,8 +252,7 @@ def cast_inputs(inputs: Inputs, dtype: torch.dtype | None) -> Inputs:
             return value.to(dtype)
         return value
 
-    args, kwargs = inputs
-    return tree_map(cast, args), tree_map(cast, kwargs)
+    return tree_map(cast, inputs)
 
 
 @contextlib.contextmanager
@@ -291,26 +300,23 @@ def trace_pass(
     block_list = traceable.blocks() if (checkpointing and train) else []
     try:
         with traceable.fake_mode, tracker, grad_mode, checkpointed(block_list):
-            args, kwargs = cast_inputs(traceable.make_inputs(), input_dtype)
-            batch = {id(v.untyped_storage()): v for v in tree_flatten((args, kwargs))[0] if isinstance(v, torch.Tensor)}
-            for value in batch.values():
-                tracker.track(value)
-            input_bytes = sum(v.untyped_storage().nbytes() for v in batch.values())
-            del batch
+            inputs = cast_inputs(traceable.inputs(), input_dtype)
+            for value in tree_flatten(inputs)[0]:
+                if isinstance(value, torch.Tensor):
+                    tracker.track(value)
             autocast = (
                 torch.autocast("cpu", dtype=autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
             )
-            with autocast:
-                output = module(*args, **kwargs)
-                loss = loss_of(output) if train else None
-            del output
-            # The batch stays alive through backward, as a training loop's ``for batch in loader`` keeps it.
+            # The batch, the output and the loss stay referenced through backward and the optimizer step, as
+            # in a training loop's ``logits = model(x); loss = loss_fn(logits, y); loss.backward()``.
+            output, loss = forward_and_loss(module, inputs, traceable.loss if train else None, autocast)
             if loss is not None:
                 loss.backward()  # type: ignore[no-untyped-call]
-            del loss, args, kwargs
+            retained = tracker.activations
+            del output, loss, inputs
     finally:
         for handle in hooks:
             handle.remove()
         for param in module.parameters():
             param.grad = None
-    return tracker.profile(input_bytes)
+    return tracker.profile(retained)

@@ -9,7 +9,7 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from dtypecheck.memory.report import MemoryEstimate, MemoryReport
+from dtypecheck.memory.report import Measurement, MemoryEstimate, MemoryReport
 from dtypecheck.render.cells import fmt_bytes, fmt_count
 
 BAR_WIDTH = 10
@@ -50,6 +50,15 @@ def stacked_bar(terms: tuple[int, ...], width: int = BAR_WIDTH) -> Text:
     return bar
 
 
+def _limit(value: int | None) -> str:
+    return "-" if value is None else f"{value:,}"
+
+
+def _measured(measured: dict[tuple[str, str, str], Measurement], row: MemoryEstimate) -> str:
+    m = measured.get((row.dtype, row.mode, row.precision))
+    return "-" if m is None else f"{fmt_bytes(m.peak_bytes)} {m.error:+.1%}"
+
+
 def _dash_if_zero(count: int | None) -> str:
     return "-" if not count else fmt_bytes(count)
 
@@ -77,8 +86,17 @@ def render_memory(report: MemoryReport) -> list[RenderableType]:
         trained = [r for r in report.estimates if r.mode == "training"]
         if trained:
             header.append(f"; optimizer {trained[0].optimizer}")
+            if trained[0].optimizer_impl:
+                header.append(f" ({trained[0].optimizer_impl})")
+            header.append(f"; loss {model.loss}")
             if trained[0].checkpointing:
                 header.append("; activation checkpointing")
+        if first.fit is not None:
+            f = first.fit
+            header.append(
+                f"\nfit {f.device}: {fmt_bytes(f.capacity_bytes)} - reserve {fmt_bytes(f.reserve_bytes)} = "
+                f"{fmt_bytes(f.usable_bytes)} usable"
+            )
     out.append(header)
 
     rows = report.estimates
@@ -91,6 +109,19 @@ def render_memory(report: MemoryReport) -> list[RenderableType]:
         ("KV", lambda r: _dash_if_zero(r.bytes.kv_cache), any(r.bytes.kv_cache for r in rows)),
         ("total", lambda r: fmt_bytes(r.bytes.total), True),
     ]
+    measured: dict[tuple[str, str, str], Measurement] = {(m.dtype, m.mode, m.precision): m for m in report.measurements}
+    if measured:
+        columns.append(("measured", lambda r: _measured(measured, r), True))
+    if any(r.fit is not None for r in rows):
+        columns.append(("fits", lambda r: "yes" if r.fit and r.fit.fits else "no", True))
+        columns.append(("max batch", lambda r: _limit(r.fit.max_batch_size if r.fit else None), True))
+        columns.append(
+            (
+                "max seq",
+                lambda r: _limit(r.fit.max_seq_len if r.fit else None),
+                any(r.fit is not None and r.fit.max_seq_len is not None for r in rows),
+            )
+        )
     shown: list[tuple[str, Callable[[MemoryEstimate], str]]] = [(n, f) for n, f, keep in columns if keep]
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=0)
     table.add_column("dtype", no_wrap=True)
@@ -98,25 +129,34 @@ def render_memory(report: MemoryReport) -> list[RenderableType]:
     table.add_column("precision", no_wrap=True)
     for name, _ in shown:
         table.add_column(name, justify="right", style="bold" if name == "total" else None, no_wrap=True)
-    table.add_column("bar", no_wrap=True, min_width=BAR_WIDTH)
+    # The fit and measured columns take the bar's room: a row of a table this wide would wrap.
+    with_bar = not measured and all(r.fit is None for r in rows)
+    if with_bar:
+        table.add_column("bar", no_wrap=True, min_width=BAR_WIDTH)
     for row in rows:
         mode = "train" if row.mode == "training" else "infer"
-        table.add_row(row.dtype, mode, row.precision, *(cell(row) for _, cell in shown), stacked_bar(_terms(row)))
+        bar = (stacked_bar(_terms(row)),) if with_bar else ()
+        table.add_row(row.dtype, mode, row.precision, *(cell(row) for _, cell in shown), *bar)
     out.append(table)
 
     lines = Text()
-    if report.measured is not None:
+    if report.measured is not None and not report.measurements:
         m = report.measured
         lines.append(
             f"measured on {m.device} ({m.referee}), {m.dtype} {m.mode} {m.precision}: peak {fmt_bytes(m.peak_bytes)}, "
             f"estimate {fmt_bytes(m.estimate_bytes)}, error {m.error:+.1%}\n",
             style="bold",
         )
+    if report.measurements:
+        m = report.measurements[0]
+        lines.append(f"measured: one real step per row on {m.device} ({m.referee}), error against the total\n")
     for note in model.notes:
         lines.append(f"note: {note}\n", style="dim")
     for skipped in report.skipped:
         lines.append(f"skipped: {skipped}\n", style="dim")
     legend = ", ".join(f"{letter} {label}" for letter, _, label in SEGMENTS)
-    lines.append(f"total is the peak of the step, not the sum of the columns; bar: {legend}", style="dim")
+    lines.append("total is the peak of the step, not the sum of the columns", style="dim")
+    if with_bar:
+        lines.append(f"; bar: {legend}", style="dim")
     out.append(lines)
     return out

@@ -1,0 +1,113 @@
+"""What fake tensors cannot tell by themselves: workspaces a kernel sizes at run time, and ops whose meta kernel
+accepts fewer dtypes than the real ones.
+
+oneDNN's LSTM/GRU (``aten.mkldnn_rnn_layer``, what ``nn.LSTM`` runs on the CPU) returns a workspace that autograd
+saves for the backward pass; its meta kernel returns zero elements because the size comes from the oneDNN
+primitive. The tracer asks the real kernel once per shape, on zero-filled CPU tensors of the same shapes. Past
+``PROBE_LIMIT`` bytes of real input (a ``--fit`` search at a huge batch), it asks at the two largest batches b and
+2b within the limit and extends linearly: the workspace holds per-sequence gates and states, page-rounded.
+
+``aten._grouped_mm`` (mixture-of-experts layers in transformers) has a meta kernel that takes bfloat16 only, while
+the model runs it in float32 too; it is shaped in bfloat16 and its output given the inputs' dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+
+class _TensorShape(NamedTuple):
+    shape: tuple[int, ...]
+    dtype: Any
+
+
+PROBE_LIMIT = 64 * 2**20
+"""The most bytes of real zero-filled arguments a probe allocates."""
+_CACHE: dict[tuple[Any, ...], int] = {}
+_WORKSPACE_OUTPUT = {"aten.mkldnn_rnn_layer.default": 3}
+"""Op -> the index of its output that is a run-time-sized workspace."""
+_BATCH_DIMS = {"aten.mkldnn_rnn_layer.default": (1, None, None, None, None, 0, 0)}
+"""Op -> for each tensor argument, its batch dimension (None: not batched): ``input`` is (seq, batch, features),
+``hx`` and ``cx`` are (batch, hidden)."""
+
+
+_BFLOAT16_META_ONLY = frozenset({"aten._grouped_mm.default"})
+
+
+def run_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``func(*args, **kwargs)`` on fake tensors, shaping a bfloat16-only meta kernel in bfloat16."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    if str(func) not in _BFLOAT16_META_ONLY:
+        return func(*args, **kwargs)
+    dtypes = {a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()}
+    if dtypes <= {torch.bfloat16}:
+        return func(*args, **kwargs)
+
+    def to_bfloat16(value: Any) -> Any:
+        is_float = isinstance(value, torch.Tensor) and value.is_floating_point()
+        return value.to(torch.bfloat16) if is_float else value
+
+    out = func(*tree_map(to_bfloat16, args), **tree_map(to_bfloat16, kwargs))
+    dtype = next(iter(dtypes)) if len(dtypes) == 1 else torch.float32
+    return out.to(dtype)
+
+
+def workspace_output(func: Any) -> int | None:
+    """The index of ``func``'s workspace output, when fake tensors cannot size it."""
+    return _WORKSPACE_OUTPUT.get(str(func))
+
+
+def _shapes(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    import torch
+
+    def hashable(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return _TensorShape(tuple(value.shape), value.dtype)
+        return tuple(value) if isinstance(value, list) else value
+
+    return tuple(hashable(a) for a in args)
+
+
+def _with_batch(shapes: tuple[Any, ...], dims: tuple[int | None, ...], batch: int) -> tuple[Any, ...]:
+    resized = list(shapes)
+    for index, dim in enumerate(dims):
+        if dim is not None:
+            shape, dtype = resized[index]
+            resized[index] = _TensorShape((*shape[:dim], batch, *shape[dim + 1 :]), dtype)
+    return tuple(resized)
+
+
+def _probe(func: Any, index: int, shapes: tuple[Any, ...], kwargs: dict[str, Any], grad: bool) -> int:
+    key = (str(func), index, shapes, tuple(sorted(kwargs.items())), grad)
+    if key in _CACHE:
+        return _CACHE[key]
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    # Under the caller's grad mode: without grad the kernel returns no workspace, and nothing is counted.
+    with unset_fake_temporarily(), torch.set_grad_enabled(grad):
+        real = [torch.zeros(a.shape, dtype=a.dtype) if isinstance(a, _TensorShape) else a for a in shapes]
+        workspace = func(*real, **kwargs)[index]
+        size = int(workspace.untyped_storage().nbytes()) if isinstance(workspace, torch.Tensor) else 0
+    _CACHE[key] = size
+    return size
+
+
+def real_workspace_bytes(func: Any, index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """Bytes of output ``index`` when ``func`` runs for real on zero tensors of the same shapes (cached)."""
+    import torch
+
+    shapes = _shapes(args)
+    grad = torch.is_grad_enabled()
+    real_bytes = sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
+    dims = _BATCH_DIMS.get(str(func))
+    if real_bytes <= PROBE_LIMIT or dims is None:
+        return _probe(func, index, shapes, kwargs, grad)
+    batch = int(args[0].shape[dims[0]]) if dims[0] is not None else 1
+    # The two largest batches within the limit: the page rounding matters least there.
+    small = max(1, batch * PROBE_LIMIT // real_bytes // 2)
+    first = _probe(func, index, _with_batch(shapes, dims, small), kwargs, grad)
+    second = _probe(func, index, _with_batch(shapes, dims, 2 * small), kwargs, grad)
+    return first + (batch - small) * (second - first) // small

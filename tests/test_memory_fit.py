@@ -1,0 +1,147 @@
+"""``--fit``: device sizes and names, the reserve, and the largest batch / sequence length that fits."""
+
+from __future__ import annotations
+
+import pytest
+
+from dtypecheck.errors import UsageError
+from dtypecheck.memory.devices import DEVICES, parse_fit, parse_reserve, parse_size
+from dtypecheck.memory.fit import largest_fitting
+from tests._memory_fixtures import write_decoder_config
+
+GIB = 2**30
+
+FACTORY = """
+import torch
+from torch import nn
+
+
+def wide():
+    torch.manual_seed(0)
+    return nn.Linear(256, 256, bias=False), torch.randn(4, 256)
+"""
+
+
+@pytest.fixture
+def wide(tmp_path):
+    path = tmp_path / "wide.py"
+    path.write_text(FACTORY, encoding="utf-8")
+    return f"{path}:wide"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("80GiB", 80 * 2**30), ("24GB", 24 * 10**9), ("1.5TiB", 3 * 2**39), ("4096", 4096), ("512 mib", 512 * 2**20)],
+)
+def test_sizes(text, expected):
+    assert parse_size(text, "--fit") == expected
+
+
+def test_reserve_by_hand():
+    assert parse_reserve("1GiB+5%", 80 * GIB) == GIB + 4 * GIB
+    assert parse_reserve("10%", 40 * GIB) == 4 * GIB
+    assert parse_reserve("0", 40 * GIB) == 0
+    budget = parse_fit("a100-40gb", None)  # the default reserve: 1 GiB + 5%
+    assert (budget.capacity_bytes, budget.reserve_bytes, budget.usable_bytes) == (40 * GIB, 3 * GIB, 37 * GIB)
+    assert budget.accelerator
+    assert not parse_fit("24GB", "0").accelerator
+    with pytest.raises(UsageError):
+        parse_reserve("5%%", GIB)
+    with pytest.raises(UsageError):
+        parse_reserve("120%", GIB)
+
+
+def test_device_table_names_are_lowercase_and_sizes_plausible():
+    assert {"h100-80gb", "a100-40gb", "a100-80gb", "l4", "rtx4090"} <= set(DEVICES)
+    assert all(name == name.lower() and 8 * GIB <= size <= 256 * GIB for name, size in DEVICES.items())
+
+
+def test_largest_fitting_linear_quadratic_and_edges():
+    assert largest_fitting(lambda x: 1000 + 10 * x, 1_000_000) == (99_900, "linear")
+    # 100 + x^2: the largest x with x^2 <= 9900 is 99.
+    assert largest_fitting(lambda x: 100 + x * x, 10_000) == (99, "quadratic")
+    assert largest_fitting(lambda x: 5000 + x, 100) == (0, "direct")
+    assert largest_fitting(lambda x: 50, 100) == (None, "constant")
+    # A step at x = 40 that the first three points cannot see: found by bisection.
+    assert largest_fitting(lambda x: 10 * x + (10_000 if x >= 40 else 0), 1000) == (39, "bisection")
+
+
+def test_fit_inference_by_hand(cli, wide):
+    # Inference of Linear(256, 256) in float32: 262,144 B of weights, then per row of the batch 1 KiB in and 1 KiB
+    # out alive at once. In 1 MiB: 262,144 + 2,048 b <= 1,048,576, so b <= 384.
+    doc = cli("estimate-memory", wide, "-d", "fp32", "--fit", "1MiB", "--reserve", "0", "-f", "json").json()
+    inference, training = doc["estimates"]
+    assert inference["bytes"]["total"] == 262_144 + 2_048 * 4
+    assert inference["fit"] == {
+        "device": "1MiB",
+        "capacity_bytes": 2**20,
+        "reserve_bytes": 0,
+        "usable_bytes": 2**20,
+        "fits": True,
+        "max_batch_size": 384,
+        "max_seq_len": None,
+        "search": "linear",
+    }
+    # Training needs 1,572,868 B before any batch (weights, gradients, AdamW states and step, the transient).
+    assert training["fit"]["fits"] is False
+    assert training["fit"]["max_batch_size"] == 0
+    # With 4 MiB: 1,572,868 + 2,048 b + 4 (the loss) <= 4,194,304 -> b <= 1279.
+    doc = cli("estimate-memory", wide, "-d", "fp32", "-m", "training", "--fit", "4MiB", "--reserve", "0", "-f", "json")
+    assert doc.json()["estimates"][0]["fit"]["max_batch_size"] == 1279
+
+
+def test_fit_of_a_config_brackets_the_limits(cli, tmp_path):
+    config = write_decoder_config(tmp_path)
+    base = ("estimate-memory", str(config), "-d", "bf16", "-f", "json", "--fit", "64MiB", "--reserve", "1MiB+5%")
+    doc = cli(*base, "--seq-len", "64").json()
+    usable = 64 * 2**20 - (2**20 + int(64 * 2**20 * 0.05))
+    for row in doc["estimates"]:
+        fit = row["fit"]
+        assert fit["usable_bytes"] == usable
+        batch, seq = fit["max_batch_size"], fit["max_seq_len"]
+        assert batch > 1
+        assert seq > 64
+        mode = ("-m", row["mode"])
+
+        def total(*shape: str, mode=mode) -> int:
+            return int(cli(*base[:4], *mode, "-f", "json", *shape).json()["estimates"][0]["bytes"]["total"])
+
+        # Re-estimated independently at the limit and one past it.
+        assert total("--seq-len", "64", "--batch-size", str(batch)) <= usable
+        assert total("--seq-len", "64", "--batch-size", str(batch + 1)) > usable
+        assert total("--seq-len", str(seq)) <= usable
+        assert total("--seq-len", str(seq + 1)) > usable
+
+
+def test_fit_table_and_named_gpu_uses_foreach(cli, wide):
+    result = cli("estimate-memory", wide, "-d", "fp32", "--fit", "l4")
+    assert result.exit_code == 0, result.stderr
+    assert "fit l4: 24.00 GiB - reserve 2.20 GiB = 21.80 GiB usable" in result.stdout
+    assert "max batch" in result.stdout
+    doc = cli("estimate-memory", wide, "-d", "fp32", "-m", "training", "--fit", "l4", "-f", "json").json()
+    assert doc["estimates"][0]["optimizer_impl"] == "foreach"  # a named GPU runs on CUDA: torch's foreach default
+
+
+def test_fit_of_a_checkpoint_says_only_whether_it_fits(cli, tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    path = tmp_path / "model.safetensors"
+    save_file({"w": torch.zeros(1024, 1024)}, str(path))
+    base = ("estimate-memory", str(path), "-d", "fp32", "-m", "inference", "--fit", "8MiB", "-f", "json")
+    tight = cli(*base, "--reserve", "5MiB").json()["estimates"][0]["fit"]
+    assert (tight["usable_bytes"], tight["fits"], tight["max_batch_size"]) == (3 * 2**20, False, None)
+    roomy = cli(*base, "--reserve", "1MiB").json()["estimates"][0]["fit"]
+    assert (roomy["usable_bytes"], roomy["fits"], roomy["search"]) == (7 * 2**20, True, "direct")
+
+
+def test_fit_reserve_and_loss_from_the_project_config(cli, wide, tmp_path):
+    config = tmp_path / "pyproject.toml"
+    config.write_text('[tool.dtypecheck.estimate-memory]\nfit = "1MiB"\nreserve = "0"\nloss = "mse"\n')
+    doc = cli("estimate-memory", wide, "-d", "fp32", "--config", str(config), "-f", "json").json()
+    assert doc["model"]["loss"] == "mse"
+    assert doc["estimates"][0]["fit"]["max_batch_size"] == 384  # as test_fit_inference_by_hand
+    config.write_text('[tool.dtypecheck.estimate-memory]\nloss = "hinge"\n')
+    result = cli("estimate-memory", wide, "--config", str(config))
+    assert result.exit_code == 2
+    assert "loss" in result.stderr
