@@ -68,6 +68,14 @@ def nan_trace(
     keep_going: Annotated[
         bool, typer.Option("--keep-going", help="Collect every non-finite producer instead of stopping at the first.")
     ] = False,
+    max_skipped_steps: Annotated[
+        int | None,
+        typer.Option(
+            "--max-skipped-steps",
+            min=1,
+            help="Fail when GradScaler skips this many steps in a row (its scale collapsing) [default: 16]",
+        ),
+    ] = None,
     fail_on: FailOnOption = None,
     config: ConfigOption = None,
     fmt: FormatOption = OutputFormat.table,
@@ -111,6 +119,7 @@ def nan_trace(
         keep_going=pick(True if keep_going else None, settings, COMMAND, "keep-going", False),
         history=pick(history, settings, COMMAND, "history", 20),
         warn_frac=pick(warn_frac, settings, COMMAND, "warn-frac", 0.5),
+        max_skipped_steps=pick(max_skipped_steps, settings, COMMAND, "max-skipped-steps", 16),
     )
     run = RunSettings(options, autocast_name, device)
     threshold = FailOn(pick(fail_on, settings, COMMAND, "fail-on", FailOn.fail))

@@ -62,7 +62,11 @@ class ModuleStack:
         key = (id(parent), id(module))
         name = self._child_names.get(key)
         if name is None:
+            # A direct child, else a descendant reached through a container that is not called itself
+            # (``self.layers = ModuleList(...)``, as every HF model has): its dotted path.
             name = next((n for n, child in parent.named_children() if child is module), None)
+            if name is None:
+                name = next((n for n, child in parent.named_modules() if child is module and n), None)
             if name is None:
                 # Called from its parent without being registered in it (kept in a plain list, say).
                 name = f"<{type(module).__name__}>"
