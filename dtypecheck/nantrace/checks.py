@@ -114,7 +114,7 @@ class NearOverflow(_OpCheckBase):
     title: str = "near overflow"
 
     def on_op(self, record: OpRecord, judge: Judge, nonfinite: bool) -> None:
-        if nonfinite:
+        if nonfinite or (judge.scaled_backward and record.phase == "backward"):
             return
         for position, checked in enumerate(record.checked):
             limit = judge.warn_frac * spec_of(checked.tensor.dtype).fmt.max

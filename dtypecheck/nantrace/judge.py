@@ -79,6 +79,8 @@ class Judge:
         """Notes: producers whose value was masked or whose step GradScaler skipped."""
         self.warnings: list[Event] = []
         self.taint = Taint()
+        self.scaled_backward = False
+        """A GradScaler scales the loss: gradients near the dtype's max are its doing, not a climb."""
         self._warned: set[tuple[str, str | None]] = set()
         self._checks = list(op_checks())
 
@@ -111,18 +113,31 @@ class Judge:
                 with torch.no_grad():
                     has_nan = bool(torch.isnan(tensor).any())
                     has_inf = bool(torch.isinf(tensor).any())
-                if has_nan or has_inf:
+                recent = self._recent_producer(record)
+                if (has_nan or has_inf) and recent is not None:
+                    # Backward passed it on through an op too cheap to record (relu's backward): it descends
+                    # from the producer this backward pass already found.
+                    self.taint.mark(tensor, has_nan, has_inf, recent)
+                elif has_nan or has_inf:
                     # Not an output of any traced op judged so far: it came in with the data.
                     if has_nan:
                         external.append(tensor)
                     self.taint.mark(tensor, has_nan, has_inf, None)
-                known = (has_nan, has_inf, None)
+                    recent = None
+                known = (has_nan, has_inf, recent)
             if known is not None:
                 nan_in |= known[0]
                 inf_in |= known[1]
                 if known[2] is not None:
                     origins.append(known[2])
         return nan_in, inf_in, external, origins
+
+    def _recent_producer(self, record: OpRecord) -> int | None:
+        """In backward: the last producer, when it was found in this step's backward too."""
+        if record.node is None or not self.taint.producers:
+            return None
+        last = self.taint.producers[-1].event
+        return len(self.taint.producers) - 1 if last.phase == "backward" and last.step == record.step else None
 
     # -- the flush ---------------------------------------------------------------------------------------------
     def judge_window(self, window: list[OpRecord]) -> None:
@@ -231,8 +246,9 @@ class Judge:
         return failed
 
     def note(self, origin: int, consequence: Consequence) -> Event | None:
+        """``origin``'s value was handled; listed when it is a root (not a NaN made from another's infinities)."""
         event = self.taint.resolve(origin, consequence)
-        if event is not None:
+        if event is not None and not self.taint.producers[origin].parents:
             self.handled.append(event)
         return event
 

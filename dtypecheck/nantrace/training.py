@@ -110,7 +110,7 @@ class TrainingWatch:
         def wrap_scale(original: Any) -> Any:
             def scale(scaler: Any, outputs: Any) -> Any:
                 if getattr(scaler, "_enabled", False):
-                    watch.scaler_active = True
+                    watch.scaler_active = watch.tracer.judge.scaled_backward = True
                 return original(scaler, outputs)
 
             return scale
