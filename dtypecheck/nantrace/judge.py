@@ -17,7 +17,7 @@ from dtypecheck.dtypes import spec_of
 from dtypecheck.nantrace.checks import op_checks
 from dtypecheck.nantrace.frames import location_of
 from dtypecheck.nantrace.ops import has_nonfinite_scalar, iter_tensors, mutated_argument
-from dtypecheck.nantrace.records import Checked, OpRecord
+from dtypecheck.nantrace.records import Checked, OpRecord, readable
 from dtypecheck.nantrace.report import Consequence, Event, EventKind, HistoryEntry, Phase, ValueCounts
 from dtypecheck.nantrace.rerun import cause_of, counts_of, output_now_or_rerun
 from dtypecheck.nantrace.taint import NOTES, Taint
@@ -109,7 +109,7 @@ class Judge:
             return nan_in, inf_in, external, origins
         for tensor, version in record.inputs:
             known = self.taint.known(tensor)
-            if known is None and look and tensor._version == version and tensor.numel():
+            if known is None and look and tensor._version == version and tensor.numel() and readable(tensor):
                 with torch.no_grad():
                     has_nan = bool(torch.isnan(tensor).any())
                     has_inf = bool(torch.isinf(tensor).any())
@@ -119,8 +119,9 @@ class Judge:
                     # from the producer this backward pass already found.
                     self.taint.mark(tensor, has_nan, has_inf, recent)
                 elif has_nan or has_inf:
-                    # Not an output of any traced op judged so far: it came in with the data.
-                    if has_nan:
+                    # Not an output of any traced op judged so far: it came in with the data or, outside the
+                    # forward of a distributed run, through a collective that is not an op (DDP's reducer).
+                    if has_nan or self._arrived(record):
                         external.append(tensor)
                     self.taint.mark(tensor, has_nan, has_inf, None)
                     recent = None
@@ -131,6 +132,9 @@ class Judge:
                 if known[2] is not None:
                     origins.append(known[2])
         return nan_in, inf_in, external, origins
+
+    def _arrived(self, record: OpRecord) -> bool:
+        return self.rank is not None and record.phase != "forward"
 
     def _recent_producer(self, record: OpRecord) -> int | None:
         """In backward: the last producer, when it was found in this step's backward too."""
@@ -217,7 +221,7 @@ class Judge:
             reads_nothing = not record.inputs and not record.pre
             kind = None if has_nonfinite_scalar(record.args, record.kwargs) or reads_nothing else "inf"
         elif external_nan:
-            kind, nonfinite_input = "nan", True
+            kind, nonfinite_input = ("nan" if out_nan else "inf"), True
         origin: int | None = origins[0] if origins else None
         if kind is not None:
             event = self._event(record, kind, nonfinite_input)
@@ -333,7 +337,7 @@ class Judge:
         counts, absmax = counts_of(output) if output is not None else (_UNKNOWN_COUNTS, checked.absmax)
         cause = None
         if kind in ("nan", "inf"):
-            collective = nonfinite_input and record.info.name.startswith(_COLLECTIVES)
+            collective = nonfinite_input and (record.info.name.startswith(_COLLECTIVES) or self._arrived(record))
             cause = "collective" if collective else (cause_of(record, kind, nonfinite_input) if detailed else None)
         phase: Phase = record.phase  # type: ignore[assignment]
         module = record.module

@@ -20,6 +20,8 @@ from dtypecheck.usercode import check_python_file, load_factory, python_target, 
 if TYPE_CHECKING:
     import torch
 
+    from dtypecheck.nantrace.distributed import Session
+
 
 @dataclass(frozen=True)
 class RunSettings:
@@ -50,8 +52,17 @@ def _finish(tracer: Tracer, settings: RunSettings, source: str, **extra: Any) ->
     return tracer.report(source=source, autocast=settings.autocast, device=settings.device, **extra)
 
 
-def run_script(path: Path, argv: list[str], settings: RunSettings, *, stdout: TextIO | None = None) -> NanTraceReport:
-    """Run ``path`` as ``__main__`` with ``argv`` under tracing; its prints go to ``stdout`` when given."""
+def run_script(
+    path: Path,
+    argv: list[str],
+    settings: RunSettings,
+    *,
+    stdout: TextIO | None = None,
+    session: Session | None = None,
+) -> NanTraceReport:
+    """Run ``path`` as ``__main__`` with ``argv`` under tracing; its prints go to ``stdout`` when given.
+
+    ``session``: this process is one rank of a distributed run (``distributed.Session``)."""
     import torch
 
     check_python_file(path)
@@ -59,6 +70,8 @@ def run_script(path: Path, argv: list[str], settings: RunSettings, *, stdout: Te
     sys.argv = [str(path), *argv]
     sys.path.insert(0, str(path.resolve().parent))
     tracer = Tracer(dataclasses.replace(settings.options, stop_run=True, restore_default_dtype=True))
+    if session is not None:
+        session.attach(tracer, lambda: _finish(tracer, settings, str(path)))
     failure: dict[str, Any] = {}
     namespace: dict[str, Any] = {}
     try:
@@ -82,7 +95,11 @@ def run_script(path: Path, argv: list[str], settings: RunSettings, *, stdout: Te
         sys.argv = saved_argv
         if saved_path0 is not None and sys.path and sys.path[0] == str(path.resolve().parent):
             sys.path.pop(0)
-        namespace.clear()
+        if session is None:
+            namespace.clear()
+        else:
+            # Freeing a sharded model under a collective still in flight crashes the process: keep it to the end.
+            session.held.append(namespace)
     return _finish(tracer, settings, str(path), **failure)
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from dtypecheck.findings import Level
+from dtypecheck.nantrace.records import plain
 from dtypecheck.nantrace.report import Consequence, Event
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ class Taint:
     # -- storages ----------------------------------------------------------------------------------------------
     def known(self, tensor: torch.Tensor) -> tuple[bool, bool, int | None] | None:
         """(has NaN, has inf, origin) of the memory ``tensor`` views, when a traced op left it non-finite."""
-        entry = self.storages.get(int(tensor.untyped_storage().data_ptr()))
+        entry = self.storages.get(int(plain(tensor).untyped_storage().data_ptr()))
         if entry is None or entry[0]() is None:
             return None
         return entry[1], entry[2], entry[3]
@@ -55,11 +56,11 @@ class Taint:
     def mark(self, tensor: torch.Tensor, has_nan: bool, has_inf: bool, origin: int | None) -> None:
         # Keyed by storage, with a weak reference to it: backward reads saved outputs through new tensor objects
         # over the same memory, and a freed and reused address is never mistaken for the old tensor.
-        storage = tensor.untyped_storage()
+        storage = plain(tensor).untyped_storage()
         self.storages[int(storage.data_ptr())] = (weakref.ref(storage), has_nan, has_inf, origin)
 
     def clear(self, tensor: torch.Tensor) -> None:
-        self.storages.pop(int(tensor.untyped_storage().data_ptr()), None)
+        self.storages.pop(int(plain(tensor).untyped_storage().data_ptr()), None)
 
     def live_origins(self) -> set[int]:
         """Producers some live storage still holds a value of (dead storages are swept out)."""

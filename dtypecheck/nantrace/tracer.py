@@ -22,7 +22,7 @@ from dtypecheck.nantrace.judge import Judge, written_tensors
 from dtypecheck.nantrace.modules import ModuleStack
 from dtypecheck.nantrace.ops import OpInfo, OpKind, classify, iter_tensors, mutated_argument
 from dtypecheck.nantrace.raised import RaiseWatch
-from dtypecheck.nantrace.records import CHECKED_DTYPES_NAMES, HALF_NAMES, Checked, OpRecord
+from dtypecheck.nantrace.records import CHECKED_DTYPES_NAMES, HALF_NAMES, Checked, OpRecord, plain
 from dtypecheck.nantrace.report import Event, NanTraceReport, ScaleCollapse, SkippedStep
 from dtypecheck.nantrace.training import TrainingWatch, untraced
 
@@ -116,6 +116,7 @@ class Tracer:
         self.ops = 0
         self.compile_calls = 0
         self.stopped = False
+        self._interrupted = False
         self._step = 1
         self._in_backward = False
         self._window: list[OpRecord] = []
@@ -187,6 +188,9 @@ class Tracer:
     def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self.ops += 1
         if self.stopped:
+            if self._interrupted:
+                self._interrupted = False
+                raise StopTracing
             return func(*args, **kwargs)
         info = self._infos.get(func)
         if info is None:
@@ -251,11 +255,13 @@ class Tracer:
         for value in (*record.args, *record.kwargs.values()):
             if isinstance(value, torch.Tensor):
                 if value.is_floating_point() and id(value) not in written:
-                    inputs.append((value, value._version))
+                    local = plain(value)
+                    inputs.append((local, local._version))
             elif isinstance(value, list | tuple):
                 for item in value:
                     if isinstance(item, torch.Tensor) and item.is_floating_point() and id(item) not in written:
-                        inputs.append((item, item._version))
+                        local = plain(item)
+                        inputs.append((local, local._version))
 
     def _after(self, record: OpRecord, out: Any) -> None:
         for tensor in written_tensors(record, out):
@@ -265,6 +271,7 @@ class Tracer:
                 self._held += tensor.nbytes
 
     def _check(self, tensor: torch.Tensor) -> Checked | None:
+        tensor = plain(tensor)
         if (
             tensor.dtype not in self._checked_dtypes
             or tensor.layout is not self._strided
@@ -292,6 +299,11 @@ class Tracer:
         if window:
             self.judge.judge_window(window)
         self.stop_if_failed()
+
+    def interrupt(self) -> None:
+        """Another rank failed: end the traced code at its next op (from the distributed watcher's thread)."""
+        self._interrupted = self.options.stop_run
+        self.stopped = True
 
     def stop_if_failed(self) -> None:
         if self.judge.stopped and not self.stopped:
