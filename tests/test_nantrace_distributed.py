@@ -246,3 +246,7 @@ def test_nproc_runs_scripts_only(cli: Any, tmp_path: Path) -> None:
     result = cli("nan-trace", f"{script}:make", "--nproc", "2")
     assert result.exit_code == 2
     assert "--nproc runs a script" in result.stderr
+    result = cli("nan-trace", str(tmp_path / "absent.py"), "--nproc", "2")
+    assert (result.exit_code, result.stdout) == (3, "")
+    assert result.stderr == f"error: no such file: {tmp_path / 'absent.py'}\n"
+    assert cli("nan-trace", str(script), "--nproc", "0").exit_code == 2

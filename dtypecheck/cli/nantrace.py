@@ -110,6 +110,7 @@ def nan_trace(
     from dtypecheck.nantrace.runner import RunSettings, run_factory, run_script, split_target
     from dtypecheck.nantrace.tracer import TraceOptions
     from dtypecheck.render.progress import progress_bar
+    from dtypecheck.usercode import check_python_file
 
     settings = project_config(config)
     autocast = pick(autocast, settings, COMMAND, "autocast", None)
@@ -143,6 +144,7 @@ def nan_trace(
     if nproc is not None and info is None:
         if factory is not None:
             raise UsageError("--nproc runs a script (train.py) as several ranks, not file.py:factory")
+        check_python_file(path)  # once, here, rather than one error per rank
         given = {
             "--autocast": autocast,
             "--device": device,

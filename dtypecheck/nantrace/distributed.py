@@ -120,6 +120,7 @@ class Session:
         self._tracer: Tracer | None = None
         self._snapshot: Callable[[], NanTraceReport] | None = None
         self._finishing = threading.Lock()
+        self._connecting = threading.Lock()
         self._done = threading.Event()
         self._code: int | None = None
         self._watcher: threading.Thread | None = None
@@ -128,6 +129,10 @@ class Session:
 
     # -- the store ---------------------------------------------------------------------------------------------
     def _connect(self) -> Any:
+        with self._connecting:
+            return self._client()
+
+    def _client(self) -> Any:
         if self._store is None:
             from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
