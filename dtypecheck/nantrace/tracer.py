@@ -9,13 +9,12 @@ judged, and only the one that fired is re-run in detail.
 from __future__ import annotations
 
 import dataclasses
-import sys
-import types
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dtypecheck.nantrace.defaults import DefaultDtypeWatch, dtype_name
 from dtypecheck.nantrace.dtypeflow import DtypeFlow
+from dtypecheck.nantrace.eager import run_compile_eagerly
 from dtypecheck.nantrace.explain import explain
 from dtypecheck.nantrace.frames import FrameFinder
 from dtypecheck.nantrace.judge import Judge, written_tensors
@@ -135,7 +134,7 @@ class Tracer:
 
     # -- context -----------------------------------------------------------------------------------------------
     def __enter__(self) -> Tracer:
-        self._run_compile_eagerly()
+        self._restore += run_compile_eagerly(self)
         self.defaults.install()
         if self._model is not None:
             self.flow.root_started(self._model)
@@ -159,30 +158,6 @@ class Tracer:
             for owner, name, value in reversed(self._restore):
                 setattr(owner, name, value)
             self._restore.clear()
-
-    def _run_compile_eagerly(self) -> None:
-        """Make ``torch.compile`` hand back the model itself: compiled kernels would bypass the dispatch mode."""
-        import torch
-
-        tracer = self
-
-        def compile_eagerly(model: Any = None, **kwargs: Any) -> Any:
-            tracer.compile_calls += 1
-            return model if model is not None else (lambda fn: fn)
-
-        def module_compile_eagerly(module: Any, *args: Any, **kwargs: Any) -> None:
-            tracer.compile_calls += 1
-
-        self._restore.append((torch, "compile", torch.compile))
-        torch.compile = compile_eagerly
-        if hasattr(torch.nn.Module, "compile"):  # torch >= 2.2
-            self._restore.append((torch.nn.Module, "compile", torch.nn.Module.compile))
-            torch.nn.Module.compile = module_compile_eagerly  # type: ignore[method-assign,assignment]
-        dynamo_config = sys.modules.get("torch._dynamo.config")
-        if isinstance(dynamo_config, types.ModuleType):
-            # Functions compiled before tracing began: dynamo leaves frames alone while disabled.
-            self._restore.append((dynamo_config, "disable", getattr(dynamo_config, "disable", False)))
-            setattr(dynamo_config, "disable", True)  # noqa: B010  (a module attribute mypy cannot see)
 
     # -- the cheap pass ----------------------------------------------------------------------------------------
     def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
