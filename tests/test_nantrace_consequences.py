@@ -408,3 +408,37 @@ def test_nan_written_into_a_parameter_fails_as_a_parameter(cli: Any, tmp_path: P
     code, doc, _ = trace_json(cli, str(script))
     assert code == 1
     assert (doc["first"]["consequence"], doc["first"]["level"]) == ("parameter", "fail")
+
+
+DROPPED = """
+import torch
+
+
+def log_metric(values):
+    return torch.log(values - 10.0).mean().item()  # metric
+
+
+model = torch.nn.Linear(3, 1)
+for step in range(2):
+    batch = torch.randn(4, 3)
+    print("metric", log_metric(batch))
+    model(batch).sum().backward()
+"""
+
+
+def test_a_value_held_at_the_end_or_dropped_unmasked_fails_and_says_which(cli: Any, tmp_path: Path) -> None:
+    from tests.test_nantrace_scripts import INPLACE
+
+    script, text = write_script(tmp_path, "inplace.py", INPLACE)
+    code, doc, _ = trace_json(cli, str(script))
+    assert code == 1
+    # mul_'s infinities made the NaN (h - h) that the script still holds in `out` when it ends.
+    assert (doc["first"]["op"], doc["first"]["consequence"]) == ("aten.mul_.Tensor", "output")
+    script, text = write_script(tmp_path, "dropped.py", DROPPED)
+    code, doc, stderr = trace_json(cli, str(script))
+    assert code == 1
+    first = doc["first"]
+    # The NaN metric was read out and dropped: nothing masked it.
+    assert (first["op"], first["consequence"], first["step"]) == ("aten.log.default", "unmasked", 1)
+    assert first["location"]["line"] == line_of(text, "metric")
+    assert "metric nan" in stderr

@@ -283,7 +283,10 @@ class Judge:
         """Decide every open producer that can be decided now (at a step's end; ``final``: the run's)."""
         live = self.taint.live_origins()
         failed = False
-        for origin in self.taint.pending():
+        # Decisive ones first: a value held or at the loss fails the producers it descends from with that reason.
+        pending = self.taint.pending()
+        pending.sort(key=lambda o: not (self.taint.producers[o].reached_loss or o in live))
+        for origin in pending:
             producer = self.taint.producers[origin]
             if producer.resolved is not None:  # failed with a descendant meanwhile
                 continue
