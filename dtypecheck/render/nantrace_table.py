@@ -267,6 +267,7 @@ def render_nantrace(report: NanTraceReport) -> list[RenderableType]:
         for part in (
             f"autocast {report.autocast}" if report.autocast else "",
             f"device {report.device}" if report.device else "",
+            f"{report.world_size} ranks" if report.world_size else "",
         )
         if part
     )
