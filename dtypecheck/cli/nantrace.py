@@ -222,7 +222,14 @@ def _run_rank(
         launched = write_exit_code(code) if info.rank == 0 else EXIT_FILE_ENV in os.environ
         return 0 if launched else code
 
-    session = Session(info, deliver)
+    def end_process(code: int) -> None:
+        # The script's process group and sharded model are still alive (a peer may be gone): tearing them down
+        # can hang or crash, and the report is out.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    session = Session(info, deliver, end_process)
     script_stdout = sys.stderr if fmt is not OutputFormat.table or info.rank != 0 else None
     try:
         with user_code_guard(str(path), enabled=script_stdout is not None, script=True):
@@ -230,12 +237,8 @@ def _run_rank(
     except BaseException:
         session.abandon()
         raise
-    code = session.finish(report)
-    # The script's process group and sharded model are still alive (a peer may be gone): tearing them down can
-    # hang or crash, and the report is out.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    end_process(session.finish(report))
+    return 0  # not reached
 
 
 def _exit_with_dtype_error(report: NanTraceReport, fmt: OutputFormat, output: Path | None) -> None:

@@ -17,7 +17,6 @@ import contextlib
 import dataclasses
 import os
 import pickle
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -110,11 +109,15 @@ def merge(reports: dict[int, NanTraceReport | None], world_size: int) -> NanTrac
 
 
 class Session:
-    """One rank's side of a distributed trace. ``deliver(merged) -> exit code`` writes the report (rank 0)."""
+    """One rank's side of a distributed trace. ``deliver(merged) -> exit code`` writes the report (rank 0);
+    ``end_process(code)`` ends the process when the traced code is stuck in a collective and cannot return."""
 
-    def __init__(self, info: RankInfo, deliver: Callable[[NanTraceReport], int]) -> None:
+    def __init__(
+        self, info: RankInfo, deliver: Callable[[NanTraceReport], int], end_process: Callable[[int], None]
+    ) -> None:
         self.info = info
         self._deliver = deliver
+        self._end_process = end_process
         self._prefix = f"dtypecheck/nantrace/{info.run_id}/"
         self._store: Any = None
         self._tracer: Tracer | None = None
@@ -175,10 +178,7 @@ class Session:
             return
         # Still inside the traced code: blocked in a collective that waits for a rank that stopped.
         with contextlib.suppress(Exception):
-            code = self.finish(self._snapshot())
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
+            self._end_process(self.finish(self._snapshot()))
 
     def finish(self, report: NanTraceReport) -> int:
         """Publish this rank's report, wait for the others', merge, deliver (once per process); the exit code."""
