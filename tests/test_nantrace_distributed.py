@@ -171,8 +171,7 @@ def test_a_clean_ddp_run_through_nproc_exits_0(tmp_path: Path) -> None:
     doc = json.loads(done.stdout)
     assert (doc["status"], doc["first"], doc["world_size"], doc["steps"]) == ("clean", None, 2, 4)
     assert [(r["rank"], r["status"], r["steps"]) for r in doc["ranks"]] == [(0, "clean", 4), (1, "clean", 4)]
-    assert "finished 0" in done.stderr
-    assert "finished 1" in done.stderr
+    assert done.stderr.count("finished") == 2  # both ranks ran to the end (their prints may interleave)
 
 
 def test_fsdp2_nan_on_rank_1_and_a_clean_fsdp2_run(tmp_path: Path) -> None:
