@@ -46,6 +46,9 @@ def broken():
 def wrong():
     return torch.randn(3)
 
+def model_only():
+    return torch.nn.Linear(2, 2)
+
 def raises():
     raise ValueError("no data here")  # factory raises
 
@@ -79,9 +82,10 @@ def test_factory_mode_names_the_module_from_named_modules(cli: Any, tmp_path: Pa
 @pytest.mark.parametrize(
     ("target", "message"),
     [
-        ("missing", "error: no function 'missing' in"),
-        ("not_a_function", "is not a function (it is a int)"),
-        ("wrong", "must return (model, inputs) or (model, inputs, loss_fn)"),
+        ("missing", "factory.py defines no 'missing'"),
+        ("not_a_function", "factory.py:not_a_function is not callable (it is a int)"),
+        ("wrong", "wrong() must return an nn.Module, (model, inputs) or (model, inputs, loss_fn); got Tensor"),
+        ("model_only", "model_only() must return (model, inputs) or (model, inputs, loss_fn) for nan-trace"),
     ],
 )
 def test_bad_factories_exit_3_with_one_line(cli: Any, tmp_path: Path, target: str, message: str) -> None:
@@ -98,7 +102,7 @@ def test_factory_that_raises_shows_its_own_traceback(cli: Any, tmp_path: Path) -
     result = cli("nan-trace", f"{path}:raises")
     assert result.exit_code == 3
     assert f'File "{path}", line {line_of(text, "factory raises")}, in raises' in result.stderr
-    assert result.stderr.strip().splitlines()[-1] == "error: raises() raised ValueError: no data here"
+    assert result.stderr.strip().splitlines()[-1] == f"error: {path}: raises() raised ValueError: no data here"
 
 
 RAISES = """
@@ -128,17 +132,17 @@ def test_script_that_raises_exits_3_with_only_its_own_frames(cli: Any, tmp_path:
 def test_missing_script_and_non_python_exit_3(cli: Any, tmp_path: Path) -> None:
     result = cli("nan-trace", str(tmp_path / "nope.py"))
     assert (result.exit_code, result.stdout) == (3, "")
-    assert result.stderr == f"error: no such script: {tmp_path / 'nope.py'}\n"
+    assert result.stderr == f"error: no such file: {tmp_path / 'nope.py'}\n"
     binary = tmp_path / "weights.bin"
     binary.write_bytes(bytes(range(256)))
     result = cli("nan-trace", str(binary))
     assert result.exit_code == 3
-    assert result.stderr.startswith("error: not a Python script")
+    assert result.stderr.startswith("error: not a Python file")
     prose = tmp_path / "notes.py"
     prose.write_text("this is not python at all\n", encoding="utf-8")
     result = cli("nan-trace", str(prose))
     assert result.exit_code == 3
-    assert result.stderr.startswith(f"error: not a Python script: {prose}: invalid syntax (line 1)")
+    assert result.stderr.startswith(f"error: not a Python file: {prose}: invalid syntax (line 1)")
 
 
 def test_bad_options_exit_2(cli: Any, tmp_path: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -23,11 +25,14 @@ from dtypecheck.cli._app import (
     project_config,
     user_code_guard,
 )
-from dtypecheck.errors import UsageError, UserCodeError
+from dtypecheck.errors import ExitCode, UsageError, UserCodeError
+from dtypecheck.nantrace.launch import EXIT_FILE_ENV
 from dtypecheck.render import OutputFormat
 
 if TYPE_CHECKING:
+    from dtypecheck.nantrace.distributed import RankInfo
     from dtypecheck.nantrace.report import NanTraceReport
+    from dtypecheck.nantrace.runner import RunSettings
 
 AUTOCAST_DTYPES = ("float16", "bfloat16")
 COMMAND = "nan-trace"
@@ -68,6 +73,22 @@ def nan_trace(
     keep_going: Annotated[
         bool, typer.Option("--keep-going", help="Collect every non-finite producer instead of stopping at the first.")
     ] = False,
+    max_skipped_steps: Annotated[
+        int | None,
+        typer.Option(
+            "--max-skipped-steps",
+            min=1,
+            help="Fail when GradScaler skips this many steps in a row (its scale collapsing) [default: 16]",
+        ),
+    ] = None,
+    nproc: Annotated[
+        int | None,
+        typer.Option(
+            "--nproc",
+            min=1,
+            help="Run it as this many ranks through torch.distributed.run (DDP/FSDP scripts); one merged report.",
+        ),
+    ] = None,
     fail_on: FailOnOption = None,
     config: ConfigOption = None,
     fmt: FormatOption = OutputFormat.table,
@@ -84,9 +105,12 @@ def nan_trace(
     (a dtype mismatch is explained and the report still written first).
     """
     from dtypecheck.dtypes import lookup
+    from dtypecheck.nantrace.distributed import rank_info
+    from dtypecheck.nantrace.launch import launch
     from dtypecheck.nantrace.runner import RunSettings, run_factory, run_script, split_target
     from dtypecheck.nantrace.tracer import TraceOptions
     from dtypecheck.render.progress import progress_bar
+    from dtypecheck.usercode import check_python_file
 
     settings = project_config(config)
     autocast = pick(autocast, settings, COMMAND, "autocast", None)
@@ -111,10 +135,44 @@ def nan_trace(
         keep_going=pick(True if keep_going else None, settings, COMMAND, "keep-going", False),
         history=pick(history, settings, COMMAND, "history", 20),
         warn_frac=pick(warn_frac, settings, COMMAND, "warn-frac", 0.5),
+        max_skipped_steps=pick(max_skipped_steps, settings, COMMAND, "max-skipped-steps", 16),
     )
     run = RunSettings(options, autocast_name, device)
     threshold = FailOn(pick(fail_on, settings, COMMAND, "fail-on", FailOn.fail))
     path, factory = split_target(target)
+    info = rank_info()
+    if nproc is not None and info is None:
+        if factory is not None:
+            raise UsageError("--nproc runs a script (train.py) as several ranks, not file.py:factory")
+        check_python_file(path)  # once, here, rather than one error per rank
+        given = {
+            "--autocast": autocast,
+            "--device": device,
+            "--history": history,
+            "--warn-frac": warn_frac,
+            "--max-skipped-steps": max_skipped_steps,
+            "--fail-on": fail_on.value if isinstance(fail_on, FailOn) else fail_on,
+            "--config": config,
+            "--format": fmt.value,
+            "--output": output.resolve() if output is not None else None,
+        }
+        arguments = [str(path.resolve())] + [f"{flag}={value}" for flag, value in given.items() if value is not None]
+        arguments += [flag for flag, on in (("--keep-going", keep_going), ("--quiet", quiet)) if on]
+        return launch(nproc, [*arguments, "--", *(script_args or [])])
+    if info is not None:
+        if factory is not None:
+            raise UsageError("a distributed run (torchrun) traces a script, not file.py:factory")
+        options = dataclasses.replace(options, rank=info.rank)
+        return _run_rank(
+            info,
+            path,
+            list(script_args or []),
+            RunSettings(options, autocast_name, device),
+            fmt,
+            output,
+            quiet,
+            threshold,
+        )
     if factory is not None:
         if script_args:
             raise UsageError("script arguments after '--' apply to scripts, not to file.py:factory")
@@ -132,6 +190,55 @@ def nan_trace(
     if report.dtype_error is not None:
         _exit_with_dtype_error(report, fmt, output)
     return int(level_exit_code(report.level, threshold))
+
+
+def _run_rank(
+    info: RankInfo,
+    path: Path,
+    script_args: list[str],
+    run: RunSettings,
+    fmt: OutputFormat,
+    output: Path | None,
+    quiet: bool,
+    threshold: FailOn,
+) -> int:
+    """One rank of a torchrun run: trace, then merge with the other ranks; rank 0 writes the merged report."""
+    from dtypecheck.nantrace.distributed import Session
+    from dtypecheck.nantrace.launch import write_exit_code
+    from dtypecheck.nantrace.runner import run_script
+    from dtypecheck.render import render, write_atomically
+
+    real_stdout = os.dup(1)  # the merged report may be written from the watcher, while stdout goes to stderr
+
+    def deliver(merged: NanTraceReport) -> int:
+        code = int(level_exit_code(merged.level, threshold))
+        if merged.dtype_error is not None or any(r.status == "missing" for r in merged.ranks):
+            code = int(ExitCode.INPUT_ERROR)
+        if info.rank == 0:
+            if output is not None:
+                write_atomically(output, render(merged, fmt, color=False, width=120))
+            else:
+                os.write(real_stdout, render(merged, fmt, color=False, width=120).encode())
+        launched = write_exit_code(code) if info.rank == 0 else EXIT_FILE_ENV in os.environ
+        return 0 if launched else code
+
+    def end_process(code: int) -> None:
+        # The script's process group and sharded model are still alive (a peer may be gone): tearing them down
+        # can hang or crash, and the report is out.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    session = Session(info, deliver, end_process)
+    script_stdout = sys.stderr if fmt is not OutputFormat.table or info.rank != 0 else None
+    try:
+        with user_code_guard(str(path), enabled=script_stdout is not None, script=True):
+            report = run_script(path, script_args, run, stdout=script_stdout, session=session)
+    except BaseException:
+        session.abandon()
+        raise
+    end_process(session.finish(report))
+    return 0  # not reached
 
 
 def _exit_with_dtype_error(report: NanTraceReport, fmt: OutputFormat, output: Path | None) -> None:

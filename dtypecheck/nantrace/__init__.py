@@ -18,6 +18,9 @@ from dtypecheck.nantrace.report import (
     Location,
     NanTraceReport,
     Promotion,
+    RankSummary,
+    ScaleCollapse,
+    SkippedStep,
     TensorArg,
     ValueCounts,
 )
@@ -46,12 +49,17 @@ def trace(
     keep_going: bool = False,
     history: int = 20,
     warn_frac: float = 0.5,
+    max_skipped_steps: int = 16,
 ) -> Iterator[TraceHandle]:
     """Trace every op run inside the block (forward, backward, optimizer step) for NaN and Inf.
 
     ``model`` is optional: given, module paths are its ``named_modules()`` names and its parameters' dtype is the
     program's; otherwise paths are taken relative to the outermost module running. After the first non-finite
     producer the block runs on unchecked unless ``keep_going``.
+
+    A non-finite value fails only when it matters (reaches the loss, a parameter, an optimizer state, or is still
+    held or unmasked when the block ends); masked values and GradScaler's skipped steps are notes, and
+    ``max_skipped_steps`` skipped in a row are a collapse.
 
     The report also holds the default dtype and its changes, the first float64 promotion, and, when the block
     raised a dtype mismatch, its explanation (``report.dtype_error``); the exception is then re-raised as it was.
@@ -63,7 +71,9 @@ def trace(
     names = None if model is None else {id(m): n for n, m in model.named_modules()}
     handle = TraceHandle()
     tracer = Tracer(
-        TraceOptions(keep_going=keep_going, history=history, warn_frac=warn_frac), module_names=names, model=model
+        TraceOptions(keep_going=keep_going, history=history, warn_frac=warn_frac, max_skipped_steps=max_skipped_steps),
+        module_names=names,
+        model=model,
     )
     try:
         with tracer:
@@ -83,6 +93,9 @@ __all__ = [
     "Location",
     "NanTraceReport",
     "Promotion",
+    "RankSummary",
+    "ScaleCollapse",
+    "SkippedStep",
     "TensorArg",
     "TraceHandle",
     "ValueCounts",

@@ -203,7 +203,8 @@ class DtypeFlow:
             and self.promotion is None
             and info.kind is OpKind.CHECK  # views and copies pass float64 on; they do not compute in it
             and has64
-            and (has_lower or self.dominant in self._lower)
+            # float64 scalar arithmetic (GradScaler's own ``_scale.double().reciprocal()``) doubles nothing.
+            and (has_lower or (self.dominant in self._lower and result.dim() > 0))
             and self.dominant is not None
         ):
             self.promotion = self._promotion(func, info, args, kwargs, result, frame, where)

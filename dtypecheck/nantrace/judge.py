@@ -1,24 +1,26 @@
-"""The flush: read back a window of cheap reductions at once, then judge each op in order.
+"""The flush: read back a window of cheap reductions at once, then run every registered op check over each op.
 
 An op is a *producer* when its output holds a NaN and none of its inputs did, or an infinity while its inputs
-were all finite. Everything else that is non-finite was passed on, re-read (saved tensors in backward), or
-meant (``masked_fill(-inf)``, ``full(-inf)``: an infinity written from the user's own constant).
+were all finite. Everything else that is non-finite was passed on (and inherits its producer), re-read (saved
+tensors in backward), or meant (``masked_fill(-inf)``, ``full(-inf)``: an infinity written from the user's own
+constant). What became of a producer's value (``taint.py``) decides whether it fails or is a note.
 """
 
 from __future__ import annotations
 
 import math
-import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from dtypecheck.dtypes import spec_of
+from dtypecheck.nantrace.checks import op_checks
 from dtypecheck.nantrace.frames import location_of
 from dtypecheck.nantrace.ops import has_nonfinite_scalar, iter_tensors, mutated_argument
-from dtypecheck.nantrace.records import Checked, OpRecord
-from dtypecheck.nantrace.report import Event, EventKind, HistoryEntry, Phase, ValueCounts
-from dtypecheck.nantrace.rerun import cause_of, counts_of, output_now_or_rerun, underflows_in_float32
+from dtypecheck.nantrace.records import Checked, OpRecord, readable
+from dtypecheck.nantrace.report import Consequence, Event, EventKind, HistoryEntry, Phase, ValueCounts
+from dtypecheck.nantrace.rerun import cause_of, counts_of, output_now_or_rerun
+from dtypecheck.nantrace.taint import NOTES, Taint
 
 if TYPE_CHECKING:
     import torch
@@ -27,6 +29,9 @@ NODE_KEY = "dtypecheck_nantrace"
 """Key in an autograd node's ``metadata``: (forward frame, module) of the op that created it."""
 
 _UNKNOWN_COUNTS = ValueCounts(None, None, None, None, None)
+_DETAILED = 64
+"""Producers examined in detail (counts, float64 re-run); later ones (a scaler skipping many steps) are cheaper."""
+_COLLECTIVES = ("c10d.", "_c10d_functional.", "c10d_functional.")
 
 
 def _materialise(checks: list[Checked]) -> None:
@@ -50,24 +55,8 @@ def _materialise(checks: list[Checked]) -> None:
             checked.small_count = int(count)
 
 
-def _has_scalar_at_least(record: OpRecord, magnitude: float) -> bool:
-    values = (*record.args, *record.kwargs.values())
-    return any(isinstance(v, float) and abs(v) >= magnitude for v in values)
-
-
-def _storage_of(tensor: torch.Tensor) -> tuple[int, weakref.ref[torch.UntypedStorage]]:
-    """(address, weak reference) of the memory a tensor views.
-
-    Keyed by storage rather than by tensor: backward reads saved outputs through new tensor objects over the
-    same memory, and the weak reference follows the memory (not a Python object), so a freed and reused
-    address is never mistaken for the old tensor.
-    """
-    storage = tensor.untyped_storage()
-    return int(storage.data_ptr()), weakref.ref(storage)
-
-
 class Judge:
-    """Keeps what must outlive a window: the history, known non-finite tensors, events and warnings."""
+    """Keeps what must outlive a window: the history, where non-finite values went, events and warnings."""
 
     def __init__(
         self,
@@ -76,68 +65,100 @@ class Judge:
         warn_frac: float,
         keep_going: bool,
         owner_of: Callable[[torch.Tensor], str | None] = lambda tensor: None,
+        rank: int | None = None,
     ) -> None:
         self.owner_of = owner_of
         """Names the module whose parameter an op outside every forward wrote (the optimizer step)."""
         self.warn_frac = warn_frac
         self.keep_going = keep_going
+        self.rank = rank
         self.history: deque[tuple[Any, ...]] = deque(maxlen=max(history, 0))
         self.events: list[Event] = []
+        """Failures: producers whose value mattered."""
+        self.handled: list[Event] = []
+        """Notes: producers whose value was masked or whose step GradScaler skipped."""
         self.warnings: list[Event] = []
+        self.taint = Taint()
+        self.scaled_backward = False
+        """A GradScaler scales the loss: gradients near the dtype's max are its doing, not a climb."""
         self._warned: set[tuple[str, str | None]] = set()
-        self._nonfinite: dict[int, tuple[weakref.ref[torch.UntypedStorage], bool, bool]] = {}
-        """Storage address -> (storage, has NaN, has inf) for outputs judged non-finite, in op order."""
+        self._checks = list(op_checks())
 
-    # -- bookkeeping -------------------------------------------------------------------------------------------
-    def _known(self, tensor: torch.Tensor) -> tuple[bool, bool] | None:
-        entry = self._nonfinite.get(int(tensor.untyped_storage().data_ptr()))
-        if entry is None or entry[0]() is None:
-            return None
-        return entry[1], entry[2]
+    # -- inputs ------------------------------------------------------------------------------------------------
+    def _inputs_state(self, record: OpRecord, look: bool) -> tuple[bool, bool, list[torch.Tensor], list[int]]:
+        """(an input held NaN, an input held inf, inputs holding NaN from outside everything traced, producers).
 
-    def _remember(self, checked: Checked) -> None:
-        key, storage = _storage_of(checked.tensor)
-        if checked.nonfinite:
-            self._nonfinite[key] = (storage, checked.has_nan, checked.has_inf)
-        else:
-            self._nonfinite.pop(key, None)
-
-    def _inputs_state(self, record: OpRecord) -> tuple[bool, bool, bool]:
-        """(an input held NaN, an input held inf, a NaN came from outside everything traced so far)."""
+        ``look``: examine inputs no traced op made (data, constants made before tracing) on the device; only
+        worth a sync when the output is non-finite.
+        """
         import torch
 
-        nan_in = any(c.has_nan for c in record.pre)
-        inf_in = any(c.has_inf for c in record.pre)
-        external_nan = False
+        nan_in = inf_in = False
+        external: list[torch.Tensor] = []
+        origins: list[int] = []
+        for checked in record.pre:
+            if checked.nonfinite:
+                known = self.taint.known(checked.tensor)
+                if known is not None and known[2] is not None:
+                    origins.append(known[2])
+                elif known is None and checked.has_nan:
+                    external.append(checked.tensor)
+                nan_in |= checked.has_nan
+                inf_in |= checked.has_inf
+        if not self.taint.storages and not look:
+            return nan_in, inf_in, external, origins
         for tensor, version in record.inputs:
-            known = self._known(tensor)
-            if known is None and tensor._version == version and tensor.numel():
+            known = self.taint.known(tensor)
+            if known is None and look and tensor._version == version and tensor.numel() and readable(tensor):
                 with torch.no_grad():
                     has_nan = bool(torch.isnan(tensor).any())
                     has_inf = bool(torch.isinf(tensor).any())
-                if has_nan or has_inf:
-                    # Not an output of any traced op judged so far: it came in with the data.
-                    external_nan |= has_nan
-                    key, storage = _storage_of(tensor)
-                    self._nonfinite[key] = (storage, has_nan, has_inf)
-                known = (has_nan, has_inf)
+                recent = self._recent_producer(record)
+                if (has_nan or has_inf) and recent is not None:
+                    # Backward passed it on through an op too cheap to record (relu's backward): it descends
+                    # from the producer this backward pass already found.
+                    self.taint.mark(tensor, has_nan, has_inf, recent)
+                elif has_nan or has_inf:
+                    # Not an output of any traced op judged so far: it came in with the data or, outside the
+                    # forward of a distributed run, through a collective that is not an op (DDP's reducer).
+                    if has_nan or self._arrived(record):
+                        external.append(tensor)
+                    self.taint.mark(tensor, has_nan, has_inf, None)
+                    recent = None
+                known = (has_nan, has_inf, recent)
             if known is not None:
                 nan_in |= known[0]
                 inf_in |= known[1]
-        return nan_in, inf_in, external_nan
+                if known[2] is not None:
+                    origins.append(known[2])
+        return nan_in, inf_in, external, origins
+
+    def _arrived(self, record: OpRecord) -> bool:
+        return self.rank is not None and record.phase != "forward"
+
+    def _recent_producer(self, record: OpRecord) -> int | None:
+        """In backward: the last producer, when it was found in this step's backward too."""
+        if record.node is None or not self.taint.producers:
+            return None
+        last = self.taint.producers[-1].event
+        return len(self.taint.producers) - 1 if last.phase == "backward" and last.step == record.step else None
 
     # -- the flush ---------------------------------------------------------------------------------------------
     def judge_window(self, window: list[OpRecord]) -> None:
         _materialise([c for r in window for c in (*r.pre, *r.checked)])
-        done = False
         for record in window:
-            if not done:
+            # What ran after the first failure is not "before the failure": stop judging unless keep-going.
+            if not self.stopped:
                 self._tag_forward_node(record)
                 if record.checked:
                     self._judge(record)
-                # What ran after the first event is not "before the failure": stop judging unless keep-going.
-                done = bool(self.events) and not self.keep_going
+                elif self.taint.storages and record.result is not None:
+                    self._pass_on(record)
             record.release()
+
+    @property
+    def stopped(self) -> bool:
+        return bool(self.events) and not self.keep_going
 
     def _tag_forward_node(self, record: OpRecord) -> None:
         import torch
@@ -157,57 +178,148 @@ class Judge:
         record.phase = "forward" if record.module is not None or grad_fn is not None else "other"
 
     def _judge(self, record: OpRecord) -> None:
-        out_nan = any(c.has_nan for c in record.checked)
-        out_inf = any(c.has_inf for c in record.checked)
-        if out_nan or out_inf or self._nonfinite:
-            self._judge_nonfinite(record, out_nan, out_inf)
-        if not (out_nan or out_inf):
-            self._warn(record)
+        nonfinite = any(c.nonfinite for c in record.checked)
+        for check in self._checks:
+            check.on_op(record, self, nonfinite)
         for checked in record.checked:
             # A summary, not the record: the history must not keep outputs alive.
             summary = (record.info.name, record.phase, record.module, record.frame, checked.tensor.dtype)
             self.history.append((*summary, checked.absmax))
 
-    def _judge_nonfinite(self, record: OpRecord, out_nan: bool, out_inf: bool) -> None:
-        if out_nan or out_inf:
-            nan_in, inf_in, external_nan = self._inputs_state(record)
-            kind: EventKind | None = None
-            nonfinite_input = False
-            if out_nan and not nan_in:
-                kind = "nan"
-            elif out_inf and not out_nan and not (nan_in or inf_in):
-                # The user's own infinite constant, or a creation op (full, scalar_tensor) that read no tensor.
-                reads_nothing = not record.inputs and not record.pre
-                meant = has_nonfinite_scalar(record.args, record.kwargs) or reads_nothing
-                kind = None if meant else "inf"
-            elif external_nan:
-                kind, nonfinite_input = "nan", True
-            if kind is not None and (self.keep_going or not self.events):
-                self.events.append(self._event(record, kind, nonfinite_input))
+    def _pass_on(self, record: OpRecord) -> None:
+        """An unchecked op (a view, clone, relu) hands its input's producer on to a new storage."""
+        import torch
+
+        for value in (*record.args, *record.kwargs.values()):
+            if isinstance(value, torch.Tensor):
+                known = self.taint.known(value)
+                if known is not None and record.result is not None and record.result.is_floating_point():
+                    self.taint.mark(record.result, *known)
+                    return
+
+    def follow_nonfinite(self, record: OpRecord, nonfinite: bool) -> None:
+        """The ``nonfinite`` check: find producers, follow their values, note where they are masked."""
+        if not nonfinite:
+            if self.taint.storages or record.pre:
+                for masked in self._inputs_state(record, look=False)[3]:
+                    self.taint.producers[masked].masked = True
+            for checked in record.checked:
+                self.taint.clear(checked.tensor)
+            return
+        out_nan = any(c.has_nan for c in record.checked)
+        out_inf = any(c.has_inf for c in record.checked)
+        nan_in, inf_in, external_nan, origins = self._inputs_state(record, look=True)
+        kind: EventKind | None = None
+        nonfinite_input = False
+        if record.info.name.startswith(_COLLECTIVES) and not (nan_in or inf_in):
+            # Arrived from another process: born there, not in the collective (that process reports its birth).
+            kind, nonfinite_input = ("nan" if out_nan else "inf"), True
+        elif out_nan and not nan_in:
+            kind = "nan"
+        elif out_inf and not out_nan and not (nan_in or inf_in):
+            # The user's own infinite constant, or a creation op (full, scalar_tensor) that read no tensor.
+            reads_nothing = not record.inputs and not record.pre
+            kind = None if has_nonfinite_scalar(record.args, record.kwargs) or reads_nothing else "inf"
+        elif external_nan:
+            kind, nonfinite_input = ("nan" if out_nan else "inf"), True
+        origin: int | None = origins[0] if origins else None
+        if kind is not None:
+            event = self._event(record, kind, nonfinite_input)
+            origin = self.taint.add(event, tuple(dict.fromkeys(origins)))
+            for tensor in external_nan:
+                known = self.taint.known(tensor)
+                self.taint.mark(tensor, True, known is not None and known[1], origin)
         for checked in record.checked:
-            self._remember(checked)
+            if checked.nonfinite:
+                self.taint.mark(checked.tensor, checked.has_nan, checked.has_inf, origin)
+            else:
+                self.taint.clear(checked.tensor)
 
-    def _warn(self, record: OpRecord) -> None:
-        for position, checked in enumerate(record.checked):
-            dtype = checked.tensor.dtype
-            fmt = spec_of(dtype).fmt
-            if checked.absmax >= self.warn_frac * fmt.max:
-                # A huge constant the user wrote (finfo.min masks) is not a climb towards overflow.
-                if not _has_scalar_at_least(record, self.warn_frac * fmt.max):
-                    self._warning(record, "near_overflow", position)
-            elif checked.small_count:
-                numel = checked.tensor.numel()
-                if 2 * checked.small_count > numel and ("underflow", record.module) not in self._warned:
-                    found = underflows_in_float32(record, position, fmt.smallest_normal)
-                    if found is not None and 2 * found[0] > found[1]:
-                        self._warning(record, "underflow", position)
+    # -- consequences ------------------------------------------------------------------------------------------
+    def fail(self, origin: int, consequence: Consequence) -> bool:
+        """``origin``'s value mattered: it and the producers it descends from become failures."""
+        failed = False
+        for index in self.taint.lineage(origin):
+            if self.stopped:
+                break
+            event = self.taint.resolve(index, consequence)
+            if event is not None:
+                self.handled = [e for e in self.handled if e.op_index != event.op_index]
+                self.events.append(event)
+                failed = True
+        return failed
 
-    def _warning(self, record: OpRecord, kind: EventKind, position: int) -> None:
+    def note(self, origin: int, consequence: Consequence) -> Event | None:
+        """``origin``'s value was handled; listed when it is a root (not a NaN made from another's infinities)."""
+        event = self.taint.resolve(origin, consequence)
+        if event is not None and not self.taint.producers[origin].parents:
+            self.handled.append(event)
+        return event
+
+    def producer_index(self, event: Event) -> int:
+        return next(i for i, p in enumerate(self.taint.producers) if p.event.op_index == event.op_index)
+
+    def origin_of(self, tensor: torch.Tensor) -> int | None:
+        known = self.taint.known(tensor)
+        return known[2] if known is not None else None
+
+    def reached(self, tensor: torch.Tensor, consequence: Consequence) -> bool:
+        """A sink: ``tensor`` (a parameter, an optimizer state) holds a producer's value."""
+        origin = self.origin_of(tensor)
+        return origin is not None and self.fail(origin, consequence)
+
+    def reached_loss(self, loss: torch.Tensor, *, defer: bool) -> bool:
+        """``backward()`` was called on ``loss``; ``defer`` while a GradScaler may still skip the step."""
+        origin = self.origin_of(loss)
+        if origin is None:
+            return False
+        if not defer:
+            return self.fail(origin, "loss")
+        for index in self.taint.lineage(origin):
+            self.taint.producers[index].reached_loss = True
+        return False
+
+    def settle(self, *, final: bool) -> bool:
+        """Decide every open producer that can be decided now (at a step's end; ``final``: the run's)."""
+        live = self.taint.live_origins()
+        failed = False
+        # Decisive ones first: a value held or at the loss fails the producers it descends from with that reason.
+        pending = self.taint.pending()
+        pending.sort(key=lambda o: not (self.taint.producers[o].reached_loss or o in live))
+        for origin in pending:
+            producer = self.taint.producers[origin]
+            if producer.resolved is not None:  # failed with a descendant meanwhile
+                continue
+            if producer.reached_loss:
+                failed |= self.fail(origin, "loss")
+            elif origin in live:
+                if final:
+                    failed |= self.fail(origin, "output")
+            elif producer.masked:
+                self.note(origin, "masked")
+            else:
+                failed |= self.fail(origin, "unmasked")
+        return failed
+
+    def skip_step(self) -> Event | None:
+        """GradScaler skipped the step: every open producer is a note; the first of them, if any."""
+        first = None
+        for origin in self.taint.pending():
+            event = self.note(origin, "skipped_step")
+            first = first or event
+        return first
+
+    # -- warnings ----------------------------------------------------------------------------------------------
+    def already_warned(self, kind: str, module: str | None) -> bool:
+        return (kind, module) in self._warned
+
+    def warning(self, record: OpRecord, kind: EventKind, position: int) -> None:
         key = (kind, record.module)
         if key in self._warned:
             return
         self._warned.add(key)
-        self.warnings.append(self._event(record, kind, False, position=position, with_history=False))
+        event = self._event(record, kind, False, position=position, with_history=False)
+        self.warnings.append(event)
 
     # -- events ------------------------------------------------------------------------------------------------
     def _event(
@@ -223,9 +335,13 @@ class Judge:
             position = next(i for i, c in enumerate(record.checked) if (c.has_nan if kind == "nan" else c.has_inf))
         checked = record.checked[position]
         dtype = checked.tensor.dtype
-        output = output_now_or_rerun(record, position)
+        detailed = kind not in ("nan", "inf") or len(self.taint.producers) < _DETAILED
+        output = output_now_or_rerun(record, position) if detailed else None
         counts, absmax = counts_of(output) if output is not None else (_UNKNOWN_COUNTS, checked.absmax)
-        cause = cause_of(record, kind, nonfinite_input) if kind in ("nan", "inf") else None
+        cause = None
+        if kind in ("nan", "inf"):
+            collective = nonfinite_input and (record.info.name.startswith(_COLLECTIVES) or self._arrived(record))
+            cause = "collective" if collective else (cause_of(record, kind, nonfinite_input) if detailed else None)
         phase: Phase = record.phase  # type: ignore[assignment]
         module = record.module
         if module is None and phase == "other":
@@ -245,6 +361,8 @@ class Judge:
             step=record.step,
             op_index=record.index,
             history=self._history_entries() if with_history else (),
+            level="fail" if kind in ("nan", "inf") else "warn",
+            rank=self.rank,
         )
 
     def _history_entries(self) -> tuple[HistoryEntry, ...]:
@@ -273,3 +391,6 @@ def written_tensors(record: OpRecord, out: Any) -> list[torch.Tensor]:
         for where in record.info.written:
             tensors += iter_tensors(mutated_argument(record.args, record.kwargs, where))
     return tensors
+
+
+__all__ = ["NODE_KEY", "NOTES", "Judge", "written_tensors"]

@@ -62,7 +62,11 @@ class ModuleStack:
         key = (id(parent), id(module))
         name = self._child_names.get(key)
         if name is None:
+            # A direct child, else a descendant reached through a container that is not called itself
+            # (``self.layers = ModuleList(...)``, as every HF model has): its dotted path.
             name = next((n for n, child in parent.named_children() if child is module), None)
+            if name is None:
+                name = next((n for n, child in parent.named_modules() if child is module and n), None)
             if name is None:
                 # Called from its parent without being registered in it (kept in a plain list, say).
                 name = f"<{type(module).__name__}>"
@@ -93,10 +97,12 @@ class ModuleStack:
 
         Only asked for reported events outside any forward (the optimizer step), so a full walk is affordable.
         """
-        address = tensor.untyped_storage().data_ptr()
+        from dtypecheck.nantrace.records import plain
+
+        address = plain(tensor).untyped_storage().data_ptr()
         for root in list(self._roots.values()):
             for name, value in (*root.named_parameters(), *root.named_buffers()):
-                if value.untyped_storage().data_ptr() == address:
+                if plain(value).untyped_storage().data_ptr() == address:
                     module_path = name.rpartition(".")[0]
                     known = self._names.get(id(root))
                     return f"{known}.{module_path}".strip(".") if known else module_path

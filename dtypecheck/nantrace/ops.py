@@ -80,6 +80,7 @@ _PASS_THROUGH = frozenset(
         "zero_",
     }
 )
+_COMMUNICATION = frozenset({"c10d", "_c10d_functional", "c10d_functional", "_dtensor", "fsdp"})
 _SCALAR = frozenset({"_local_scalar_dense", "item", "equal", "is_nonzero", "sym_size", "sym_numel", "sym_stride"})
 
 
@@ -116,6 +117,10 @@ def classify(func: OpOverload) -> OpInfo:
         return OpInfo(name, OpKind.UNINITIALISED, (), creates=creates)
     if base in _SCALAR:
         return OpInfo(name, OpKind.SCALAR, ())
+    if func.namespace in _COMMUNICATION:
+        # Their outputs are written asynchronously (or are buffers still to be filled): checking them at the call
+        # reads garbage. What arrives through them is found where it is first read (distributed.py).
+        return OpInfo(name, OpKind.PASS, (), creates=creates)
     # lift_fresh turns a Python constant (torch.tensor([...]), x[i] = value) into a tensor: a NaN the user
     # wrote is found there, at their line.
     if (func.is_view or base in _ALIASING or base in _PASS_THROUGH) and base != "lift_fresh":

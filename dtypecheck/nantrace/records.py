@@ -14,6 +14,27 @@ CHECKED_DTYPES_NAMES = ("float16", "bfloat16", "float32", "float64")
 HALF_NAMES = ("float16", "bfloat16")
 
 
+def plain(tensor: torch.Tensor) -> torch.Tensor:
+    """The local tensor of a ``DTensor`` (FSDP2's sharded parameters, gradients and states); else ``tensor``.
+
+    Checks and storage keys work on plain tensors: reductions on a DTensor return DTensors, and a wrapper subclass
+    has no storage of its own.
+    """
+    local = getattr(tensor, "_local_tensor", None)
+    return local if local is not None else tensor
+
+
+def readable(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s memory still holds all its elements: FSDP frees a parameter's unsharded storage after
+    use (``resize_(0)``) without touching the tensor, and reading it then would crash the process."""
+    if tensor.numel() == 0:
+        return True
+    extent = (
+        tensor.storage_offset() + 1 + sum((n - 1) * abs(s) for n, s in zip(tensor.shape, tensor.stride(), strict=True))
+    )
+    return bool(tensor.untyped_storage().nbytes() >= extent * tensor.element_size())
+
+
 class Checked:
     """One floating tensor examined by an on-device ``aminmax`` (NaN-propagating), read back at the next flush."""
 

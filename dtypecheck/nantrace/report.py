@@ -5,9 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
+from dtypecheck.findings import Level, worst
+
 EventKind = Literal["nan", "inf", "near_overflow", "underflow"]
 Phase = Literal["forward", "backward", "other"]
-Cause = Literal["range_overflow", "invalid_math", "input"]
+Cause = Literal["range_overflow", "invalid_math", "input", "collective"]
+Consequence = Literal[
+    "loss", "parameter", "optimizer_state", "output", "unmasked", "scale_collapse", "masked", "skipped_step"
+]
+"""What became of a non-finite value. Failures: it reached the ``loss`` (the tensor ``backward()`` was called
+on), was written into a ``parameter`` or an ``optimizer_state``, was still held when the run ended (``output``),
+died without anything turning it finite (``unmasked``), or its step was one of too many in a row that
+``GradScaler`` skipped (``scale_collapse``). Notes: torch or the user's code turned it finite (``masked``:
+``where``, ``masked_fill``, ``nan_to_num``...) or ``GradScaler`` skipped the step it was in (``skipped_step``)."""
 
 
 @dataclass(frozen=True)
@@ -73,11 +83,18 @@ class Event:
     """From re-running the op in float64: ``range_overflow`` (finite there, beyond the dtype), ``invalid_math``
     (non-finite even there from finite inputs) or ``input`` (came in with the data or a constant)."""
     step: int
-    """1-based training step: backward passes completed before this op, plus one."""
+    """1-based training step the op ran in (see ``NanTraceReport.steps`` for the rule)."""
     op_index: int
     """0-based position of the op among all traced ops."""
     history: tuple[HistoryEntry, ...] = ()
-    """The last ``--history`` checked ops before this one (empty for warnings)."""
+    """The last ``--history`` checked ops before this one (empty for warnings and notes)."""
+    level: Level = "fail"
+    """``fail`` for a non-finite producer whose value mattered, ``warn`` for a warning, ``ok`` for a note (a
+    non-finite value torch or ``GradScaler`` handled)."""
+    consequence: Consequence | None = None
+    """For ``nan``/``inf``: what became of the value (null for warnings)."""
+    rank: int | None = None
+    """The process (``RANK``) it happened in, in a distributed run; else None."""
 
 
 @dataclass(frozen=True)
@@ -163,6 +180,37 @@ class DtypeError:
 
 
 @dataclass(frozen=True)
+class SkippedStep:
+    """A step ``GradScaler`` skipped because its gradients held inf/NaN: by design, not a failure."""
+
+    step: int
+    scale_before: float
+    scale_after: float
+    first: Event | None
+    """The first non-finite producer in that step (a note), when one was traced."""
+    kind: Literal["skipped_step"] = "skipped_step"
+    level: Level = "ok"
+    rank: int | None = None
+
+
+@dataclass(frozen=True)
+class ScaleCollapse:
+    """``GradScaler`` shrank its scale on ``steps`` consecutive steps: the gradients are non-finite at any scale."""
+
+    steps: int
+    first_step: int
+    last_step: int
+    scale_before: float
+    """The scale before the first of those steps."""
+    scale_after: float
+    limit: int
+    """``--max-skipped-steps``: how many consecutive skipped steps are a collapse."""
+    kind: Literal["scale_collapse"] = "scale_collapse"
+    level: Level = "fail"
+    rank: int | None = None
+
+
+@dataclass(frozen=True)
 class NanTraceReport:
     """Everything ``nan-trace`` found in one traced run."""
 
@@ -176,9 +224,10 @@ class NanTraceReport:
     ops: int
     """Ops traced."""
     steps: int
-    """Backward passes seen (in factory mode: steps run)."""
+    """Steps completed: optimizer steps (a step ``GradScaler`` skipped counts), or backward passes in code that
+    never ran a ``torch.optim`` optimizer step (in factory mode: steps run)."""
     events: tuple[Event, ...] = ()
-    """Every non-finite producer found (just ``first`` unless ``keep_going``)."""
+    """Every non-finite producer whose value mattered (just ``first`` unless ``keep_going``)."""
     source: str | None = None
     """The script or factory traced; None from the Python API."""
     autocast: str | None = None
@@ -191,9 +240,34 @@ class NanTraceReport:
     promotions: tuple[Promotion, ...] = ()
     """The first float64 promotion in a lower-precision program (at most one): a warning-level finding."""
     dtype_error: DtypeError | None = None
+    handled: tuple[Event, ...] = ()
+    """Non-finite producers whose value was handled (level ``ok``): masked downstream, or in a skipped step."""
+    skipped_steps: tuple[SkippedStep, ...] = ()
+    scale_collapse: ScaleCollapse | None = None
+    world_size: int | None = None
+    """Processes in a distributed run (each traced, the report merged); None for one process."""
+    ranks: tuple[RankSummary, ...] = ()
+    """One line per process of a distributed run."""
 
     @property
-    def level(self) -> Literal["ok", "warn", "fail"]:
-        if self.status == "nonfinite" or self.events:
-            return "fail"
-        return "warn" if self.warnings or self.promotions else "ok"
+    def level(self) -> Level:
+        from dtypecheck.nantrace.checks import level_of
+
+        levels: list[Level] = [e.level for e in (*self.events, *self.warnings)]
+        levels += [level_of("float64_promotion") for _ in self.promotions]
+        if self.scale_collapse is not None:
+            levels.append(self.scale_collapse.level)
+        if self.status == "nonfinite":
+            levels.append(level_of("nan"))
+        return worst(levels)
+
+
+@dataclass(frozen=True)
+class RankSummary:
+    """What one process of a distributed run found."""
+
+    rank: int
+    status: str
+    """``clean``, ``nonfinite``, ``error``, or ``missing`` (no report arrived from it in time)."""
+    ops: int
+    steps: int

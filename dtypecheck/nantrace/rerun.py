@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from dtypecheck.dtypes import spec_of
 from dtypecheck.nantrace.ops import has_nonfinite_scalar
-from dtypecheck.nantrace.records import OpRecord
+from dtypecheck.nantrace.records import OpRecord, plain, readable
 from dtypecheck.nantrace.report import Cause, ValueCounts
 
 if TYPE_CHECKING:
@@ -46,6 +46,8 @@ def _original_inputs(record: OpRecord) -> tuple[tuple[Any, ...], dict[str, Any]]
             if id(value) in overwritten:
                 raise InputsGoneError  # too large to have been copied before the op
             if id(value) in versions and value._version != versions[id(value)]:
+                raise InputsGoneError
+            if not readable(plain(value)):
                 raise InputsGoneError
             return value
         if isinstance(value, list | tuple):
@@ -129,6 +131,8 @@ def counts_of(tensor: torch.Tensor) -> tuple[ValueCounts, float]:
 def output_now_or_rerun(record: OpRecord, position: int) -> torch.Tensor | None:
     """The op's output as it came out: still in place if nothing wrote to it since, else recomputed."""
     checked = record.checked[position]
+    if not readable(checked.tensor):
+        return None
     if checked.tensor._version == checked.version:
         return checked.tensor
     try:

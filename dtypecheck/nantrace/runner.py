@@ -6,7 +6,7 @@ import contextlib
 import dataclasses
 import runpy
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -15,11 +15,12 @@ from dtypecheck.errors import InputError, UserCodeError
 from dtypecheck.nantrace.report import NanTraceReport
 from dtypecheck.nantrace.tracer import StopTracing, TraceOptions, Tracer
 from dtypecheck.progress import ProgressCallback, no_progress
-from dtypecheck.usercode import call_user, raise_user_error, user_traceback
+from dtypecheck.usercode import check_python_file, load_factory, python_target, raise_user_error, user_traceback
 
 if TYPE_CHECKING:
     import torch
-    from torch import nn
+
+    from dtypecheck.nantrace.distributed import Session
 
 
 @dataclass(frozen=True)
@@ -31,28 +32,8 @@ class RunSettings:
 
 
 def split_target(target: str) -> tuple[Path, str | None]:
-    """``train.py`` -> (train.py, None); ``file.py:factory`` -> (file.py, "factory")."""
-    path, sep, name = target.rpartition(":")
-    if sep and name.isidentifier() and path:
-        return Path(path), name
-    return Path(target), None
-
-
-def _check_python_file(path: Path) -> str:
-    if not path.exists():
-        raise InputError(f"no such script: {path}")
-    if not path.is_file():
-        raise InputError(f"not a file: {path}")
-    try:
-        source = path.read_text(encoding="utf-8")
-        compile(source, str(path), "exec")
-    except UnicodeDecodeError:
-        raise InputError(f"not a Python script (not UTF-8 text): {path}") from None
-    except SyntaxError as exc:
-        raise InputError(f"not a Python script: {path}: {exc.msg} (line {exc.lineno})") from None
-    except ValueError as exc:  # source with NUL bytes
-        raise InputError(f"not a Python script: {path}: {exc}") from None
-    return source
+    """``train.py`` -> (train.py, None); ``file.py:factory`` -> (file.py, "factory"); a script of any name runs."""
+    return python_target(target) or (Path(target), None)
 
 
 @contextlib.contextmanager
@@ -71,16 +52,28 @@ def _finish(tracer: Tracer, settings: RunSettings, source: str, **extra: Any) ->
     return tracer.report(source=source, autocast=settings.autocast, device=settings.device, **extra)
 
 
-def run_script(path: Path, argv: list[str], settings: RunSettings, *, stdout: TextIO | None = None) -> NanTraceReport:
-    """Run ``path`` as ``__main__`` with ``argv`` under tracing; its prints go to ``stdout`` when given."""
+def run_script(
+    path: Path,
+    argv: list[str],
+    settings: RunSettings,
+    *,
+    stdout: TextIO | None = None,
+    session: Session | None = None,
+) -> NanTraceReport:
+    """Run ``path`` as ``__main__`` with ``argv`` under tracing; its prints go to ``stdout`` when given.
+
+    ``session``: this process is one rank of a distributed run (``distributed.Session``)."""
     import torch
 
-    _check_python_file(path)
+    check_python_file(path)
     saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
     sys.argv = [str(path), *argv]
     sys.path.insert(0, str(path.resolve().parent))
     tracer = Tracer(dataclasses.replace(settings.options, stop_run=True, restore_default_dtype=True))
+    if session is not None:
+        session.attach(tracer, lambda: _finish(tracer, settings, str(path)))
     failure: dict[str, Any] = {}
+    namespace: dict[str, Any] = {}
     try:
         with contextlib.ExitStack() as stack:
             if stdout is not None:
@@ -89,7 +82,8 @@ def run_script(path: Path, argv: list[str], settings: RunSettings, *, stdout: Te
                 stack.enter_context(torch.device(settings.device))
             stack.enter_context(_autocast(settings))
             stack.enter_context(tracer)
-            runpy.run_path(str(path), run_name="__main__")
+            # Held until tracing ends: what the script still holds when it ends is its output.
+            namespace = runpy.run_path(str(path), run_name="__main__")
     except StopTracing:
         pass
     except SystemExit as exc:
@@ -101,6 +95,11 @@ def run_script(path: Path, argv: list[str], settings: RunSettings, *, stdout: Te
         sys.argv = saved_argv
         if saved_path0 is not None and sys.path and sys.path[0] == str(path.resolve().parent):
             sys.path.pop(0)
+        if session is None:
+            namespace.clear()
+        else:
+            # Freeing a sharded model under a collective still in flight crashes the process: keep it to the end.
+            session.held.append(namespace)
     return _finish(tracer, settings, str(path), **failure)
 
 
@@ -121,33 +120,6 @@ def _dtype_failure_or_raise(tracer: Tracer, exc: BaseException, what: str, user_
     if probe.dtype_error is None:
         raise_user_error(exc, what, user_file)
     return {"dtype_error": probe.dtype_error, "status": probe.status}
-
-
-FactoryResult = tuple["nn.Module", Any, "Callable[[Any], torch.Tensor] | None"]
-
-
-def load_factory(path: Path, name: str) -> FactoryResult:
-    """Import ``path``, call ``name()``, and check it returned (model, inputs) or (model, inputs, loss_fn)."""
-    import torch
-
-    _check_python_file(path)
-    namespace = call_user(lambda: runpy.run_path(str(path), run_name="__dtypecheck_factory__"), path.name, path)
-    factory = namespace.get(name)
-    if factory is None:
-        raise InputError(f"no function {name!r} in {path}")
-    if not callable(factory):
-        raise InputError(f"{path}:{name} is not a function (it is a {type(factory).__name__})")
-    made = call_user(factory, f"{name}()", path)
-    wrong = (
-        f"{path}:{name}() must return (model, inputs) or (model, inputs, loss_fn), with model a torch.nn.Module; "
-        f"got {type(made).__name__}"
-    )
-    if not isinstance(made, tuple | list) or len(made) not in (2, 3):
-        raise InputError(wrong)
-    model, inputs, loss_fn = made[0], made[1], made[2] if len(made) == 3 else None
-    if not isinstance(model, torch.nn.Module) or (loss_fn is not None and not callable(loss_fn)):
-        raise InputError(wrong)
-    return model, inputs, loss_fn
 
 
 def _to_device(value: Any, device: torch.device) -> Any:
@@ -182,7 +154,10 @@ def run_factory(
     """Run ``steps`` forward + backward + SGD steps of the factory's model under tracing."""
     import torch
 
-    model, inputs, loss_fn = load_factory(path, name)
+    made = load_factory(f"{path}:{name}")
+    model, inputs, loss_fn = made.model, made.inputs, made.loss_fn
+    if inputs is None:
+        raise InputError(f"{path}:{name}() must return (model, inputs) or (model, inputs, loss_fn) for nan-trace")
     model = getattr(model, "_orig_mod", model)  # an already-compiled model runs its original eagerly
     device = torch.device(settings.device or "cpu")
     model = model.to(device)
@@ -205,7 +180,7 @@ def run_factory(
                     else:
                         output = model(inputs)
                     loss = loss_fn(output) if loss_fn is not None else _default_loss(output)
-                loss.backward()  # type: ignore[no-untyped-call]
+                loss.backward()
                 optimizer.step()
                 progress(done, steps, f"step {done}/{steps}")
     except StopTracing:

@@ -8,22 +8,22 @@ judged, and only the one that fired is re-run in detail.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import sys
-import types
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dtypecheck.nantrace.defaults import DefaultDtypeWatch, dtype_name
-from dtypecheck.nantrace.dtypeflow import DtypeFlow, Raised, module_dtype, tensor_names
-from dtypecheck.nantrace.explain import explain, is_dtype_error
+from dtypecheck.nantrace.dtypeflow import DtypeFlow
+from dtypecheck.nantrace.eager import run_compile_eagerly
+from dtypecheck.nantrace.explain import explain
 from dtypecheck.nantrace.frames import FrameFinder
 from dtypecheck.nantrace.judge import Judge, written_tensors
 from dtypecheck.nantrace.modules import ModuleStack
 from dtypecheck.nantrace.ops import OpInfo, OpKind, classify, iter_tensors, mutated_argument
-from dtypecheck.nantrace.records import CHECKED_DTYPES_NAMES, HALF_NAMES, Checked, OpRecord
-from dtypecheck.nantrace.report import NanTraceReport
+from dtypecheck.nantrace.raised import RaiseWatch
+from dtypecheck.nantrace.records import CHECKED_DTYPES_NAMES, HALF_NAMES, Checked, OpRecord, plain
+from dtypecheck.nantrace.report import Event, NanTraceReport, ScaleCollapse, SkippedStep
+from dtypecheck.nantrace.training import TrainingWatch, untraced
 
 if TYPE_CHECKING:
     import torch
@@ -55,6 +55,10 @@ class TraceOptions:
     restore_default_dtype: bool = False
     """Put back the default dtype tracing began with (the CLI runners: a script run in-process must not leave its
     ``set_default_dtype`` behind); the Python API leaves the user's choice in place."""
+    max_skipped_steps: int = 16
+    """GradScaler skipping this many consecutive steps (its scale shrinking each time) is a failure."""
+    rank: int | None = None
+    """This process's rank in a distributed run (written into its events)."""
 
 
 def _dispatch_mode_class() -> type[TorchDispatchMode]:
@@ -94,20 +98,26 @@ class Tracer:
         self.flow = DtypeFlow(self.frames, lower_names=("float32", "float16", "bfloat16"))
         self.defaults = DefaultDtypeWatch(self.frames, restore_default=self.options.restore_default_dtype)
         self._model = model
-        self.modules = ModuleStack(module_names, on_root=self.flow.root_started, on_raise=self._module_raised)
+        self.raises = RaiseWatch(self.flow, self.frames)
+        self.modules = ModuleStack(module_names, on_root=self.flow.root_started, on_raise=self.raises.module_raised)
+        self.raises.modules = self.modules
         self.judge = Judge(
             history=self.options.history,
             warn_frac=self.options.warn_frac,
             keep_going=self.options.keep_going,
             owner_of=self.modules.owner_of,
+            rank=self.options.rank,
         )
+        self.training = TrainingWatch(self)
+        self.skipped_steps: list[SkippedStep] = []
+        self.scale_collapse: ScaleCollapse | None = None
+        self._skip_streak: list[SkippedStep] = []
         self.ops = 0
-        self.backward_passes = 0
         self.compile_calls = 0
         self.stopped = False
+        self._interrupted = False
         self._step = 1
         self._in_backward = False
-        self._after_backward = False
         self._window: list[OpRecord] = []
         self._held = 0
         self._infos: dict[Any, OpInfo] = {}
@@ -124,11 +134,12 @@ class Tracer:
 
     # -- context -----------------------------------------------------------------------------------------------
     def __enter__(self) -> Tracer:
-        self._run_compile_eagerly()
+        self._restore += run_compile_eagerly(self)
         self.defaults.install()
         if self._model is not None:
             self.flow.root_started(self._model)
         self.modules.install()
+        self.training.install()
         self._mode = _dispatch_mode_class()(self)
         self._mode.__enter__()
         return self
@@ -138,41 +149,23 @@ class Tracer:
             self._mode.__exit__(None, None, None)
             if not self.stopped:
                 self.flush()
+            if not self.stopped:
+                self.judge.settle(final=True)
         finally:
+            self.training.remove()
             self.modules.remove()
             self.defaults.remove()
             for owner, name, value in reversed(self._restore):
                 setattr(owner, name, value)
             self._restore.clear()
 
-    def _run_compile_eagerly(self) -> None:
-        """Make ``torch.compile`` hand back the model itself: compiled kernels would bypass the dispatch mode."""
-        import torch
-
-        tracer = self
-
-        def compile_eagerly(model: Any = None, **kwargs: Any) -> Any:
-            tracer.compile_calls += 1
-            return model if model is not None else (lambda fn: fn)
-
-        def module_compile_eagerly(module: Any, *args: Any, **kwargs: Any) -> None:
-            tracer.compile_calls += 1
-
-        self._restore.append((torch, "compile", torch.compile))
-        torch.compile = compile_eagerly
-        if hasattr(torch.nn.Module, "compile"):  # torch >= 2.2
-            self._restore.append((torch.nn.Module, "compile", torch.nn.Module.compile))
-            torch.nn.Module.compile = module_compile_eagerly  # type: ignore[method-assign,assignment]
-        dynamo_config = sys.modules.get("torch._dynamo.config")
-        if isinstance(dynamo_config, types.ModuleType):
-            # Functions compiled before tracing began: dynamo leaves frames alone while disabled.
-            self._restore.append((dynamo_config, "disable", getattr(dynamo_config, "disable", False)))
-            setattr(dynamo_config, "disable", True)  # noqa: B010  (a module attribute mypy cannot see)
-
     # -- the cheap pass ----------------------------------------------------------------------------------------
     def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self.ops += 1
         if self.stopped:
+            if self._interrupted:
+                self._interrupted = False
+                raise StopTracing
             return func(*args, **kwargs)
         info = self._infos.get(func)
         if info is None:
@@ -184,9 +177,6 @@ class Tracer:
         if info.kind is OpKind.SCALAR or info.kind is OpKind.UNINITIALISED:
             return self._made_unchecked(func, info, args, kwargs) if info.creates else func(*args, **kwargs)
         module = self.modules.current
-        if self._after_backward and not backward and module is not None:
-            self._step += 1
-            self._after_backward = False
         grad_enabled = self._is_grad_enabled()
         if info.kind is OpKind.PASS and (backward or not grad_enabled):
             return self._made_unchecked(func, info, args, kwargs) if info.creates else func(*args, **kwargs)
@@ -216,65 +206,7 @@ class Tracer:
 
     # -- dtype errors ------------------------------------------------------------------------------------------
     def op_raised(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException) -> None:
-        """An op raised: keep what it was given, in case this is the dtype error that ends the run."""
-        if not is_dtype_error(exc) or self.flow.already_raised(exc, by_op=True):
-            return
-        # A failed explanation must never replace the user's own error.
-        with contextlib.suppress(Exception):
-            self._record_op_raised(func, args, kwargs, exc)
-
-    def _record_op_raised(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException) -> None:
-        info = self._infos.get(func) or classify(func)
-        module = self.modules.current_module
-        inputs, addresses = self.flow.tensor_args(func._schema, args, kwargs, tensor_names(self.modules.root))
-        own = module_dtype(module) if module is not None else None
-        self.flow.remember_raised(
-            Raised(
-                exc=exc,
-                op=info.name,
-                module=self.modules.current,
-                module_type=type(module).__name__ if module is not None else None,
-                module_dtype=dtype_name(own) if own is not None else None,
-                frame=self.frames.user_frame(),
-                inputs=inputs,
-                addresses=addresses,
-            )
-        )
-
-    def _module_raised(self, module: nn.Module, path: str, args: Any, exc: BaseException) -> None:
-        """A module's forward was left by an exception: its inputs and parameters, and the line that called it
-        (also where the raising check ran before any op, as ``conv2d``'s input/bias dtype check does)."""
-        if not is_dtype_error(exc):
-            return
-        # A failed explanation must never replace the user's own error.
-        with contextlib.suppress(Exception):
-            self._record_module_raised(module, path, args, exc)
-
-    def _record_module_raised(self, module: nn.Module, path: str, args: Any, exc: BaseException) -> None:
-        import torch
-
-        positional = tuple(args) if isinstance(args, tuple) else (args,)
-        call_args = tuple(
-            int(a.untyped_storage().data_ptr()) if isinstance(a, torch.Tensor) else -1 for a in positional
-        )
-        names = ["input"] if len(positional) == 1 else [f"input{i}" for i in range(len(positional))]
-        given = dict(zip(names, positional, strict=True))
-        own = dict(module.named_parameters(recurse=False))
-        inputs, addresses = self.flow.tensor_args(None, (), {**given, **own}, tensor_names(self.modules.root))
-        dtype = module_dtype(module)
-        self.flow.remember_raised(
-            Raised(
-                exc=exc,
-                op=None,
-                module=path,
-                module_type=type(module).__name__,
-                module_dtype=dtype_name(dtype) if dtype is not None else None,
-                frame=self.frames.user_frame(),
-                inputs=inputs,
-                addresses=addresses,
-                call_args=call_args,
-            )
-        )
+        self.raises.op_raised(self._infos.get(func) or classify(func), func, args, kwargs, exc)
 
     # -- the checks --------------------------------------------------------------------------------------------
     def _before(self, record: OpRecord, info: OpInfo) -> None:
@@ -298,11 +230,13 @@ class Tracer:
         for value in (*record.args, *record.kwargs.values()):
             if isinstance(value, torch.Tensor):
                 if value.is_floating_point() and id(value) not in written:
-                    inputs.append((value, value._version))
+                    local = plain(value)
+                    inputs.append((local, local._version))
             elif isinstance(value, list | tuple):
                 for item in value:
                     if isinstance(item, torch.Tensor) and item.is_floating_point() and id(item) not in written:
-                        inputs.append((item, item._version))
+                        local = plain(item)
+                        inputs.append((local, local._version))
 
     def _after(self, record: OpRecord, out: Any) -> None:
         for tensor in written_tensors(record, out):
@@ -312,6 +246,7 @@ class Tracer:
                 self._held += tensor.nbytes
 
     def _check(self, tensor: torch.Tensor) -> Checked | None:
+        tensor = plain(tensor)
         if (
             tensor.dtype not in self._checked_dtypes
             or tensor.layout is not self._strided
@@ -320,7 +255,13 @@ class Tracer:
         ):
             return None
         try:
-            lo, hi = self._aminmax(tensor.detach())
+            detached = tensor.detach()
+            # aminmax is ~60x slower than amin + amax on a non-contiguous tensor (a transposed view): measured with
+            # benchmarks/bench_nantrace.py, it was most of the tracing cost of a transformer step.
+            if detached.is_contiguous():
+                lo, hi = self._aminmax(detached)
+            else:
+                lo, hi = detached.amin(), detached.amax()
         except (RuntimeError, NotImplementedError):
             return None  # a tensor subclass or backend without aminmax: unchecked rather than broken
         tiny = self._half.get(tensor.dtype)
@@ -331,19 +272,65 @@ class Tracer:
         # Forward nodes must carry their line before backward runs them: flush first.
         self.flush()
         self._in_backward = backward
-        if backward:
-            self.backward_passes += 1
-            self._after_backward = True
 
     def flush(self) -> None:
-        """Read back the window's reductions and judge its ops; at the first event, stop (unless keep-going)."""
+        """Read back the window's reductions and judge its ops; at the first failure, stop (unless keep-going)."""
         window, self._window = self._window, []
         self._held = 0
         if window:
             self.judge.judge_window(window)
-        if self.judge.events and not self.options.keep_going and not self.stopped:
+        self.stop_if_failed()
+
+    def interrupt(self) -> None:
+        """Another rank failed: end the traced code at its next op (from the distributed watcher's thread)."""
+        self._interrupted = self.options.stop_run
+        self.stopped = True
+
+    def stop_if_failed(self) -> None:
+        if self.judge.stopped and not self.stopped:
             self.stopped = True
             if self.options.stop_run:
+                raise StopTracing
+
+    # -- the training loop (training.TrainingWatch calls these) ------------------------------------------------
+    def step_ended(self) -> None:
+        self._step += 1
+
+    def scaler_updated(self, skipped: bool, before: float, after: float) -> None:
+        """A ``GradScaler.update``: a skipped step is a note; too many in a row are a collapse."""
+        if self.stopped:
+            return
+        with untraced():
+            self.flush()
+            if not skipped:
+                self._skip_streak.clear()
+                self.judge.settle(final=False)
+            else:
+                first = self.judge.skip_step()
+                note = SkippedStep(self._step, before, after, first, rank=self.options.rank)
+                self.skipped_steps.append(note)
+                self._skip_streak.append(note)
+                self.training.step_ended()
+                if len(self._skip_streak) >= self.options.max_skipped_steps:
+                    self._collapsed(first)
+        self.stop_if_failed()
+
+    def _collapsed(self, first: Event | None) -> None:
+        streak = self._skip_streak
+        self.scale_collapse = ScaleCollapse(
+            steps=len(streak),
+            first_step=streak[0].step,
+            last_step=streak[-1].step,
+            scale_before=streak[0].scale_before,
+            scale_after=streak[-1].scale_after,
+            limit=self.options.max_skipped_steps,
+            rank=self.options.rank,
+        )
+        if first is not None:
+            self.judge.fail(self.judge.producer_index(first), "scale_collapse")
+        else:
+            self.stopped = self.options.stop_run or self.stopped
+            if self.options.stop_run and not self.options.keep_going:
                 raise StopTracing
 
     # -- the result --------------------------------------------------------------------------------------------
@@ -365,7 +352,7 @@ class Tracer:
     ) -> NanTraceReport:
         """The result; ``failure`` is the exception that ended the traced code, explained when it is a dtype
         mismatch that tracing saw happen."""
-        events = tuple(self.judge.events)
+        events = tuple(sorted(self.judge.events, key=lambda e: e.op_index))
         dominant = self.flow.dominant
         dtype_error = None
         if failure is not None:
@@ -374,18 +361,22 @@ class Tracer:
             )
         self.flow.raised.clear()  # they hold the exceptions, their frames and the tensors in them
         promotion = self.flow.promotion
+        nonfinite = bool(events) or self.scale_collapse is not None
         report = NanTraceReport(
-            status="nonfinite" if events else ("error" if dtype_error is not None else "clean"),
+            status="nonfinite" if nonfinite else ("error" if dtype_error is not None else "clean"),
             first=events[0] if events else None,
             warnings=tuple(self.judge.warnings),
             ops=self.ops,
-            steps=self.backward_passes if steps is None else steps,
+            steps=self.training.steps if steps is None else steps,
             events=events,
-            stopped_early=bool(events) and not self.options.keep_going,
+            stopped_early=nonfinite and not self.options.keep_going,
             notes=self.notes(),
             default_dtype=self.defaults.result(),
             promotions=(promotion,) if promotion is not None else (),
             dtype_error=dtype_error,
+            handled=tuple(sorted(self.judge.handled, key=lambda e: e.op_index)),
+            skipped_steps=tuple(self.skipped_steps),
+            scale_collapse=self.scale_collapse,
         )
         return dataclasses.replace(report, **extra) if extra else report
 

@@ -25,7 +25,21 @@ CAUSE_TEXT = {
     "range_overflow": "range overflow: finite in float64, beyond what {dtype} holds",
     "invalid_math": "invalid math: non-finite even in float64 from finite inputs (log(0), 0/0, sqrt(-x), inf-inf)",
     "input": "input: came in with the data or a constant",
+    "collective": "collective: arrived from another process (its birth is reported by that rank)",
 }
+
+
+CONSEQUENCE_TEXT = {
+    "loss": "reached the loss (the tensor backward() was called on)",
+    "parameter": "was written into a parameter",
+    "optimizer_state": "was written into an optimizer state",
+    "output": "was still held when the run ended",
+    "unmasked": "was dropped without being masked",
+    "scale_collapse": "GradScaler skipped step after step: its scale collapsed",
+    "masked": "masked downstream (turned finite by where/masked_fill/nan_to_num or torch itself)",
+    "skipped_step": "in a step GradScaler skipped",
+}
+_SHOWN_NOTES = 10
 
 
 def _module(module: str | None) -> str:
@@ -50,7 +64,8 @@ def _event_panel(event: Event, title: str) -> Panel:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column(overflow="fold")
-    grid.add_row("op", f"{event.op}  ({event.phase}, step {event.step}, op #{event.op_index})")
+    rank = f", rank {event.rank}" if event.rank is not None else ""
+    grid.add_row("op", f"{event.op}  ({event.phase}, step {event.step}, op #{event.op_index}{rank})")
     grid.add_row("module", _module(event.module))
     if event.grad_fn:
         grid.add_row("grad_fn", event.grad_fn)
@@ -71,6 +86,8 @@ def _event_panel(event: Event, title: str) -> Panel:
     )
     if event.cause is not None:
         grid.add_row("cause", CAUSE_TEXT[event.cause].format(dtype=event.dtype))
+    if event.consequence is not None:
+        grid.add_row("then", CONSEQUENCE_TEXT[event.consequence])
     style = "bold red" if event.kind in ("nan", "inf") else "yellow"
     return Panel(grid, title=Text(title, style=style), title_align="left", expand=False)
 
@@ -111,6 +128,42 @@ def _warnings_table(warnings: tuple[Event, ...]) -> Table:
             style="yellow",
         )
     return table
+
+
+def _handled_table(handled: tuple[Event, ...]) -> Table:
+    more = len(handled) - _SHOWN_NOTES
+    title = "handled non-finite values (notes, not failures)" + (f"; first {_SHOWN_NOTES} shown" if more > 0 else "")
+    table = Table(title=title, title_justify="left", header_style="bold")
+    for name in ("kind", "op", "phase", "module", "step", "handled", "line"):
+        table.add_column(name, overflow="fold")
+    for e in handled[:_SHOWN_NOTES]:
+        table.add_row(
+            e.kind, e.op, e.phase, _module(e.module), str(e.step), e.consequence or "-", _where(e.location), style="dim"
+        )
+    return table
+
+
+def _scaler_lines(report: NanTraceReport) -> list[RenderableType]:
+    out: list[RenderableType] = []
+    if report.skipped_steps:
+        steps = ", ".join(
+            f"{s.step} ({fmt_float(s.scale_before, 6)} -> {fmt_float(s.scale_after, 6)})"
+            for s in report.skipped_steps[:_SHOWN_NOTES]
+        )
+        more = len(report.skipped_steps) - _SHOWN_NOTES
+        steps += f", and {more} more" if more > 0 else ""
+        out.append(Text(f"GradScaler skipped {len(report.skipped_steps)} step(s) (scale before -> after): {steps}"))
+    collapse = report.scale_collapse
+    if collapse is not None:
+        out.append(
+            Text(
+                f"GradScaler's scale collapsed: {collapse.steps} steps skipped in a row (steps {collapse.first_step}-"
+                f"{collapse.last_step}, scale {fmt_float(collapse.scale_before, 6)} -> "
+                f"{fmt_float(collapse.scale_after, 6)}; --max-skipped-steps {collapse.limit})",
+                style="bold red",
+            )
+        )
+    return out
 
 
 def _shape(shape: tuple[int, ...]) -> str:
@@ -197,6 +250,9 @@ def render_nantrace(report: NanTraceReport) -> list[RenderableType]:
         out.append(_event_panel(event, title))
         if event.history:
             out.append(_history_table(event.history))
+    out.extend(_scaler_lines(report))
+    if report.handled:
+        out.append(_handled_table(report.handled))
     if report.warnings:
         out.append(_warnings_table(report.warnings))
     for note in report.notes:
@@ -210,13 +266,18 @@ def render_nantrace(report: NanTraceReport) -> list[RenderableType]:
         for part in (
             f"autocast {report.autocast}" if report.autocast else "",
             f"device {report.device}" if report.device else "",
+            f"{report.world_size} ranks" if report.world_size else "",
         )
         if part
     )
     if report.status == "error":
         summary = Text(f"dtype mismatch ended the run after {report.ops:,} ops", style="bold red")
     elif report.status == "clean":
-        summary = Text(f"clean: no NaN or Inf in {report.ops:,} ops over {report.steps} step(s)", style="green")
+        handled = f" ({len(report.handled)} handled: notes above)" if report.handled else ""
+        mattered = " that mattered" if report.handled else ""
+        summary = Text(
+            f"clean: no NaN or Inf{mattered} in {report.ops:,} ops over {report.steps} step(s){handled}", style="green"
+        )
     else:
         stopped = ", stopped at the first event (--keep-going collects all)" if report.stopped_early else ""
         summary = Text(

@@ -1,0 +1,174 @@
+"""The nan-trace checks: each one registered object that knows its kinds, its level and, for per-op checks, how
+to judge one op.
+
+Like torch's flop counter registers one formula per op, each check registers itself here with ``@register``;
+the judge runs every registered ``on_op`` over each checked op at the flush, and the report, the table and the
+exit code read each kind's level and title from here. A new per-op check is one class in this file (and its
+kind in ``report.EventKind`` when it emits events); its level comes from ``dtypecheck.findings``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final, Protocol, runtime_checkable
+
+from dtypecheck.dtypes import spec_of
+from dtypecheck.findings import CHECK_LEVEL, Level
+
+if TYPE_CHECKING:
+    from dtypecheck.nantrace.judge import Judge
+    from dtypecheck.nantrace.records import OpRecord
+
+
+@runtime_checkable
+class Check(Protocol):
+    """One nan-trace check."""
+
+    @property
+    def name(self) -> str:
+        """Registry key, e.g. ``nonfinite``."""
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The ``kind`` values it writes into the report (an event's, a skipped step's...)."""
+
+    @property
+    def level(self) -> Level:
+        """How bad what it finds is (``findings.Level``)."""
+
+    @property
+    def title(self) -> str:
+        """What the table calls it."""
+
+
+class OpCheck(Check, Protocol):
+    """A check run at the flush over every checked op, in op order."""
+
+    def on_op(self, record: OpRecord, judge: Judge, nonfinite: bool) -> None:
+        """Judge one op; ``nonfinite``: one of its outputs holds NaN or inf."""
+
+
+CHECKS: Final[dict[str, Check]] = {}
+"""Every registered check, by name, in registration order."""
+_BY_KIND: dict[str, Check] = {}
+
+
+def register(check: Check) -> Check:
+    """Add ``check`` to the registry (its kinds must be new)."""
+    clash = [kind for kind in check.kinds if kind in _BY_KIND]
+    if check.name in CHECKS or clash:
+        raise ValueError(f"nan-trace check {check.name!r} is registered twice (kinds {clash})")
+    CHECKS[check.name] = check
+    for kind in check.kinds:
+        _BY_KIND[kind] = check
+    return check
+
+
+def check_of(kind: str) -> Check:
+    """The check that writes ``kind``."""
+    return _BY_KIND[kind]
+
+
+def level_of(kind: str) -> Level:
+    return _BY_KIND[kind].level
+
+
+def op_checks() -> Iterator[OpCheck]:
+    """The registered checks that judge each op, in registration order."""
+    for check in CHECKS.values():
+        if isinstance(check, _OpCheckBase):
+            yield check
+
+
+class _OpCheckBase:
+    def on_op(self, record: OpRecord, judge: Judge, nonfinite: bool) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class NonFiniteProducer(_OpCheckBase):
+    """An op whose inputs were finite and whose output is not; what became of the value decides its level."""
+
+    name: str = "nonfinite"
+    kinds: tuple[str, ...] = ("nan", "inf")
+    level: Level = CHECK_LEVEL["nonfinite"]
+    title: str = "non-finite value"
+
+    def on_op(self, record: OpRecord, judge: Judge, nonfinite: bool) -> None:
+        judge.follow_nonfinite(record, nonfinite)
+
+
+def _has_scalar_at_least(record: OpRecord, magnitude: float) -> bool:
+    values = (*record.args, *record.kwargs.values())
+    return any(isinstance(v, float) and abs(v) >= magnitude for v in values)
+
+
+@dataclass(frozen=True)
+class NearOverflow(_OpCheckBase):
+    """A finite output whose largest magnitude reached ``warn_frac`` of its dtype's max (first per module)."""
+
+    name: str = "near_overflow"
+    kinds: tuple[str, ...] = ("near_overflow",)
+    level: Level = "warn"
+    title: str = "near overflow"
+
+    def on_op(self, record: OpRecord, judge: Judge, nonfinite: bool) -> None:
+        if nonfinite or (judge.scaled_backward and record.phase == "backward"):
+            return
+        for position, checked in enumerate(record.checked):
+            limit = judge.warn_frac * spec_of(checked.tensor.dtype).fmt.max
+            # A huge constant the user wrote (finfo.min masks) is not a climb towards overflow.
+            if checked.absmax >= limit and not _has_scalar_at_least(record, limit):
+                judge.warning(record, "near_overflow", position)
+
+
+@dataclass(frozen=True)
+class Underflow(_OpCheckBase):
+    """A half-precision output mostly flushed to zero or subnormal that float32 would have kept."""
+
+    name: str = "underflow"
+    kinds: tuple[str, ...] = ("underflow",)
+    level: Level = CHECK_LEVEL["underflow"]
+    title: str = "half-precision underflow"
+
+    def on_op(self, record: OpRecord, judge: Judge, nonfinite: bool) -> None:
+        from dtypecheck.nantrace.rerun import underflows_in_float32
+
+        if nonfinite or judge.already_warned("underflow", record.module):
+            return
+        for position, checked in enumerate(record.checked):
+            fmt = spec_of(checked.tensor.dtype).fmt
+            if checked.absmax >= judge.warn_frac * fmt.max or not checked.small_count:
+                continue
+            if 2 * checked.small_count > checked.tensor.numel():
+                found = underflows_in_float32(record, position, fmt.smallest_normal)
+                if found is not None and 2 * found[0] > found[1]:
+                    judge.warning(record, "underflow", position)
+                    return
+
+
+@dataclass(frozen=True)
+class Described:
+    """A check found outside the per-op flush (at dispatch, when an op raises, at a ``GradScaler`` update); it is
+    registered for its kinds, level and title."""
+
+    name: str
+    kinds: tuple[str, ...]
+    level: Level
+    title: str
+
+
+for _check in (
+    NonFiniteProducer(),
+    NearOverflow(),
+    Underflow(),
+    # dtypeflow.DtypeFlow finds it as ops run.
+    Described("float64_promotion", ("float64_promotion",), "warn", "float64 enters a lower-precision program"),
+    # explain.explain: the traced code died of it.
+    Described("dtype_mismatch", ("dtype_mismatch",), "fail", "dtype mismatch"),
+    # training.TrainingWatch, at each GradScaler.update.
+    Described("skipped_step", ("skipped_step",), "ok", "step skipped by GradScaler"),
+    Described("scale_collapse", ("scale_collapse",), "fail", "GradScaler's scale collapsed"),
+):
+    register(_check)

@@ -1,0 +1,251 @@
+"""nan-trace on 2-process runs (gloo on CPU): torchrun and --nproc, DDP and FSDP2, one merged report, no hang.
+
+Each run is bounded by a subprocess timeout far below gloo's 30-minute collective timeout: a rank left waiting
+for a stopped peer would fail the test instead of passing late.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dtypecheck.nantrace.distributed import RankInfo, merge, rank_info
+from dtypecheck.nantrace.launch import free_port
+from dtypecheck.nantrace.report import Event, NanTraceReport, ValueCounts
+from tests.test_nantrace_scripts import line_of, write_script
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT_S = 240
+
+DDP = """
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = torch.nn.Linear(4, 8)
+        self.head = torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.encoder(x)))
+
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = DistributedDataParallel(Net())
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+mode = sys.argv[1] if len(sys.argv) > 1 else "clean"
+for step in range(4):
+    batch = torch.randn(6, 4) + rank
+    extra = 0.0
+    if rank == 1 and step == 2 and mode == "data":
+        batch = batch - 10.0
+        batch = batch.log()  # rank 1 data
+    if rank == 1 and step == 2 and mode == "grad":
+        weight = model.module.encoder.weight
+        extra = torch.sqrt(weight - weight.detach()).sum()  # rank 1 grad
+    loss = model(batch).pow(2).mean() + extra
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+dist.destroy_process_group()
+print("finished", rank)
+"""
+
+FSDP = """
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = torch.nn.Linear(4, 8)
+        self.head = torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.encoder(x)))
+
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = Net()
+fully_shard(model.encoder)
+fully_shard(model)
+optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+for step in range(3):
+    batch = torch.randn(6, 4)
+    if rank == 1 and step == 1 and len(sys.argv) > 1:
+        batch = (batch - 10.0).log()  # rank 1 data
+    loss = model(batch).pow(2).mean()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+dist.destroy_process_group()
+"""
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+
+
+def _torchrun(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--nnodes",
+        "1",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        "-m",
+        "dtypecheck",
+        "nan-trace",
+        "--format",
+        "json",
+        str(script),
+        "--",
+        *args,
+    ]
+    return subprocess.run(command, capture_output=True, text=True, env=_env(), timeout=TIMEOUT_S, check=False)
+
+
+def _nproc(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "dtypecheck", "nan-trace", "--nproc", "2", "--format", "json", str(script), *args]
+    return subprocess.run(command, capture_output=True, text=True, env=_env(), timeout=TIMEOUT_S, check=False)
+
+
+def test_torchrun_ddp_nan_born_on_rank_1_is_named_once_and_every_rank_stops(tmp_path: Path) -> None:
+    script, text = write_script(tmp_path, "ddp.py", DDP)
+    done = _torchrun(script, "data")
+    assert done.returncode == 1, done.stderr
+    doc = json.loads(done.stdout)  # rank 0's stdout holds the merged document only
+    assert (doc["status"], doc["world_size"]) == ("nonfinite", 2)
+    first = doc["first"]
+    assert (first["rank"], first["kind"], first["op"], first["module"]) == (1, "nan", "aten.log.default", None)
+    assert first["location"]["line"] == line_of(text, "rank 1 data")
+    assert (first["step"], first["cause"], first["consequence"]) == (3, "invalid_math", "loss")
+    assert [(r["rank"], r["status"]) for r in doc["ranks"]] == [(0, "clean"), (1, "nonfinite")]
+    assert "finished" not in done.stderr  # neither rank ran on to the end of the script
+
+
+def test_a_gradient_nan_averaged_into_rank_0_is_blamed_on_rank_1(tmp_path: Path) -> None:
+    script, text = write_script(tmp_path, "ddp.py", DDP)
+    done = _nproc(script, "--", "grad")
+    assert done.returncode == 1, done.stderr
+    doc = json.loads(done.stdout)
+    first = doc["first"]
+    # sqrt's gradient at 0 is born infinite in rank 1's backward; DDP's all-reduce hands it to rank 0.
+    assert (first["rank"], first["kind"], first["op"], first["phase"]) == (1, "inf", "aten.div.Tensor", "backward")
+    assert first["location"]["line"] == line_of(text, "rank 1 grad")
+    assert (first["cause"], first["consequence"], first["step"]) == ("invalid_math", "parameter", 3)
+    arrived = [e for e in doc["events"] if e["rank"] == 0]
+    assert arrived
+    assert {e["cause"] for e in arrived} == {"collective"}
+
+
+def test_a_clean_ddp_run_through_nproc_exits_0(tmp_path: Path) -> None:
+    script, _ = write_script(tmp_path, "ddp.py", DDP)
+    done = _nproc(script)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert (doc["status"], doc["first"], doc["world_size"], doc["steps"]) == ("clean", None, 2, 4)
+    assert [(r["rank"], r["status"], r["steps"]) for r in doc["ranks"]] == [(0, "clean", 4), (1, "clean", 4)]
+    assert done.stderr.count("finished") == 2  # both ranks ran to the end (their prints may interleave)
+
+
+def test_fsdp2_nan_on_rank_1_and_a_clean_fsdp2_run(tmp_path: Path) -> None:
+    script, text = write_script(tmp_path, "fsdp.py", FSDP)
+    done = _nproc(script, "--", "bad")
+    assert done.returncode == 1, done.stderr
+    first = json.loads(done.stdout)["first"]
+    assert (first["rank"], first["op"], first["step"]) == (1, "aten.log.default", 2)
+    assert first["location"]["line"] == line_of(text, "rank 1 data")
+    done = _nproc(script)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert (doc["status"], doc["handled"], doc["warnings"]) == ("clean", [], [])
+
+
+def _event(rank: int, step: int, cause: str, op_index: int) -> Event:
+    return Event(
+        kind="nan",
+        phase="backward",
+        op=f"op{rank}",
+        grad_fn=None,
+        module=None,
+        dtype="float32",
+        location=None,
+        counts=ValueCounts(1, 0, 0, 0, 0),
+        absmax=0.0,
+        limit=1.0,
+        cause=cause,  # type: ignore[arg-type]
+        step=step,
+        op_index=op_index,
+        rank=rank,
+    )
+
+
+def test_merge_prefers_a_birth_over_an_arrival_then_the_earliest_step() -> None:
+    arrival = _event(0, 2, "collective", 5)
+    birth = _event(1, 2, "invalid_math", 90)
+    later = _event(0, 3, "input", 1)
+    reports: dict[int, NanTraceReport | None] = {
+        0: NanTraceReport("nonfinite", arrival, (), ops=10, steps=2, events=(arrival, later)),
+        1: NanTraceReport("nonfinite", birth, (), ops=20, steps=2, events=(birth,)),
+        2: None,
+    }
+    merged = merge(reports, 3)
+    assert merged.first == birth
+    assert merged.events == (birth, later, arrival)
+    assert (merged.ops, merged.steps, merged.world_size) == (30, 2, 3)
+    assert [(r.rank, r.status) for r in merged.ranks] == [(0, "nonfinite"), (1, "nonfinite"), (2, "missing")]
+    assert merged.notes == ("no report arrived from rank(s) 2",)
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        ({}, None),
+        ({"RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": "29500"}, None),
+        (
+            {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"},
+            RankInfo(1, 2, "10.0.0.1", 29500, "none/0"),
+        ),
+        ({"RANK": "x", "WORLD_SIZE": "2", "MASTER_PORT": "29500"}, None),
+    ],
+)
+def test_rank_info_reads_the_launchers_environment(environ: dict[str, str], expected: RankInfo | None) -> None:
+    assert rank_info(environ) == expected
+
+
+def test_nproc_runs_scripts_only(cli: Any, tmp_path: Path) -> None:
+    factory = "import torch\ndef make():\n    return torch.nn.Linear(2, 2), torch.ones(2)\n"
+    script, _ = write_script(tmp_path, "f.py", factory)
+    result = cli("nan-trace", f"{script}:make", "--nproc", "2")
+    assert result.exit_code == 2
+    assert "--nproc runs a script" in result.stderr
+    result = cli("nan-trace", str(tmp_path / "absent.py"), "--nproc", "2")
+    assert (result.exit_code, result.stdout) == (3, "")
+    assert result.stderr == f"error: no such file: {tmp_path / 'absent.py'}\n"
+    assert cli("nan-trace", str(script), "--nproc", "0").exit_code == 2
