@@ -225,13 +225,12 @@ def unread_pickle_inputs(folder: Path) -> list[Hostile]:
 
     import warnings
 
-    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        dcp.save(
-            {"w": torch.ones(2), "extra": _Payload(folder / "canary-dcp-bytes-item")}, checkpoint_id=folder / "dcp"
-        )
+        state = {"w": torch.ones(2), "extra": _Payload(folder / "canary-dcp-bytes-item")}
+        dcp_save(state, checkpoint_id=folder / "dcp")
     add("dcp-bytes-item", folder / "dcp", folder / "dcp")
 
     for which in (0, 1):
