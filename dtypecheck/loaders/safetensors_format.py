@@ -109,7 +109,7 @@ class SafetensorsCheckpoint:
         if not isinstance(code, str) or code not in ST_DTYPES:
             raise InputError(f"{self.path}: tensor {name!r} has unknown safetensors dtype {code!r}")
         if not isinstance(shape, list) or not all(
-            isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape
+            isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**63 for s in shape
         ):
             raise InputError(f"{self.path}: tensor {name!r} has a malformed shape {shape!r}")
         if (

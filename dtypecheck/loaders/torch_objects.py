@@ -126,6 +126,8 @@ def storage_from_pid(pid: Any) -> StorageRef:
         raise ValueError(f"unknown storage type {storage_type}")
     if not isinstance(key, str | int) or not isinstance(location, str) or not isinstance(numel, int) or numel < 0:
         raise ValueError("malformed storage persistent id")
+    if isinstance(key, int) and not 0 <= key <= INT64_MAX:
+        raise ValueError("malformed storage persistent id (key out of range)")
     return StorageRef(str(key), _STORAGE_DTYPES[storage_type.name], location, numel)
 
 
@@ -134,15 +136,22 @@ def _int_tuple(value: Any, what: str) -> tuple[int, ...]:
         raise ValueError(f"tensor {what} is not a tuple of integers")
     if any(v < 0 for v in value):
         raise ValueError(f"tensor {what} has a negative entry")
+    if any(v > INT64_MAX for v in value):
+        raise ValueError(f"tensor {what} has an entry beyond int64 (torch cannot hold it)")
     return tuple(value)
+
+
+INT64_MAX = 2**63 - 1
+"""The largest size, stride or offset torch can hold; anything beyond is refused before it reaches a message
+(Python will not print an int of more than 4300 digits) or ``torch.as_strided`` (which overflows)."""
 
 
 def _rebuild_tensor(args: tuple[Any, ...], dtype: str | None) -> TensorRef:
     if len(args) < 4 or not isinstance(args[0], StorageRef):
         raise ValueError("tensor rebuild without a storage")
     storage, offset = args[0], args[1]
-    if not isinstance(offset, int) or offset < 0:
-        raise ValueError("tensor storage offset is not a non-negative integer")
+    if not isinstance(offset, int) or not 0 <= offset <= INT64_MAX:
+        raise ValueError("tensor storage offset is not an integer between 0 and 2**63-1")
     shape, stride = _int_tuple(args[2], "shape"), _int_tuple(args[3], "stride")
     if len(shape) != len(stride):
         raise ValueError("tensor shape and stride differ in length")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from dtypecheck.errors import InputError
 from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord, TensorSource
-from dtypecheck.loaders.mapped import FileMap, MappedSource, StridedSource, Window, itemsize_of
+from dtypecheck.loaders.mapped import EMPTY_SOURCE, FileMap, MappedSource, StridedSource, Window, itemsize_of
 from dtypecheck.loaders.pickle_globals import global_findings, worst_first
 from dtypecheck.loaders.pickle_vm import unpickle
 from dtypecheck.loaders.torch_objects import (
@@ -186,8 +186,10 @@ def make_record(
         raise InputError(f"{where}: tensor {name!r} has dtype {ref.dtype}, which this torch cannot read")
     itemsize = itemsize_of(ref.dtype)
     nbytes = ref.numel * itemsize
+    if nbytes == 0:  # whatever its sizes and strides, an empty view reads nothing (and as_strided may overflow)
+        return TensorRecord(name, ref.dtype, ref.shape, 0, EMPTY_SOURCE, saved_device=ref.storage.location)
     storage_elements = storage_nbytes // itemsize
-    if ref.numel and ref.last_element() >= storage_elements:
+    if ref.last_element() >= storage_elements:
         raise InputError(
             f"{where}: tensor {name!r} of shape {ref.shape} reaches element {ref.last_element()} "
             f"of a storage holding {storage_elements}"

@@ -45,7 +45,7 @@ class Hostile:
 
 
 def text(value: str) -> bytes:
-    raw = value.encode()
+    raw = value.encode("utf-8", "surrogatepass")  # pickle itself writes lone surrogates this way
     return b"\x8c" + bytes([len(raw)]) + raw if len(raw) < 256 else b"X" + struct.pack("<I", len(raw)) + raw
 
 
@@ -270,9 +270,141 @@ def unread_pickle_inputs(folder: Path) -> list[Hostile]:
     return out
 
 
+def integer(value: int) -> bytes:
+    """LONG1/LONG4: any Python int, however large."""
+    raw = value.to_bytes((value.bit_length() + 8) // 8 or 1, "little", signed=True)
+    return b"\x8a" + bytes([len(raw)]) + raw if len(raw) < 256 else b"\x8b" + struct.pack("<I", len(raw)) + raw
+
+
+def ints(values: tuple[int, ...] | list[int]) -> bytes:
+    return b"(" + b"".join(integer(v) for v in values) + b"t"
+
+
+def tensor_pickle(
+    tensors: dict[str, tuple[tuple[int, ...], tuple[int, ...], int]], numel: int, key: str = "0"
+) -> bytes:
+    """``{name: tensor}`` where every tensor is ``(shape, stride, offset)`` over one float32 storage ``key``."""
+    storage = b"(" + text("storage") + glob("torch", "FloatStorage") + text(key) + text("cpu") + integer(numel)
+    storage += b"tQ"  # TUPLE, BINPERSID
+    items = b"".join(
+        text(name)
+        + call(
+            glob("torch._utils", "_rebuild_tensor_v2"),
+            storage,
+            integer(offset),
+            ints(shape),
+            ints(stride),
+            b"\x89",
+            call(glob("collections", "OrderedDict")),
+        )
+        for name, (shape, stride, offset) in tensors.items()
+    )
+    return program(b"}(" + items + b"u")
+
+
+def safetensors_raw(path: Path, header: object, data: bytes = b"", length: int | None = None) -> Path:
+    raw = json.dumps(header).encode() if not isinstance(header, bytes) else header
+    path.write_bytes(struct.pack("<Q", len(raw) if length is None else length) + raw + data)
+    return path
+
+
+def _ok_or_error(exits: set[int] | None = None) -> frozenset[int]:
+    return frozenset(exits or {0, 1, 3})
+
+
+def traceback_inputs(folder: Path) -> list[Hostile]:
+    out: list[Hostile] = []
+
+    def add(name: str, path: Path, expect: set[int], *extra: str) -> None:
+        out.append(Hostile(name, "tracebacks", ("scan-model", str(path), *extra), frozenset(expect)))
+
+    four = struct.pack("<f", 1.0) * 4
+    huge = 10**5000  # more digits than Python will print
+    cases: dict[str, tuple[dict[str, tuple[tuple[int, ...], tuple[int, ...], int]], int]] = {
+        "huge-shape-empty": ({"x": ((2**62, 2**62, 0), (1, 1, 1), 0)}, 4),
+        "huge-stride": ({"x": ((2, 2), (2**62, 2**62), 0)}, 4),
+        "int64-overflow-stride": ({"x": ((3,), (2**63 + 5,), 0)}, 4),
+        "shape-4300-digits": ({"x": ((huge,), (1,), 0)}, 4),
+        "offset-4300-digits": ({"x": ((1,), (1,), huge)}, 4),
+        "dims-1500": ({"x": ((1,) * 1500, (1,) * 1500, 0)}, 4),
+        "dims-1500-empty": ({"x": ((1,) * 1499 + (0,), (1,) * 1500, 0)}, 4),
+    }
+    for name, (tensors, numel) in cases.items():
+        add(name, torch_zip(folder / f"{name}.pt", tensor_pickle(tensors, numel), {"0": four}), {0, 1, 3})
+    add(
+        "safetensors-list-dtype",
+        safetensors_raw(
+            folder / "list-dtype.safetensors", {"x": {"dtype": ["F32"], "shape": [1], "data_offsets": [0, 4]}}, four[:4]
+        ),
+        {3},
+    )
+    add(
+        "safetensors-huge-shape",
+        safetensors_raw(
+            folder / "huge-shape.safetensors", {"x": {"dtype": "F32", "shape": [2**64, 0], "data_offsets": [0, 0]}}
+        ),
+        {0, 1, 3},
+    )
+    add(
+        "safetensors-4300-digit-shape",
+        safetensors_raw(
+            folder / "digits.safetensors",
+            b'{"x": {"dtype": "F32", "shape": [' + b"9" * 5000 + b'], "data_offsets": [0, 4]}}',
+            four[:4],
+        ),
+        {3},
+    )
+    surrogate = "bad\udc80name"
+    add(
+        "surrogate-name-output",
+        torch_zip(folder / "surrogate.pt", tensor_pickle({surrogate: ((1,), (1,), 0)}, 1), {"0": four}),
+        {0, 1, 3},
+        "--format",
+        "json",
+        "--output",
+        str(folder / "surrogate.json"),
+    )
+    add(
+        "surrogate-key-table",
+        torch_zip(folder / "surrogate-key.pt", tensor_pickle({surrogate: ((1,), (1,), 0)}, 1), {"0": four}),
+        {0, 1, 3},
+        "--output",
+        str(folder / "surrogate.txt"),
+    )
+    gguf = folder / "unsupported-quant.gguf"
+    gguf_file(gguf, ggml_type=9)  # Q8_1: the gguf package knows it but cannot dequantize it
+    add("gguf-unsupported-quant", gguf, {0, 1, 3})
+    gguf_file(folder / "unknown-quant.gguf", ggml_type=250)
+    add("gguf-unknown-quant", folder / "unknown-quant.gguf", {3})
+    deep = folder / "deep-config"
+    deep.mkdir()
+    (deep / "pyproject.toml").write_text("[tool.dtypecheck]\nx = " + "[" * 5000 + "]" * 5000 + "\n")
+    out.append(
+        Hostile(
+            "deep-pyproject-toml",
+            "tracebacks",
+            ("scan-model", str(gguf), "--config", str(deep / "pyproject.toml")),
+            frozenset({2}),
+        )
+    )
+    return out
+
+
+def gguf_file(path: Path, ggml_type: int, rows: int = 1, row_bytes: int = 0) -> Path:
+    """A GGUF v3 file with one tensor of ``ggml_type`` (``rows`` rows of 256 values, zeros)."""
+    name = b"t"
+    header = b"GGUF" + struct.pack("<IQQ", 3, 1, 0)
+    header += struct.pack("<Q", len(name)) + name + struct.pack("<I", 2) + struct.pack("<QQ", 256, rows)
+    header += struct.pack("<IQ", ggml_type, 0)
+    header += b"\x00" * (-len(header) % 32)
+    path.write_bytes(header + b"\x00" * max(row_bytes * rows, 4096))
+    return path
+
+
 BUILDERS: dict[str, Callable[[Path], list[Hostile]]] = {
     "globals": globals_inputs,
     "unread-pickles": unread_pickle_inputs,
+    "tracebacks": traceback_inputs,
 }
 
 

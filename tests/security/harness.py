@@ -70,3 +70,10 @@ def one_error_line(stderr: str) -> bool:
     """The contract's failure output: exactly one line, starting ``error: ``, and no traceback."""
     lines = [line for line in stderr.splitlines() if line.strip()]
     return len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in stderr
+
+
+def handled(returncode: int, stderr: str, expect: frozenset[int]) -> bool:
+    """The contract for a hostile input: an allowed exit code, no traceback, and for errors exactly one line."""
+    if returncode not in expect or "Traceback" in stderr:
+        return False
+    return returncode in (0, 1) or one_error_line(stderr)
