@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from dtypecheck.dtypes import GGUF_PLAIN_TYPES
 from dtypecheck.errors import InputError
 from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord, TensorSource
-from dtypecheck.loaders.mapped import EMPTY_SOURCE, FileMap, MappedSource
+from dtypecheck.loaders.mapped import EMPTY_SOURCE, FileMap, MappedSource, read_range
 
 if TYPE_CHECKING:
     import mmap
@@ -102,7 +102,7 @@ class DequantizedSource:
         step = max(1, max_bytes // (4 * block_size))
         for begin in range(0, blocks, step):
             count = min(step, blocks - begin)
-            raw = np.frombuffer(self.buffer, np.uint8, count * type_size, self.offset + begin * type_size)
+            raw = np.frombuffer(read_range(self.buffer, self.offset + begin * type_size, count * type_size), np.uint8)
             values = dequantize(raw.reshape(1, -1), qtype).astype(np.float32).reshape(-1)
             yield from torch.split(torch.from_numpy(values), max(1, max_bytes // 4))  # a block may exceed max_bytes
 

@@ -401,7 +401,47 @@ def gguf_file(path: Path, ggml_type: int, rows: int = 1, row_bytes: int = 0) -> 
     return path
 
 
+def big_checkpoint(folder: Path, layout: str, megabytes: int) -> Path:
+    """A checkpoint holding one float32 tensor of ``megabytes`` (all ones) in ``layout``."""
+    import torch
+
+    count = megabytes << 18
+    if layout == "safetensors":
+        from safetensors.torch import save_file
+
+        save_file({"w": torch.ones(count)}, folder / "big.safetensors")
+        return folder / "big.safetensors"
+    if layout == "torch-zip":
+        torch.save({"w": torch.ones(count)}, folder / "big.pt")
+        return folder / "big.pt"
+    if layout == "torch-zip-strided":  # a transposed view: gathered through strides
+        torch.save({"w": torch.ones(count // 1024, 1024).t()}, folder / "big-strided.pt")
+        return folder / "big-strided.pt"
+    path = folder / "big.gguf"
+    name = b"w"
+    header = b"GGUF" + struct.pack("<IQQ", 3, 1, 0) + struct.pack("<Q", len(name)) + name
+    header += struct.pack("<I", 1) + struct.pack("<Q", count) + struct.pack("<IQ", 0, 0)
+    header += b"\x00" * (-len(header) % 32)
+    path.write_bytes(header + struct.pack("<f", 1.0) * count)
+    return path
+
+
+def crash_inputs(folder: Path) -> list[Hostile]:
+    path = big_checkpoint(folder, "safetensors", megabytes=512)
+    return [
+        Hostile(
+            "truncated-during-scan",
+            "crashes",
+            ("scan-model", str(path), "--workers", "1"),
+            frozenset({0, 1, 3}),  # 0/1 only if the scan won the race
+            needs_subprocess=True,
+            driver="truncate",
+        )
+    ]
+
+
 BUILDERS: dict[str, Callable[[Path], list[Hostile]]] = {
+    "crashes": crash_inputs,
     "globals": globals_inputs,
     "unread-pickles": unread_pickle_inputs,
     "tracebacks": traceback_inputs,

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tests.security.corpus import Hostile
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -77,3 +84,52 @@ def handled(returncode: int, stderr: str, expect: frozenset[int]) -> bool:
     if returncode not in expect or "Traceback" in stderr:
         return False
     return returncode in (0, 1) or one_error_line(stderr)
+
+
+def run_hostile(hostile: Hostile, timeout: float) -> tuple[int, str, float]:
+    """Run one corpus input in its own process, through its driver: (exit code, stderr, seconds).
+    ``subprocess.TimeoutExpired`` means a hang."""
+    start = time.monotonic()
+    if not hostile.driver:
+        done = run_cli(hostile.args, timeout=timeout)
+        return done.returncode, done.stderr, time.monotonic() - start
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dtypecheck", *hostile.args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env=environment(),
+    )
+    try:
+        if hostile.driver == "truncate":  # once the scan maps the file, cut it short under it
+            target = Path(hostile.args[1])
+            _wait_for(lambda: str(target) in _maps_of(process.pid), process, timeout)
+            os.truncate(target, 4096)
+        elif hostile.driver == "interrupt":  # once the user's factory runs, press Ctrl-C
+            started = Path(hostile.extra["started"])
+            _wait_for(started.exists, process, timeout)
+            process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=timeout)
+    except BaseException:
+        process.kill()
+        process.communicate()
+        raise
+    return process.returncode, stderr, time.monotonic() - start
+
+
+def _maps_of(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return ""
+
+
+def _wait_for(condition: Callable[[], bool], process: subprocess.Popen[str], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if process.poll() is not None:
+            return
+        if time.monotonic() > deadline:
+            raise subprocess.TimeoutExpired(process.args, timeout)
+        time.sleep(0.005)
