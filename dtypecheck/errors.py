@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
+
 class ExitCode(IntEnum):
     """What every command returns (README lists them; CONTRACT.md defines them)."""
 

@@ -51,7 +51,7 @@ class FileMap:
         import numpy as np
 
         out = np.empty(nbytes, np.uint8)  # not zero-filled: pread writes every byte
-        view = memoryview(out)
+        view = memoryview(out.data)
         done = 0
         while done < nbytes:
             got = os.preadv(self.fd, [view[done:]], offset + done)

@@ -101,6 +101,18 @@ def _check_entry_count(window: Window, where: str) -> None:
         raise InputError(f"{where}: zip archive lists {entries} entries, over the {MAX_ZIP_ENTRIES} limit")
 
 
+def last_copies(copies: dict[str, list[ZipEntry]]) -> tuple[dict[str, ZipEntry], list[Finding]]:
+    """One entry per name (the last copy) and a ``duplicate-entry`` ``fail`` finding per name listed twice: torch's
+    reader finds a name by a binary search over an unstably sorted directory, so which copy it reads depends on the
+    archive's layout, and the copy scanned may not be the one loaded."""
+    duplicates = [
+        Finding("duplicate-entry", "fail", f"{name} appears {len(ranges)} times: torch reads one of them")
+        for name, ranges in copies.items()
+        if len(ranges) > 1
+    ]
+    return {name: ranges[-1] for name, ranges in copies.items()}, duplicates
+
+
 def archive_prefix(entries: dict[str, list[ZipEntry]], where: str) -> str:
     """The archive's folder, as torch reads it: the first entry's top folder, which every entry must be under
     (torch refuses an archive with a second top-level folder)."""
@@ -130,18 +142,13 @@ class TorchArchive:
 
     def __post_init__(self) -> None:
         copies = read_zip_entries(self.buffer, self.start, self.length, self.where)
-        self.entries = {name: ranges[-1] for name, ranges in copies.items()}
+        self.entries, duplicates = last_copies(copies)
+        self.findings.extend(duplicates)
         self.prefix = archive_prefix(copies, self.where)
         order = self.entries.get(self.prefix + "byteorder")
         if order is not None and self._read(order, "byteorder") not in {b"little", b""}:
             raise InputError(f"{self.where}: big-endian checkpoints are not supported")
-        # torch's reader finds a duplicated name by a binary search over an unstably sorted directory: which copy it
-        # reads depends on the archive's layout. Every copy of data.pkl is judged; the last one is scanned.
-        duplicated = [(name, len(ranges)) for name, ranges in copies.items() if len(ranges) > 1]
-        self.findings.extend(
-            Finding("duplicate-entry", "fail", f"{name} appears {count} times: torch reads one of them")
-            for name, count in duplicated
-        )
+        # Every copy of a duplicated data.pkl is judged (see ``last_copies``); the last one is scanned.
         root = None
         for pickle_entry in copies[self.prefix + "data.pkl"]:
             if pickle_entry.size > MAX_PICKLE_BYTES:
