@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from dtypecheck.dtypes import GGUF_PLAIN_TYPES
 from dtypecheck.errors import InputError
-from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord, TensorSource
+from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord, TensorSource, check_count
 from dtypecheck.loaders.mapped import EMPTY_SOURCE, FileMap, MappedSource, read_range
 
 if TYPE_CHECKING:
@@ -155,6 +155,7 @@ class GgufCheckpoint:
             raise InputError(f"{self.source}: GGUF version {version} is not supported (2 and 3 are)")
         if tensor_count > self._map.size or kv_count > self._map.size:
             raise InputError(f"{self.source}: malformed GGUF file ({tensor_count} tensors, {kv_count} keys)")
+        check_count(tensor_count, self.source)
         alignment = DEFAULT_ALIGNMENT
         for _ in range(kv_count):
             key, kind = reader.string(), reader.unpack("<I")

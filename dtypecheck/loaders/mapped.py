@@ -13,6 +13,7 @@ import os
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -164,14 +165,23 @@ class MappedSource:
     dtype: str
 
     def iter_chunks(self, max_bytes: int) -> Iterator[torch.Tensor]:
-        import torch
+        for read, _nbytes in self.iter_readers(max_bytes):
+            yield read()
 
+    def iter_readers(self, max_bytes: int) -> Iterator[tuple[Callable[[], torch.Tensor], int]]:
+        """(read one chunk, its bytes) for each chunk, without reading yet: a scanner calls the readers on its
+        worker threads, so the copies out of the page cache run in parallel."""
         itemsize = itemsize_of(self.dtype)
         step = max(itemsize, (max_bytes // itemsize) * itemsize)
-        dtype = getattr(torch, self.dtype)
         for start in range(0, self.nbytes, step):
-            data = read_range(self.buffer, self.offset + start, min(step, self.nbytes - start))
-            yield torch.frombuffer(data, dtype=torch.uint8).view(dtype)
+            count = min(step, self.nbytes - start)
+            yield partial(self._read, self.offset + start, count), count
+
+    def _read(self, offset: int, nbytes: int) -> torch.Tensor:
+        import torch
+
+        data = read_range(self.buffer, offset, nbytes)
+        return torch.frombuffer(data, dtype=torch.uint8).view(getattr(torch, self.dtype))
 
 
 STRIDED_COPY_LIMIT = 64 << 20

@@ -16,7 +16,7 @@ from typing import Any
 
 from dtypecheck.dtypes import SAFETENSORS_DTYPES
 from dtypecheck.errors import InputError
-from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord
+from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord, check_count
 from dtypecheck.loaders.mapped import EMPTY_SOURCE, FileMap, MappedSource
 from dtypecheck.loaders.pickle_files import polyglot_findings
 
@@ -69,6 +69,7 @@ class SafetensorsCheckpoint:
             raise InputError(f"{self.path}: safetensors header is not a JSON object")
         data_start = 8 + length
         data_size = size - data_start
+        check_count(len(header) - ("__metadata__" in header), str(self.path))
         for name, entry in header.items():
             if name == "__metadata__":
                 if not isinstance(entry, dict) or not all(isinstance(v, str) for v in entry.values()):

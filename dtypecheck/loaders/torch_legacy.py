@@ -25,7 +25,7 @@ from dtypecheck.loaders.torch_objects import (
     storage_from_pid,
     torch_call,
 )
-from dtypecheck.loaders.torch_zip import make_record
+from dtypecheck.loaders.torch_zip import check_total_work, make_record
 
 MAGIC_NUMBER = 0x1950A86A20F9469CFC6C
 PROTOCOL_VERSION = 1001
@@ -87,6 +87,7 @@ class LegacyTorchCheckpoint:
         if missing:
             raise InputError(f"{where}: storage {sorted(missing)[0]} is missing from the file")
         self._records = [self._record(name, ref) for name, ref in self._tensors]  # bounds checked before any read
+        check_total_work(self._records, self._map.size, where)
 
     def _locate(self, keys: list[str], storages: dict[str, StorageRef], position: int) -> dict[str, tuple[int, int]]:
         buffer, size = self._map.buffer, self._map.size

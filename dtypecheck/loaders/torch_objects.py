@@ -14,7 +14,7 @@ from functools import cache
 from typing import Any
 
 from dtypecheck.errors import InputError
-from dtypecheck.loaders.base import Finding
+from dtypecheck.loaders.base import Finding, check_count
 from dtypecheck.loaders.pickle_vm import GlobalRef, IdentityKey, PickleObject, _safe_key
 
 MAX_WALK_DEPTH = 1000
@@ -255,16 +255,27 @@ def collect_tensors(root: Any, where: str) -> tuple[list[tuple[str, TensorRef]],
     """Every tensor reachable from ``root`` with its key path (``a.b.0.c``), in the pickle's order.
 
     A container is expanded once (a shared sub-dict is named by its first path); a tensor reached by two keys
-    (tied weights) is listed under both, as ``state_dict()`` lists it.
+    (tied weights) is listed under both, as ``state_dict()`` lists it, up to ``MAX_ALIASES`` names for the same
+    view of the same storage; further names of it are counted in one ``aliases`` finding instead (a pickle can
+    name one tensor a million times in a few bytes each).
     """
     tensors: list[tuple[str, TensorRef]] = []
     findings: list[Finding] = []
     expanded: set[int] = set()
+    names: dict[tuple[str, str, int, tuple[int, ...], tuple[int, ...]], list[str]] = {}
+    unlisted: dict[tuple[str, str, int, tuple[int, ...], tuple[int, ...]], int] = {}
     pending: list[tuple[str, Any, int]] = [("", root, 0)]
     while pending:
         path, value, depth = pending.pop()
         if isinstance(value, TensorRef):
-            tensors.append((path or "(root)", value))
+            key = (value.storage.key, value.dtype, value.offset, value.shape, value.stride)
+            listed = names.setdefault(key, [])
+            if len(listed) < MAX_ALIASES:
+                listed.append(path or "(root)")
+                tensors.append((path or "(root)", value))
+                check_count(len(tensors), where)
+            else:
+                unlisted[key] = unlisted.get(key, 0) + 1
             continue
         if isinstance(value, UnsupportedTensor):
             findings.append(Finding("unsupported-tensor", "warn", f"{value.kind} tensor not scanned", path or "(root)"))
@@ -278,4 +289,12 @@ def collect_tensors(root: Any, where: str) -> tuple[list[tuple[str, TensorRef]],
             (path if key is None else f"{path}.{key}" if path else key, child) for key, child in _children(value)
         ]
         pending.extend((child_path, child, depth + 1) for child_path, child in reversed(children))
+    findings.extend(
+        Finding("aliases", "warn", f"{count} more names view the same data as {names[key][0]!r} (not listed)")
+        for key, count in unlisted.items()
+    )
     return tensors, findings
+
+
+MAX_ALIASES = 16
+"""Names listed for one view of one storage; real checkpoints tie a weight to two or three names."""

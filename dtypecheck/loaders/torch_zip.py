@@ -162,6 +162,7 @@ class TorchArchive:
         require_tensors(self.tensors, sum(name.startswith(self.prefix + "data/") for name in self.entries), self.where)
         self.findings[:] = worst_first([*self.findings, *unsupported])
         self._records = [self._record(name, ref) for name, ref in self.tensors]  # bounds checked before any read
+        check_total_work(self._records, self.file_size, self.where)
 
     def _read(self, entry: ZipEntry, what: str) -> bytes:
         if entry.offset < 0:
@@ -210,6 +211,16 @@ def make_record(
         source = StridedSource(buffer, offset, storage_nbytes, ref.dtype, ref.offset, ref.shape, ref.stride)
     device = ref.storage.location
     return TensorRecord(name, ref.dtype, ref.shape, nbytes, source, saved_device=device)
+
+
+def check_total_work(records: list[TensorRecord], file_size: int, where: str) -> None:
+    """Views may repeat data (stride 0, overlapping windows), but all the distinct views of a file together may not
+    claim more than ``EXPANSION_LIMIT`` times its bytes: 5000 stride-0 views of one float would otherwise each
+    pass ``make_record``'s check and the scan would read for hours. (Names for the same view count once: the scan
+    reads a shared view once.)"""
+    total = sum(record.nbytes for record in {record.source: record for record in records}.values())
+    if total > EXPANSION_LIMIT * file_size + (64 << 20):
+        raise InputError(f"{where}: its tensors claim {total} bytes in all, far beyond the file's {file_size}")
 
 
 class TorchZipCheckpoint:
