@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import struct
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -280,25 +280,28 @@ def ints(values: tuple[int, ...] | list[int]) -> bytes:
     return b"(" + b"".join(integer(v) for v in values) + b"t"
 
 
-def tensor_pickle(
-    tensors: dict[str, tuple[tuple[int, ...], tuple[int, ...], int]], numel: int, key: str = "0"
-) -> bytes:
-    """``{name: tensor}`` where every tensor is ``(shape, stride, offset)`` over one float32 storage ``key``."""
+def rebuild(shape: tuple[int, ...], stride: tuple[int, ...], offset: int, numel: int, key: str = "0") -> bytes:
+    """``torch._utils._rebuild_tensor_v2`` of a view of the float32 storage ``key``."""
     storage = b"(" + text("storage") + glob("torch", "FloatStorage") + text(key) + text("cpu") + integer(numel)
     storage += b"tQ"  # TUPLE, BINPERSID
-    items = b"".join(
-        text(name)
-        + call(
-            glob("torch._utils", "_rebuild_tensor_v2"),
-            storage,
-            integer(offset),
-            ints(shape),
-            ints(stride),
-            b"\x89",
-            call(glob("collections", "OrderedDict")),
-        )
-        for name, (shape, stride, offset) in tensors.items()
+    return call(
+        glob("torch._utils", "_rebuild_tensor_v2"),
+        storage,
+        integer(offset),
+        ints(shape),
+        ints(stride),
+        b"\x89",
+        call(glob("collections", "OrderedDict")),
     )
+
+
+View = tuple[tuple[int, ...], tuple[int, ...], int]
+"""(shape, stride, storage offset) of a tensor view."""
+
+
+def tensor_pickle(tensors: Mapping[str, View], numel: int, key: str = "0") -> bytes:
+    """``{name: tensor}`` where every tensor is ``(shape, stride, offset)`` over one float32 storage ``key``."""
+    items = b"".join(text(name) + rebuild(*view, numel, key) for name, view in tensors.items())
     return program(b"}(" + items + b"u")
 
 
@@ -320,7 +323,7 @@ def traceback_inputs(folder: Path) -> list[Hostile]:
 
     four = struct.pack("<f", 1.0) * 4
     huge = 10**5000  # more digits than Python will print
-    cases: dict[str, tuple[dict[str, tuple[tuple[int, ...], tuple[int, ...], int]], int]] = {
+    cases: dict[str, tuple[dict[str, View], int]] = {
         "huge-shape-empty": ({"x": ((2**62, 2**62, 0), (1, 1, 1), 0)}, 4),
         "huge-stride": ({"x": ((2, 2), (2**62, 2**62), 0)}, 4),
         "int64-overflow-stride": ({"x": ((3,), (2**63 + 5,), 0)}, 4),
@@ -390,14 +393,20 @@ def traceback_inputs(folder: Path) -> list[Hostile]:
     return out
 
 
-def gguf_file(path: Path, ggml_type: int, rows: int = 1, row_bytes: int = 0) -> Path:
-    """A GGUF v3 file with one tensor of ``ggml_type`` (``rows`` rows of 256 values, zeros)."""
+def gguf_file(path: Path, ggml_type: int, rows: int = 1, values: int = 256) -> Path:
+    """A GGUF v3 file with one tensor of ``ggml_type``: ``rows`` rows of ``values`` values, all zero bytes."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+    except ValueError:
+        block, size = 256, 256
     name = b"t"
     header = b"GGUF" + struct.pack("<IQQ", 3, 1, 0)
-    header += struct.pack("<Q", len(name)) + name + struct.pack("<I", 2) + struct.pack("<QQ", 256, rows)
+    header += struct.pack("<Q", len(name)) + name + struct.pack("<I", 2) + struct.pack("<QQ", values, rows)
     header += struct.pack("<IQ", ggml_type, 0)
     header += b"\x00" * (-len(header) % 32)
-    path.write_bytes(header + b"\x00" * max(row_bytes * rows, 4096))
+    path.write_bytes(header + b"\x00" * max(rows * values // block * size, 4096))
     return path
 
 
@@ -440,8 +449,140 @@ def crash_inputs(folder: Path) -> list[Hostile]:
     ]
 
 
+def hang_inputs(folder: Path) -> list[Hostile]:
+    out: list[Hostile] = []
+
+    def add(name: str, args: tuple[str, ...], expect: set[int], **extra: object) -> None:
+        out.append(Hostile(name, "hangs", args, frozenset(expect), **extra))  # type: ignore[arg-type]
+
+    four = struct.pack("<f", 1.0) * 4
+    # one tensor, memoized, then a million keys naming it through the memo (LONG_BINGET): ~13 MB of pickle
+    memo = b"r\x01\x00\x00\x00", b"j\x01\x00\x00\x00"  # LONG_BINPUT 1, LONG_BINGET 1
+    keys = b"".join(text(f"k{i}") + memo[1] for i in range(1_000_000))
+    million = program(b"}(" + text("t0") + rebuild((4,), (1,), 0, 4) + memo[0] + keys + b"u")
+    add("million-aliases", ("scan-model", str(torch_zip(folder / "aliases.pt", million, {"0": four}))), {0, 1})
+    # the same view rebuilt 100,000 times (no memo): equal views are scanned once all the same
+    views = {f"v{i}": ((4,), (1,), 0) for i in range(100_000)}
+    rebuilt = torch_zip(folder / "rebuilt.pt", tensor_pickle(views, 4), {"0": four})
+    add("rebuilt-views", ("scan-model", str(rebuilt)), {0, 1})
+    # 5,000 distinct stride-0 views of one float, each under the per-tensor limit, together far over the file
+    zero = {f"z{i}": (((1 << 22) + i,), (0,), 0) for i in range(5_000)}
+    add(
+        "stride0-views", ("scan-model", str(torch_zip(folder / "stride0.pt", tensor_pickle(zero, 4), {"0": four}))), {3}
+    )
+    # 1.4 million empty tensors in a safetensors header (~80 MB of JSON)
+    empty = {f"e{i}": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]} for i in range(1_400_000)}
+    add("empty-tensors-1.4M", ("scan-model", str(safetensors_raw(folder / "empty.safetensors", empty))), {3})
+    # one GGUF row of 2**26 Q8_0 values (64 Mi values, dequantized to 256 MiB of float32 if done at once)
+    row = gguf_file(folder / "huge-row.gguf", ggml_type=8, rows=1, values=1 << 26)
+    add("gguf-huge-row", ("scan-model", str(row)), {0, 1})
+    add("baseline-dev-zero", ("scan-model", str(row), "--baseline", "/dev/zero"), {3})
+    factory = folder / "threads.py"
+    factory.write_text(
+        "import threading, time, torch\n"
+        "def make():\n"
+        "    threading.Thread(target=time.sleep, args=(3600,)).start()  # not a daemon: blocks a normal exit\n"
+        "    return torch.nn.Linear(2, 2)\n"
+    )
+    add("factory-leaves-thread", ("scan-model", f"{factory}:make"), {0, 1}, needs_subprocess=True)
+    return out
+
+
+def other_inputs(folder: Path) -> list[Hostile]:
+    import torch
+    from safetensors.torch import save_file
+
+    out: list[Hostile] = []
+
+    def add(name: str, args: tuple[str, ...], expect: set[int], **extra: object) -> None:
+        out.append(Hostile(name, "other", args, frozenset(expect), **extra))  # type: ignore[arg-type]
+
+    good = folder / "good.safetensors"
+    save_file({"w": torch.tensor([1.0, float("nan")])}, good)
+    link = folder / "out-link.json"
+    link.symlink_to("/dev/null")
+    add("output-symlink-to-device", ("scan-model", str(good), "-f", "json", "-o", str(link)), {1})
+    add("output-dev-stdout", ("scan-model", str(good), "-f", "json", "-o", "/dev/stdout"), {1})
+    forged = folder / "a\nerror: all checks passed.pt"
+    forged.write_bytes(b"not a checkpoint")
+    add("newline-in-file-name", ("scan-model", str(forged)), {3})
+    add("empty-target", ("scan-model", str(good), "--target", ""), {2})
+    add("empty-target-commas", ("scan-model", str(good), "--target", ",,"), {2})
+    exits = folder / "exits.py"
+    exits.write_text("import os\ndef make():\n    os._exit(7)\n")
+    add("os-exit-in-factory", ("scan-model", f"{exits}:make"), {3}, needs_subprocess=True)
+    escape = "\x1b]0;owned\x07\x1b[2J\x1b[31mred"
+    save_file({escape: torch.tensor([float("inf")])}, folder / "escape.safetensors")
+    add("escape-in-tensor-name-table", ("scan-model", str(folder / "escape.safetensors")), {1})
+    bad_name = {escape: {"dtype": "F32", "shape": [3], "data_offsets": [0, 4]}}
+    add(
+        "escape-in-error-message",
+        ("scan-model", str(safetensors_raw(folder / "escape-error.safetensors", bad_name, b"\0" * 4))),
+        {3},
+    )
+    slow = folder / "slow.py"
+    started = folder / "slow-started"
+    slow.write_text(
+        f"import time, pathlib, torch\ndef make():\n    pathlib.Path({str(started)!r}).touch()\n    time.sleep(60)\n"
+    )
+    add(
+        "ctrl-c",
+        ("scan-model", f"{slow}:make"),
+        {130},
+        needs_subprocess=True,
+        driver="interrupt",
+        extra={"started": str(started)},
+    )
+    ones = struct.pack("<f", 1.0) * 2
+    add(
+        "safetensors-metadata-not-string",
+        (
+            "scan-model",
+            str(
+                safetensors_raw(
+                    folder / "meta.safetensors",
+                    {"__metadata__": {"n": 1}, "w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}},
+                    ones,
+                )
+            ),
+        ),
+        {3},
+    )
+    add(
+        "safetensors-gap",
+        (
+            "scan-model",
+            str(
+                safetensors_raw(
+                    folder / "gap.safetensors",
+                    {
+                        "a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                        "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]},
+                    },
+                    ones + ones[:4],
+                )
+            ),
+        ),
+        {3},
+    )
+    big = folder / "big-header.safetensors"
+    with big.open("wb") as handle:  # a sparse file: 100,000,001 bytes of header, but nothing written
+        handle.write(struct.pack("<Q", 100_000_001) + b"{")
+        handle.truncate(8 + 100_000_001 + 16)
+    add("safetensors-header-over-limit", ("scan-model", str(big)), {3})
+    two = folder / "two-folders.pt"
+    with zipfile.ZipFile(two, "w") as archive:
+        archive.writestr("archive/data.pkl", program(b"}"))
+        archive.writestr("other/data.pkl", program(b"}"))
+        archive.writestr("archive/version", b"3\n")
+    add("zip-two-top-level-folders", ("scan-model", str(two)), {3})
+    return out
+
+
 BUILDERS: dict[str, Callable[[Path], list[Hostile]]] = {
     "crashes": crash_inputs,
+    "hangs": hang_inputs,
+    "other": other_inputs,
     "globals": globals_inputs,
     "unread-pickles": unread_pickle_inputs,
     "tracebacks": traceback_inputs,

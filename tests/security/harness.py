@@ -90,6 +90,8 @@ def run_hostile(hostile: Hostile, timeout: float) -> tuple[int, str, float]:
     """Run one corpus input in its own process, through its driver: (exit code, stderr, seconds).
     ``subprocess.TimeoutExpired`` means a hang."""
     start = time.monotonic()
+    if hostile.driver == "interrupt":
+        Path(hostile.extra["started"]).unlink(missing_ok=True)  # a marker from an earlier run would fire too soon
     if not hostile.driver:
         done = run_cli(hostile.args, timeout=timeout)
         return done.returncode, done.stderr, time.monotonic() - start
