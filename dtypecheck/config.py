@@ -9,6 +9,7 @@ on the command line override the file.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import sys
 from collections.abc import Callable, Mapping
@@ -257,6 +258,8 @@ def _read_toml(path: Path) -> dict[str, Any]:
             return document
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path}: not valid TOML ({exc})") from None
+    except RecursionError:
+        raise UsageError(f"{path}: not valid TOML (nested too deeply)") from None
     except OSError as exc:
         raise UsageError(f"cannot read config {path}: {exc.strerror or exc}") from None
 
@@ -280,8 +283,12 @@ def find_config(start: Path | None = None) -> Path | None:
             try:
                 with candidate.open("rb") as handle:
                     document = tomllib.load(handle)
-            except (OSError, tomllib.TOMLDecodeError):
-                continue  # someone else's broken pyproject is not ours to judge unless it has our table
+            except (OSError, tomllib.TOMLDecodeError, RecursionError):
+                # someone else's broken pyproject is not ours to judge unless it mentions our table
+                with contextlib.suppress(OSError):
+                    if b"dtypecheck" in candidate.read_bytes():
+                        _read_toml(candidate)  # raises the usage error that names the problem
+                continue
             if isinstance(document.get("tool"), dict) and "dtypecheck" in document["tool"]:
                 return candidate
     return None

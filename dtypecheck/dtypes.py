@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from dtypecheck.errors import UnknownDtypeError
+from dtypecheck.errors import UnknownDtypeError, UsageError
 
 if TYPE_CHECKING:
     import torch
@@ -387,6 +387,8 @@ def parse_dtype_list(values: list[str] | None) -> list[DtypeSpec]:
     """Parse repeatable, comma-separated dtype options, keeping order and dropping repeats."""
     seen: dict[str, DtypeSpec] = {}
     for value in values or []:
+        if not value.replace(",", "").strip():
+            raise UsageError(f"empty dtype name {value!r}: name at least one dtype (or leave the option out)")
         for part in value.split(","):
             if part.strip():
                 spec = lookup_available(part)

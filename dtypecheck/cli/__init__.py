@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
+import threading
+from typing import Any
 
 import typer
 
@@ -14,6 +17,7 @@ from dtypecheck.cli import nantrace as _nantrace  # noqa: F401  (registers the c
 from dtypecheck.cli import scan as _scan  # noqa: F401  (registers the command)
 from dtypecheck.cli._app import USER_CODE, app
 from dtypecheck.errors import ExitCode, UserCodeError, describe
+from dtypecheck.render.cells import printable
 
 
 def _click_exception_type() -> type[Exception]:
@@ -30,23 +34,28 @@ def _wants_traceback(argv: list[str]) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: the one error boundary mapping errors to one stderr line and the contract's exit codes."""
+    """Entry point: the one error boundary mapping errors to one stderr line and the contract's exit codes.
+
+    Every message goes through ``printable``: a file or tensor name holding a newline or a terminal escape cannot
+    forge a second ``error:`` line or drive the terminal. Ctrl-C ends with ``error: interrupted`` and exit 130.
+    """
     args = list(sys.argv[1:] if argv is None else argv)
     click_exception = _click_exception_type()
+    interrupted: list[int] = []
+    previous = _watch_interrupts(interrupted)
     try:
         result = app(args=args, prog_name="dtypecheck", standalone_mode=False)
     except click_exception as exc:
         message = exc.format_message()  # type: ignore[attr-defined]
-        print(f"error: {message} (see 'dtypecheck --help')", file=sys.stderr)
+        _error(f"{message} (see 'dtypecheck --help')")
         return int(getattr(exc, "exit_code", ExitCode.USAGE))
     except typer.Exit as exc:
-        return int(exc.exit_code)
+        result = int(exc.exit_code)
     except typer.Abort:
-        print("error: aborted", file=sys.stderr)
-        return 130
+        _error("aborted")
+        return INTERRUPTED
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
+        interrupted.append(signal.SIGINT)
     except Exception as exc:
         mapped = describe(exc)
         if mapped is None or _wants_traceback(args):
@@ -54,9 +63,39 @@ def main(argv: list[str] | None = None) -> int:
         code, message = mapped
         if isinstance(exc, UserCodeError) and exc.formatted:
             sys.stderr.write(exc.formatted)
-        print(f"error: {message}", file=sys.stderr)
+        _error(message)
         return int(code)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    if interrupted:  # typer turns Ctrl-C into a silent Exit(130): say so
+        _error("interrupted")
+        return INTERRUPTED
     return int(result) if isinstance(result, int) else int(ExitCode.OK)
+
+
+INTERRUPTED = 130
+"""Exit code after Ctrl-C (128 + SIGINT, the shell's convention), with ``error: interrupted`` on stderr."""
+
+
+def _error(message: str) -> None:
+    print(f"error: {printable(message)}", file=sys.stderr)
+
+
+def _watch_interrupts(record: list[int]) -> Any:
+    """Note every SIGINT in ``record`` and raise ``KeyboardInterrupt`` as Python does; the previous handler, or
+    None when signals cannot be handled here (not the main thread)."""
+
+    def on_interrupt(signum: int, _frame: object) -> None:
+        record.append(signum)
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        return signal.signal(signal.SIGINT, on_interrupt)
+    except (ValueError, OSError):
+        return None
 
 
 def run() -> None:
@@ -71,9 +110,34 @@ def run() -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe (`| head`): nothing more can be delivered
             stream.flush()
-    if USER_CODE:
+    if USER_CODE and not _threads_left_running():
         raise SystemExit(code)
     os._exit(code)
+
+
+THREAD_GRACE_S = 2.0
+"""How long the CLI waits, after its report is out, for threads the user's code left running."""
+
+
+def _threads_left_running() -> bool:
+    """Whether the user's code left non-daemon threads that would keep the interpreter from exiting; after a short
+    grace period the CLI then exits without waiting for them (a note on stderr says so)."""
+    import time
+
+    deadline = time.monotonic() + THREAD_GRACE_S
+    for thread in threading.enumerate():
+        if thread is threading.main_thread() or thread.daemon:
+            continue
+        thread.join(max(0.0, deadline - time.monotonic()))
+    left = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+    if left:
+        with contextlib.suppress(OSError, ValueError):
+            print(f"note: the user's code left {len(left)} thread(s) running; exiting without them", file=sys.stderr)
+            sys.stderr.flush()
+        import atexit
+
+        atexit._run_exitfuncs()  # what a normal exit would still have done (logging handlers flush, ...)
+    return bool(left)
 
 
 __all__ = ["app", "main", "run"]

@@ -178,8 +178,8 @@ def user_code_guard(target: str, *, enabled: bool = True, script: bool = False) 
     """Around a core call that may run the user's code (a factory, a script): stdout is the report's alone.
 
     Whatever the user's code writes to stdout, through ``print`` or straight to file descriptor 1 (``os.write``,
-    a subprocess), goes to stderr instead; and a ``sys.exit`` inside it becomes an input error (exit 3) rather than
-    ending dtypecheck with no report and an exit code outside the contract.
+    a subprocess), goes to stderr instead; and a ``sys.exit`` or ``os._exit`` inside it becomes an input error
+    (exit 3) rather than ending dtypecheck with no report and an exit code outside the contract.
     """
     from dtypecheck.usercode import python_target
 
@@ -196,16 +196,29 @@ def user_code_guard(target: str, *, enabled: bool = True, script: bool = False) 
         os.dup2(2, 1)
     except OSError:
         saved_fd = None  # no real stdout descriptor (embedded use): the Python-level redirect still applies
+    real_exit = os._exit
+    os._exit = _refuse_os_exit  # type: ignore[assignment]
     try:
         with contextlib.redirect_stdout(sys.stderr):
             yield
+    except _OsExit as exc:
+        raise UserCodeError(f"{target}: the user's code called os._exit({exc.code!r}); no report was made") from None
     except SystemExit as exc:
         raise UserCodeError(f"{target}: the user's code called sys.exit({exc.code!r}); no report was made") from None
     finally:
+        os._exit = real_exit
         sys.stderr.flush()
         if saved_fd is not None:
             os.dup2(saved_fd, 1)
             os.close(saved_fd)
+
+
+class _OsExit(SystemExit):
+    """``os._exit`` called by the user's code: it would end dtypecheck with no report and any exit code."""
+
+
+def _refuse_os_exit(code: int) -> None:
+    raise _OsExit(code)
 
 
 def emit(report: Report, fmt: OutputFormat, output: Path | None, *, quiet: bool) -> None:
@@ -222,7 +235,9 @@ def emit(report: Report, fmt: OutputFormat, output: Path | None, *, quiet: bool)
         import shutil
 
         width = shutil.get_terminal_size((120, 24)).columns
-    sys.stdout.write(render(report, fmt, color=color, width=width))
+    text = render(report, fmt, color=color, width=width)
+    # a lone surrogate (a tensor name from a pickle) cannot be encoded: write it as a backslash escape instead
+    sys.stdout.write(text.encode("utf-8", errors="backslashreplace").decode("utf-8"))
     sys.stdout.flush()
 
 

@@ -34,12 +34,23 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from dtypecheck.errors import InputError
 from dtypecheck.findings import Finding, Level
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Checkpoint", "Finding", "Level", "TensorRecord", "TensorSource"]
+__all__ = ["MAX_TENSORS_PER_FILE", "Checkpoint", "Finding", "Level", "TensorRecord", "TensorSource", "check_count"]
+
+MAX_TENSORS_PER_FILE = 250_000
+"""Most tensors one checkpoint file may hold. The largest real files hold tens of thousands (a sharded model's files
+each hold a share); a header of 1.4 million empty tensors costs 80 MB to write and would cost an hour to report."""
+
+
+def check_count(count: int, where: str) -> None:
+    """An ``InputError`` for a file that lists more than ``MAX_TENSORS_PER_FILE`` tensors."""
+    if count > MAX_TENSORS_PER_FILE:
+        raise InputError(f"{where}: {count} tensors in one file, over the {MAX_TENSORS_PER_FILE} limit")
 
 
 class TensorSource(Protocol):

@@ -72,6 +72,7 @@ class DcpCheckpoint:
         self.folder = folder
         self.findings: list[Finding] = []
         self._maps: dict[str, FileMap] = {}
+        self._chunks_read: set[tuple[str, tuple[int, ...]]] = set()
         try:
             self._records = self._parse()
         except (TypeError, ValueError, AttributeError, KeyError) as exc:
@@ -97,18 +98,25 @@ class DcpCheckpoint:
         locations: dict[tuple[str, tuple[int, ...]], dict[Any, Any]] = {}
         for index, info in storage.items():
             key, value = _fields(index), _fields(info)
-            offset = _ints(key.get("offset"))
+            offset = _ints(key.get("offset") or ())  # a bytes item's index has no offset
             if isinstance(key.get("fqn"), str) and offset is not None:
                 locations[(key["fqn"], offset)] = value
         records = []
         for name, entry in tensors.items():
             kind = _class_name(entry)
             if kind == "BytesStorageMetadata":
-                self._scan_bytes_item(str(name), locations.get((str(name), ())))
                 continue
             if kind != "TensorStorageMetadata":
                 raise InputError(f"{where}: entry {name!r} has unknown metadata {kind or type(entry).__name__}")
             records.append(self._tensor_record(str(name), _fields(entry), locations, where))
+        # Every other stored item (a bytes item, or one no entry names) is a torch.save'd object that dcp.load
+        # unpickles with weights_only=False: its pickle is read for the globals it references.
+        for (fqn, offset), info in locations.items():
+            if (fqn, offset) not in self._chunks_read:
+                self._add_findings(self._archive(info, fqn).findings)
+        from dtypecheck.loaders.folders import side_findings
+
+        self._add_findings(side_findings(self.folder, {self.folder / name for name in (".metadata", *self._maps)}))
         self.findings[:] = worst_first(self.findings)
         return records
 
@@ -124,6 +132,7 @@ class DcpCheckpoint:
         described = [(_ints(_fields(c).get("offsets")), _ints(_fields(c).get("sizes"))) for c in chunks]
         for chunk_offsets, chunk_sizes in sorted(described, key=lambda c: c[0] or ()):
             info = locations.get((name, chunk_offsets)) if chunk_offsets is not None else None
+            self._chunks_read.add((name, chunk_offsets or ()))
             if info is None or chunk_sizes is None:
                 raise InputError(f"{where}: tensor {name!r} has a chunk with no storage entry")
             archive = self._archive(info, f"{name} chunk {chunk_offsets}")
@@ -166,12 +175,6 @@ class DcpCheckpoint:
             raise InputError(f"{self.source}: {what} lies outside {relative} (truncated?)")
         where = f"{self.folder / relative} [{what}]"
         return TorchArchive(mapped.buffer, offset, length, where, mapped.size)
-
-    def _scan_bytes_item(self, name: str, info: dict[Any, Any] | None) -> None:
-        """Non-tensor items are torch.save'd objects: read their pickles for the globals they reference."""
-        if info is None:
-            return
-        self._add_findings(self._archive(info, name).findings)
 
     def _add_findings(self, findings: list[Finding]) -> None:
         for finding in findings:

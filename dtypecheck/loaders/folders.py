@@ -40,6 +40,9 @@ class CompositeCheckpoint:
             merged.setdefault((finding.kind, finding.level, finding.detail, finding.tensor), finding)
         return worst_first(list(merged.values()))
 
+    def add_findings(self, findings: list[Finding]) -> None:
+        self._own.extend(findings)
+
     def records(self) -> Iterator[TensorRecord]:
         for part in self._parts:
             yield from part.records()
@@ -61,7 +64,13 @@ def open_index_folder(folder: Path) -> Checkpoint:
 
     indexes = sorted(folder.glob("*.index.json"))
     preferred = [folder / name for name in INDEX_PREFERENCE if (folder / name).is_file()]
-    return open_sharded(preferred[0] if preferred else indexes[0], open_file)
+    sharded = open_sharded(preferred[0] if preferred else indexes[0], open_file)
+    try:
+        sharded.add_findings(side_findings(folder, {Path(part.source) for part in sharded.parts()}))
+    except BaseException:
+        sharded.close()
+        raise
+    return sharded
 
 
 def open_folder(folder: Path, open_file: OpenFile, sniff: Callable[[Path], bool]) -> Checkpoint:
@@ -80,9 +89,11 @@ def open_folder(folder: Path, open_file: OpenFile, sniff: Callable[[Path], bool]
     for safetensors, duplicate in SAME_WEIGHTS:
         if safetensors in names:
             files = [p for p in files if p.name != duplicate]
+    side = side_findings(folder, set(files))
     if len(files) == 1:
         single = open_file(files[0])
-        return CompositeCheckpoint(str(folder), single.format, [single], skipped) if skipped else single
+        extra = skipped + side
+        return CompositeCheckpoint(str(folder), single.format, [single], extra) if extra else single
     # Several files (a Trainer checkpoint: model, optimizer, scheduler...): each file's names get its stem as a
     # prefix, so the optimizer's tensors read "optimizer.state.0.exp_avg_sq".
     stems = [p.stem for p in files]
@@ -91,7 +102,27 @@ def open_folder(folder: Path, open_file: OpenFile, sniff: Callable[[Path], bool]
         PrefixedCheckpoint(part, prefix + ".")
         for part, prefix in zip(_open_all(files, open_file), prefixes, strict=True)
     ]
-    return CompositeCheckpoint(str(folder), "folder", parts, skipped)
+    return CompositeCheckpoint(str(folder), "folder", parts, skipped + side)
+
+
+def side_findings(folder: Path, scanned: set[Path]) -> list[Finding]:
+    """Every pickle-bearing file of ``folder`` that is not scanned for tensors (``training_args.bin`` beside an
+    index, the ``pytorch_model.bin`` twin of ``model.safetensors``, a raw pickle) still has its globals judged:
+    whoever loads the folder with ``torch.load`` runs them."""
+    from dtypecheck.loaders.pickle_files import looks_like_pickle, side_file_findings
+
+    findings: list[Finding] = []
+    for path in sorted(folder.iterdir()):
+        if path in scanned or not path.is_file():
+            continue
+        try:
+            with path.open("rb") as handle:
+                head = handle.read(4)
+        except OSError:
+            continue
+        if head.startswith(b"PK\x03\x04") or looks_like_pickle(head):
+            findings.extend(side_file_findings(path, path.name))
+    return findings
 
 
 class PrefixedCheckpoint:
@@ -147,7 +178,7 @@ def _read_index(index: Path) -> tuple[dict[str, str], Any]:
     return weight_map, total_size
 
 
-def open_sharded(index: Path, open_file: OpenFile) -> Checkpoint:
+def open_sharded(index: Path, open_file: OpenFile) -> CompositeCheckpoint:
     """A Hugging Face sharded checkpoint; the index is checked against what the shards hold."""
     folder = index.parent
     weight_map, total_size = _read_index(index)

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from dtypecheck.dtypes import GGUF_PLAIN_TYPES
 from dtypecheck.errors import InputError
-from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord, TensorSource
-from dtypecheck.loaders.mapped import EMPTY_SOURCE, FileMap, MappedSource
+from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord, TensorSource, check_count
+from dtypecheck.loaders.mapped import EMPTY_SOURCE, FileMap, MappedSource, read_range
 
 if TYPE_CHECKING:
     import mmap
@@ -81,7 +81,8 @@ class _TensorInfo:
 
 @dataclass(frozen=True)
 class DequantizedSource:
-    """A block-quantized tensor, dequantized to float32 a group of rows at a time."""
+    """A block-quantized tensor, dequantized to float32 a run of whole blocks at a time (at most ``max_bytes`` of
+    float32 per chunk, however long a row is: blocks are independent, so a row may be cut between any two)."""
 
     buffer: mmap.mmap
     offset: int
@@ -97,15 +98,26 @@ class DequantizedSource:
 
         qtype = GGMLQuantizationType(self.ggml_type)
         block_size, type_size = GGML_QUANT_SIZES[qtype]
-        values_per_row = self.bytes_per_row // type_size * block_size
-        step = max(1, max_bytes // (4 * values_per_row))
-        max_elements = max(1, max_bytes // 4)
-        for begin in range(0, self.rows, step):
-            count = min(step, self.rows - begin)
-            start = self.offset + begin * self.bytes_per_row
-            raw = np.frombuffer(self.buffer, np.uint8, count * self.bytes_per_row, start).reshape(count, -1)
-            values = torch.from_numpy(dequantize(raw, qtype).astype(np.float32).reshape(-1))
-            yield from torch.split(values, max_elements)  # a single row may be longer than max_bytes
+        blocks = self.rows * self.bytes_per_row // type_size
+        step = max(1, max_bytes // (4 * block_size))
+        for begin in range(0, blocks, step):
+            count = min(step, blocks - begin)
+            raw = np.frombuffer(read_range(self.buffer, self.offset + begin * type_size, count * type_size), np.uint8)
+            values = dequantize(raw.reshape(1, -1), qtype).astype(np.float32).reshape(-1)
+            yield from torch.split(torch.from_numpy(values), max(1, max_bytes // 4))  # a block may exceed max_bytes
+
+
+def _dequantizable(ggml_type: int, type_size: int) -> bool:
+    """Whether the installed gguf package can dequantize this type (some types it only names)."""
+    import numpy as np
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    try:
+        dequantize(np.zeros((1, type_size), np.uint8), GGMLQuantizationType(ggml_type))
+    except Exception:  # noqa: BLE001  (NotImplementedError today; whatever the package raises means "cannot")
+        return False
+    return True
 
 
 def _quant_sizes(ggml_type: int, where: str) -> tuple[int, int] | None:
@@ -143,6 +155,7 @@ class GgufCheckpoint:
             raise InputError(f"{self.source}: GGUF version {version} is not supported (2 and 3 are)")
         if tensor_count > self._map.size or kv_count > self._map.size:
             raise InputError(f"{self.source}: malformed GGUF file ({tensor_count} tensors, {kv_count} keys)")
+        check_count(tensor_count, self.source)
         alignment = DEFAULT_ALIGNMENT
         for _ in range(kv_count):
             key, kind = reader.string(), reader.unpack("<I")
@@ -180,6 +193,10 @@ class GgufCheckpoint:
                 self.findings.append(Finding("gguf-quantized", "warn", detail + "; not scanned", info.name))
                 return TensorRecord(info.name, dtype, info.shape, nbytes, None)
             block_size, type_size = sizes
+            if not _dequantizable(info.ggml_type, type_size):
+                detail = f"GGML type {info.ggml_type} cannot be dequantized by the installed gguf package; not scanned"
+                self.findings.append(Finding("gguf-quantized", "warn", detail, info.name))
+                return TensorRecord(info.name, dtype, info.shape, nbytes, None)
             row = info.shape[-1] if info.shape else 1
             if row % block_size:
                 raise InputError(f"{self.source}: tensor {info.name!r} rows are not whole quantization blocks")

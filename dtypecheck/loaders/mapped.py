@@ -9,9 +9,11 @@ from __future__ import annotations
 import contextlib
 import io
 import mmap
+import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,20 +26,67 @@ if TYPE_CHECKING:
 
 
 class FileMap:
-    """A read-only map of a whole file, closed with the checkpoint that opened it."""
+    """A read-only map of a whole file, closed with the checkpoint that opened it.
+
+    Parsers read headers through ``buffer`` (the map). Tensor data is read with ``pread`` into private chunks
+    (``read_range``), never through the map: if the file is truncated while it is scanned, touching a mapped page
+    past the new end would kill the process with SIGBUS (no Python handler can resume from it), whereas a short
+    ``pread`` is an ``InputError``.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        with path.open("rb") as handle:
-            self.size = path.stat().st_size
+        self.fd = os.open(path, os.O_RDONLY)
+        try:
+            self.size = os.fstat(self.fd).st_size
             if self.size == 0:
                 raise InputError(f"{path}: empty file")
-            self.buffer = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+            self.buffer = mmap.mmap(self.fd, 0, access=mmap.ACCESS_READ)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        _FILES[id(self.buffer)] = self
+
+    def pread(self, offset: int, nbytes: int) -> memoryview:
+        """``nbytes`` of the file from ``offset``, read now (not mapped); a file that shrank is an InputError."""
+        import numpy as np
+
+        out = np.empty(nbytes, np.uint8)  # not zero-filled: pread writes every byte
+        view = memoryview(out.data)
+        done = 0
+        while done < nbytes:
+            got = os.preadv(self.fd, [view[done:]], offset + done)
+            if got == 0:
+                self.check_size(offset + nbytes)
+                raise InputError(f"{self.path}: short read at byte {offset + done} (changed during the scan?)")
+            done += got
+        return view
+
+    def check_size(self, end: int) -> None:
+        """An InputError when the file no longer reaches ``end`` (before reading the map there)."""
+        now = os.fstat(self.fd).st_size
+        if now < end:
+            raise InputError(f"{self.path}: the file shrank to {now} bytes while it was read (changed during the scan)")
 
     def close(self) -> None:
+        _FILES.pop(id(self.buffer), None)
         # A caller may still hold a chunk viewing the map; it is unmapped when that chunk is freed.
         with contextlib.suppress(BufferError):
             self.buffer.close()
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
+_FILES: dict[int, FileMap] = {}
+"""Open ``FileMap``s by ``id`` of their map, so a source holding the map can read its file with ``pread``."""
+
+
+def read_range(buffer: mmap.mmap | bytes, offset: int, nbytes: int) -> memoryview:
+    """``buffer[offset:offset+nbytes]`` as a private, writable copy: through ``pread`` for a ``FileMap``'s map."""
+    owner = _FILES.get(id(buffer))
+    if owner is None:
+        return memoryview(bytearray(buffer[offset : offset + nbytes]))
+    return owner.pread(offset, nbytes)
 
 
 class Window(io.RawIOBase):
@@ -108,7 +157,7 @@ def _frombuffer(buffer: mmap.mmap, offset: int, nbytes: int, dtype: str) -> torc
 
 @dataclass(frozen=True)
 class MappedSource:
-    """A contiguous byte range of a mapped file, read as a flat tensor of one dtype."""
+    """A contiguous byte range of a mapped file, read as a flat tensor of one dtype (each chunk by ``pread``)."""
 
     buffer: mmap.mmap
     offset: int
@@ -116,17 +165,35 @@ class MappedSource:
     dtype: str
 
     def iter_chunks(self, max_bytes: int) -> Iterator[torch.Tensor]:
+        for read, _nbytes in self.iter_readers(max_bytes):
+            yield read()
+
+    def iter_readers(self, max_bytes: int) -> Iterator[tuple[Callable[[], torch.Tensor], int]]:
+        """(read one chunk, its bytes) for each chunk, without reading yet: a scanner calls the readers on its
+        worker threads, so the copies out of the page cache run in parallel."""
         itemsize = itemsize_of(self.dtype)
         step = max(itemsize, (max_bytes // itemsize) * itemsize)
         for start in range(0, self.nbytes, step):
-            yield _frombuffer(self.buffer, self.offset + start, min(step, self.nbytes - start), self.dtype)
+            count = min(step, self.nbytes - start)
+            yield partial(self._read, self.offset + start, count), count
+
+    def _read(self, offset: int, nbytes: int) -> torch.Tensor:
+        import torch
+
+        data = read_range(self.buffer, offset, nbytes)
+        return torch.frombuffer(data, dtype=torch.uint8).view(getattr(torch, self.dtype))
+
+
+STRIDED_COPY_LIMIT = 64 << 20
+"""A strided view's storage up to this size is copied with ``pread`` first; a larger one is gathered from the map
+chunk by chunk, after checking that the file still reaches the storage's end."""
 
 
 @dataclass(frozen=True)
 class StridedSource:
     """A non-contiguous view (strides, storage offset) of a mapped storage, yielded in logical order.
 
-    Each chunk is a copy of at most ``max_bytes``, gathered with ``torch.as_strided`` from the map.
+    Each chunk is a copy of at most ``max_bytes``, gathered with ``torch.as_strided``.
     """
 
     buffer: mmap.mmap
@@ -142,27 +209,47 @@ class StridedSource:
 
         itemsize = itemsize_of(self.dtype)
         usable = (self.storage_nbytes // itemsize) * itemsize
-        base = _frombuffer(self.buffer, self.storage_offset, usable, self.dtype)
+        owner = _FILES.get(id(self.buffer))
+        if usable <= STRIDED_COPY_LIMIT or owner is None:
+            data = read_range(self.buffer, self.storage_offset, usable)
+            base = torch.frombuffer(data, dtype=torch.uint8).view(getattr(torch, self.dtype))
+        else:
+            base = _frombuffer(self.buffer, self.storage_offset, usable, self.dtype)
         view = torch.as_strided(base, self.shape, self.stride, self.element_offset)
-        yield from _ordered_chunks(view, max(1, max_bytes // itemsize))
+        guard = None
+        if owner is not None and usable > STRIDED_COPY_LIMIT:
+            end = self.storage_offset + usable
+
+            def guard() -> None:  # each gather below reads the map: the file must still reach the storage's end
+                owner.check_size(end)
+
+        yield from _ordered_chunks(view, max(1, max_bytes // itemsize), guard)
 
 
-def _ordered_chunks(view: torch.Tensor, max_elements: int) -> Iterator[torch.Tensor]:
+def _ordered_chunks(
+    view: torch.Tensor, max_elements: int, guard: Callable[[], None] | None = None
+) -> Iterator[torch.Tensor]:
+    """Copies of ``view``'s elements in logical order, each at most ``max_elements``; ``guard()`` runs before
+    each copy."""
     total = view.numel()
     if total == 0:
         return
     if total <= max_elements or view.dim() == 0:
-        yield view.reshape(-1).contiguous()
+        if guard is not None:
+            guard()
+        yield view.reshape(-1).clone()
         return
     rows = view.shape[0]
     per_row = total // rows
     if per_row <= max_elements:
         step = max_elements // per_row
         for begin in range(0, rows, step):
-            yield view[begin : begin + step].reshape(-1).contiguous()
+            if guard is not None:
+                guard()
+            yield view[begin : begin + step].reshape(-1).clone()
     else:
         for row in range(rows):
-            yield from _ordered_chunks(view[row], max_elements)
+            yield from _ordered_chunks(view[row], max_elements, guard)
 
 
 @dataclass(frozen=True)

@@ -1,224 +1,183 @@
-"""How dangerous is each global a pickle references? ``ok`` (data), ``warn`` (unknown class), ``fail`` (runs code).
+"""How dangerous is each global a pickle references? ``ok`` (data), ``warn`` (a class of an unknown package),
+``fail`` (anything else that could run code).
 
 The safe unpickler never imports any of them; this table only decides what a scan reports, so a checkpoint that
-*would* run ``os.system`` under ``torch.load(weights_only=False)`` fails the scan even though scanning it is safe.
+*would* run code under ``torch.load(weights_only=False)`` fails the scan even though scanning it is safe.
+
+The rule is an allowlist, not a list of known-bad names (a denylist misses ``pkgutil.resolve_name``,
+``_operator.methodcaller`` and every other gadget nobody listed):
+
+- ``ok``: exactly the fully-qualified names in ``ALLOWED`` (what torch's own ``weights_only`` unpickler accepts,
+  numpy arrays, dtypes and RNG state, the standard library's value types, ``torch.distributed.checkpoint``
+  metadata), plus, checked against the real objects of already-imported torch/numpy modules, subclasses of
+  ``torch.nn.Module`` defined under ``torch.nn.modules`` (a whole pickled model), of ``torch.optim.Optimizer``
+  and ``LRScheduler`` under ``torch.optim``, of ``numpy.dtype`` in ``numpy.dtypes``, and enum classes in torch
+  (calling an enum class only looks a member up).
+- ``fail``: any other name of the standard library, torch or numpy; any name that walks attributes
+  (protocol 4 resolves ``torch.nn.modules.module`` + ``__builtins__.get`` attribute by attribute, so only the whole
+  path is judged) or touches a dunder; any name that is not a plain identifier; any function-like (not CapWords)
+  name of any other module; the extension registry (``EXT1``/``EXT2``/``EXT4``).
+- ``warn``: a CapWords class of a package outside the standard library, torch and numpy (Lightning's
+  ``AttributeDict``, ``transformers.TrainingArguments``, ``omegaconf.DictConfig``, the user's own classes):
+  ``torch.load(weights_only=False)`` would import that package and construct the class, which is as safe as the
+  package. ``--fail-on warn`` makes those fail too.
 """
 
 from __future__ import annotations
 
+import re
+import sys
+from typing import Any
+
+from dtypecheck.findings import rank
 from dtypecheck.loaders.base import Finding, Level
 from dtypecheck.loaders.pickle_vm import GlobalRef
 
-HARMLESS: frozenset[str] = frozenset(
+_STORAGE_NAMES = (
+    "DoubleStorage", "FloatStorage", "HalfStorage", "BFloat16Storage", "LongStorage", "IntStorage", "ShortStorage",
+    "CharStorage", "ByteStorage", "BoolStorage", "ComplexDoubleStorage", "ComplexFloatStorage", "QInt8Storage",
+    "QInt32Storage", "QUInt8Storage", "QUInt4x2Storage", "QUInt2x4Storage",
+)  # fmt: skip
+_TENSOR_TYPE_NAMES = (
+    "DoubleTensor", "FloatTensor", "HalfTensor", "BFloat16Tensor", "LongTensor", "IntTensor", "ShortTensor",
+    "CharTensor", "ByteTensor", "BoolTensor",
+)  # fmt: skip
+_TORCH_CONSTANTS = (
+    "float64", "float32", "float16", "bfloat16", "double", "float", "half", "complex128", "complex64", "complex32",
+    "cdouble", "cfloat", "chalf", "int64", "int32", "int16", "int8", "long", "int", "short", "uint8", "uint16",
+    "uint32", "uint64", "bool", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
+    "float8_e8m0fnu", "float4_e2m1fn_x2", "qint8", "qint32", "quint8", "quint4x2", "quint2x4", "bits1x8", "bits2x4",
+    "bits4x2", "bits8", "bits16", "int1", "int2", "int3", "int4", "int5", "int6", "int7", "uint1", "uint2", "uint3",
+    "uint4", "uint5", "uint6", "uint7",
+    "strided", "sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr", "sparse_bsc", "_mkldnn", "jagged",
+    "contiguous_format", "channels_last", "channels_last_3d", "preserve_format",
+    "per_tensor_affine", "per_channel_affine", "per_tensor_symmetric", "per_channel_symmetric",
+    "per_channel_affine_float_qparams",
+    "Size", "Tensor", "device", "dtype", "layout", "memory_format", "qscheme", "UntypedStorage", "TypedStorage",
+)  # fmt: skip
+_REBUILDS = (
+    "_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_tensor_v3", "_rebuild_parameter",
+    "_rebuild_parameter_with_state", "_rebuild_qtensor", "_rebuild_sparse_tensor", "_rebuild_sparse_csr",
+    "_rebuild_nested_tensor", "_rebuild_meta_tensor_no_storage", "_rebuild_wrapper_subclass",
+    "_rebuild_device_tensor_from_numpy", "_rebuild_device_tensor_from_cpu_tensor", "_rebuild_mkldnn_tensor",
+    "_rebuild_xla_tensor",
+)  # fmt: skip
+_DCP_CLASSES = (
+    "metadata.Metadata", "metadata.TensorStorageMetadata", "metadata.BytesStorageMetadata",
+    "metadata.ChunkStorageMetadata", "metadata.TensorProperties", "metadata.MetadataIndex", "metadata.StorageMeta",
+    "metadata._MEM_FORMAT_ENCODING", "filesystem._StorageInfo", "filesystem._StoragePrefix",
+    "planner.WriteItemType", "planner.LoadItemType",
+)  # fmt: skip
+_STDLIB_VALUES = (
+    "collections.OrderedDict", "collections.defaultdict", "collections.deque", "collections.Counter",
+    "argparse.Namespace",  # Lightning's hparams: setattr on itself only
+    "copyreg._reconstructor", "copyreg.__newobj__", "copyreg.__newobj_ex__",  # call only other (judged) globals
+    "_codecs.encode", "codecs.encode",  # protocol 0-2 spelling of bytes
+    "builtins.set", "builtins.frozenset", "builtins.slice", "builtins.list", "builtins.dict", "builtins.tuple",
+    "builtins.bytearray", "builtins.bytes", "builtins.complex", "builtins.int", "builtins.float", "builtins.str",
+    "builtins.bool", "builtins.range", "builtins.object",
+    "pathlib.Path", "pathlib.PosixPath", "pathlib.WindowsPath", "pathlib.PurePath", "pathlib.PurePosixPath",
+    "pathlib.PureWindowsPath",
+    "datetime.datetime", "datetime.date", "datetime.time", "datetime.timedelta", "datetime.timezone",
+    "decimal.Decimal", "fractions.Fraction", "uuid.UUID", "enum.Enum",
+)  # fmt: skip
+_NUMPY = (
+    "numpy.ndarray", "numpy.dtype", "numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct",
+    "numpy.core.multiarray.scalar", "numpy._core.multiarray.scalar", "numpy.core.numeric._frombuffer",
+    "numpy._core.numeric._frombuffer",
+    # RNG state, as Lightning and the HF Trainer save it
+    "numpy.random._pickle.__randomstate_ctor", "numpy.random._pickle.__generator_ctor",
+    "numpy.random._pickle.__bit_generator_ctor", "numpy.random.__RandomState_ctor", "numpy.random.mtrand.RandomState",
+    "numpy.random._generator.Generator", "numpy.random._mt19937.MT19937", "numpy.random._pcg64.PCG64",
+    "numpy.random._pcg64.PCG64DXSM", "numpy.random._philox.Philox", "numpy.random._sfc64.SFC64",
+    "numpy.random.bit_generator.SeedSequence", "numpy.random.bit_generator.__pyx_unpickle_SeedSequence",
+)  # fmt: skip
+
+ALLOWED: frozenset[str] = frozenset(
     {
-        "collections.OrderedDict",
-        "collections.defaultdict",
-        "collections.deque",
-        "argparse.Namespace",
-        "copyreg._reconstructor",
-        "copyreg.__newobj__",
-        "_codecs.encode",
-        "codecs.encode",
-        "builtins.set",
-        "builtins.frozenset",
-        "builtins.slice",
-        "builtins.list",
-        "builtins.dict",
-        "builtins.tuple",
-        "builtins.bytearray",
-        "builtins.bytes",
-        "builtins.complex",
-        "builtins.int",
-        "builtins.float",
-        "builtins.str",
-        "builtins.bool",
-        "builtins.range",
-        "builtins.object",
-        "__builtin__.set",
-        "__builtin__.frozenset",
-        "__builtin__.slice",
-        "__builtin__.complex",
-        "__builtin__.object",
-        "pathlib.Path",
-        "pathlib.PosixPath",
-        "pathlib.WindowsPath",
-        "pathlib.PurePosixPath",
-        "pathlib.PureWindowsPath",
-        "datetime.datetime",
-        "datetime.date",
-        "datetime.time",
-        "datetime.timedelta",
-        "datetime.timezone",
-        "decimal.Decimal",
-        "fractions.Fraction",
-        "uuid.UUID",
-        "numpy.dtype",
-        "numpy.ndarray",
-        "numpy.core.multiarray._reconstruct",
-        "numpy._core.multiarray._reconstruct",
-        "numpy.core.multiarray.scalar",
-        "numpy._core.multiarray.scalar",
-        "torch.Size",
-        "torch.per_tensor_affine",
-        "torch.per_channel_affine",
-        "torch.per_tensor_symmetric",
-        "torch.per_channel_symmetric",
-        "torch.per_channel_affine_float_qparams",
-        "torch.strided",
-        "torch.sparse_coo",
-        "torch.sparse_csr",
-        "torch.contiguous_format",
-        "torch.channels_last",
-        "torch.device",
-        "torch.serialization._get_layout",
+        *_STDLIB_VALUES,
+        *_NUMPY,
+        *(f"torch.{name}" for name in (*_STORAGE_NAMES, *_TENSOR_TYPE_NAMES, *_TORCH_CONSTANTS)),
+        *(f"torch.cuda.{name}" for name in (*_STORAGE_NAMES, *_TENSOR_TYPE_NAMES)),
+        *(f"torch.{kind}.{name}" for kind in ("sparse", "cuda.sparse") for name in _TENSOR_TYPE_NAMES),
+        *(f"torch.storage.{name}" for name in ("UntypedStorage", "TypedStorage")),
+        *(f"torch._utils.{name}" for name in _REBUILDS),
+        *(f"torch.distributed.checkpoint.{name}" for name in _DCP_CLASSES),
         "torch._tensor._rebuild_from_type_v2",
+        "torch.serialization._get_layout",
         "torch.nn.parameter.Parameter",
-        "torch.nn.modules.container.ParameterDict",
-        "torch.distributed.checkpoint.filesystem._StorageInfo",
-        "torch.distributed.checkpoint.filesystem._StoragePrefix",
+        "torch.nn.parameter.Buffer",
+        "torch.nn.parameter.UninitializedParameter",
+        "torch.nn.parameter.UninitializedBuffer",
     }
 )
-"""Data types and the reconstruction helpers torch, numpy and the standard library pickle with."""
+"""Exact fully-qualified names that are ``ok``: data types and the reconstruction helpers torch, numpy and the
+standard library pickle with. Nothing here calls a callable it was not handed as another (judged) global."""
 
-HARMLESS_MODULE_PREFIXES: tuple[str, ...] = (
-    "torch._utils._rebuild_",
-    "torch.nn.modules.",  # a whole pickled nn.Module: torch's own classes, rebuilt from their __dict__
-    "numpy.random._pickle.",  # numpy's RNG state (Lightning and HF Trainer save it)
-    "numpy.random._pcg64.",
-    "numpy.random._mt19937.",
-    "numpy.random._philox.",
-    "numpy.random._sfc64.",
-    "numpy.random.bit_generator.",
-    "torch.distributed.checkpoint.metadata.",
-    "torch.distributed.checkpoint.planner.",
-    "numpy.dtypes.",
-)
+TRUSTED_ROOTS: frozenset[str] = frozenset({"torch", "numpy", "__builtin__", "copy_reg"} | set(sys.stdlib_module_names))
+"""Top-level packages whose names are fully known here: whatever of theirs is not allowed fails."""
 
-DANGEROUS_MODULES: tuple[str, ...] = (
-    "os",
-    "posix",
-    "nt",
-    "sys",
-    "subprocess",
-    "runpy",
-    "importlib",
-    "imp",
-    "shutil",
-    "socket",
-    "webbrowser",
-    "pty",
-    "ctypes",
-    "multiprocessing",
-    "code",
-    "codeop",
-    "pdb",
-    "bdb",
-    "timeit",
-    "asyncio",
-    "http",
-    "urllib",
-    "ftplib",
-    "smtplib",
-    "telnetlib",
-    "pickle",
-    "_pickle",
-    "marshal",
-    "dill",
-    "cloudpickle",
-    "joblib",
-    "shelve",
-    "tempfile",
-    "signal",
-    "threading",
-    "_thread",
-    "types",
-    "inspect",
-    "pydoc",
-    "pip",
-    "setuptools",
-    "distutils",
-    "torch.hub",
-    "torch.jit",
-    "torch.package",
-    "torch.utils.cpp_extension",
-    "numpy.testing",
-    "builtins.__loader__",
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_CLASS_NAME = re.compile(r"^_?[A-Z][A-Za-z0-9_]*$")
+_SUBCLASS_RULES: tuple[tuple[str, str, str], ...] = (
+    ("torch.nn.modules.", "torch.nn", "Module"),
+    ("torch.optim.", "torch.optim", "Optimizer"),
+    ("torch.optim.lr_scheduler", "torch.optim.lr_scheduler", "LRScheduler"),
+    ("numpy.dtypes", "numpy", "dtype"),
 )
-"""Modules any of whose globals can run code, touch files or the network, or unpickle again."""
-
-DANGEROUS_NAMES: frozenset[str] = frozenset(
-    {
-        f"{builtins}.{name}"
-        for builtins in ("builtins", "__builtin__")
-        for name in (
-            "eval",
-            "exec",
-            "execfile",
-            "compile",
-            "open",
-            "file",
-            "getattr",
-            "setattr",
-            "delattr",
-            "__import__",
-            "globals",
-            "locals",
-            "vars",
-            "input",
-            "breakpoint",
-            "apply",
-            "reload",
-            "exit",
-            "quit",
-            "help",
-            "memoryview",
-            "type",
-            "classmethod",
-            "staticmethod",
-            "property",
-        )
-    }
-    | {
-        "operator.attrgetter",
-        "operator.itemgetter",
-        "operator.methodcaller",
-        "functools.partial",
-        "functools.reduce",
-        "torch.load",
-        "torch.serialization.load",
-        "torch.serialization._load",
-        "torch.from_file",
-        "torch.storage._load_from_bytes",
-        "numpy.load",
-        "numpy.fromfile",
-        "numpy.lib.npyio.load",
-        "copyreg.extension",
-    }
-)
+"""(module prefix, where the base class lives, base class): classes under the prefix that subclass it are ok."""
 
 
 def classify(ref: GlobalRef) -> Level:
     """The level a scan reports for a pickle that references ``ref``."""
-    qualname = ref.qualname
-    if qualname in DANGEROUS_NAMES or any(
-        ref.module == module or ref.module.startswith(module + ".") for module in DANGEROUS_MODULES
-    ):
-        return "fail"
-    if ref.module.startswith("copyreg.extension"):
-        return "fail"
-    if qualname in HARMLESS or any(qualname.startswith(prefix) for prefix in HARMLESS_MODULE_PREFIXES):
-        return "ok"
-    if ref.module == "torch" and (ref.name.endswith("Storage") or _is_torch_dtype_name(ref.name)):
-        return "ok"
-    if ref.module == "torch.storage" and ref.name in {"UntypedStorage", "TypedStorage"}:
-        return "ok"
-    return "warn"
+    return judge(ref)[0]
 
 
-def _is_torch_dtype_name(name: str) -> bool:
-    from dtypecheck.loaders.torch_objects import TORCH_DTYPE_NAMES
+def judge(ref: GlobalRef) -> tuple[Level, str]:
+    """(level, why) for one global."""
+    module, name = ref.module, ref.name
+    if module.startswith("copyreg.extension"):
+        return "fail", "the extension registry can name any callable"
+    parts = module.split(".")
+    if not all(_IDENTIFIER.match(part) for part in parts) or not _IDENTIFIER.match(name.replace(".", "_") or "-"):
+        return "fail", "not a plain Python name"
+    if "." in name:
+        return "fail", "resolved attribute by attribute (only exact names are trusted)"
+    if ref.qualname in ALLOWED:
+        return "ok", "data"
+    if any(part.startswith("__") and part.endswith("__") for part in (*parts, name)) and module != "__main__":
+        return "fail", "reaches into a dunder attribute"
+    if _known_safe_class(module, name):
+        return "ok", "data"
+    if parts[0] in TRUSTED_ROOTS:
+        return "fail", "can run code or touch files under torch.load(weights_only=False)"
+    if _CLASS_NAME.match(name):
+        return "warn", f"class of an unvetted package: torch.load(weights_only=False) would import {module}"
+    return "fail", "a function of an unvetted package: torch.load(weights_only=False) would call it"
 
-    return name in TORCH_DTYPE_NAMES
+
+def _known_safe_class(module: str, name: str) -> bool:
+    """Whether ``module.name`` is, in the already-imported real module, a class the rules above allow. Nothing is
+    imported and no attribute hook runs: the module's ``__dict__`` is read directly."""
+    if module.split(".", maxsplit=1)[0] == "torch":
+        import torch  # noqa: F401  (dtypecheck's own dependency: its classes are the reference)
+    loaded = sys.modules.get(module)
+    if loaded is None or not isinstance(getattr(loaded, "__dict__", None), dict):
+        return False
+    value: Any = vars(loaded).get(name)
+    if not isinstance(value, type) or getattr(value, "__module__", None) != module:
+        return False
+    if module.split(".", maxsplit=1)[0] == "torch":
+        import enum
+
+        if issubclass(value, enum.Enum):
+            return True
+    for prefix, base_module, base_name in _SUBCLASS_RULES:
+        if module.startswith(prefix) and base_module in sys.modules:
+            base = vars(sys.modules[base_module]).get(base_name)
+            if isinstance(base, type) and issubclass(value, base):
+                return True
+    return False
 
 
 def global_findings(refs: list[GlobalRef]) -> list[Finding]:
@@ -229,5 +188,4 @@ def global_findings(refs: list[GlobalRef]) -> list[Finding]:
 
 def worst_first(findings: list[Finding]) -> list[Finding]:
     """Findings sorted fail, warn, ok; stable within a level."""
-    order = {"fail": 0, "warn": 1, "ok": 2}
-    return sorted(findings, key=lambda f: order[f.level])
+    return sorted(findings, key=lambda f: -rank(f.level))

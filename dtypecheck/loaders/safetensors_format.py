@@ -16,10 +16,11 @@ from typing import Any
 
 from dtypecheck.dtypes import SAFETENSORS_DTYPES
 from dtypecheck.errors import InputError
-from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord
+from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord, check_count
 from dtypecheck.loaders.mapped import EMPTY_SOURCE, FileMap, MappedSource
+from dtypecheck.loaders.pickle_files import polyglot_findings
 
-MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
+MAX_HEADER_BYTES = 100_000_000  # the reference reader's limit (``safetensors`` MAX_HEADER_SIZE)
 
 ST_DTYPES = SAFETENSORS_DTYPES  # the codes are facts of each dtype: dtypes.DtypeSpec.safetensors
 
@@ -68,17 +69,37 @@ class SafetensorsCheckpoint:
             raise InputError(f"{self.path}: safetensors header is not a JSON object")
         data_start = 8 + length
         data_size = size - data_start
+        check_count(len(header) - ("__metadata__" in header), str(self.path))
         for name, entry in header.items():
             if name == "__metadata__":
-                if isinstance(entry, dict):
-                    self.metadata = {str(k): str(v) for k, v in entry.items()}
+                if not isinstance(entry, dict) or not all(isinstance(v, str) for v in entry.values()):
+                    raise InputError(f"{self.path}: safetensors __metadata__ must map strings to strings")
+                self.metadata = dict(entry)
                 continue
             self._entries.append(self._check_entry(name, entry, data_start, data_size))
-        self._entries.sort(key=lambda e: e[3])
-        for before, after in zip(self._entries, self._entries[1:], strict=False):
-            if before[3] + before[4] > after[3]:
-                raise InputError(f"{self.path}: tensors {before[0]!r} and {after[0]!r} overlap in the file")
+        self._check_layout(data_start, data_size)
         self._map = FileMap(self.path) if size > 8 + length else None
+        # torch.load of this file would run whatever pickle its first bytes spell: judge that too.
+        probe = self._map if self._map is not None else FileMap(self.path)
+        try:
+            self.findings.extend(polyglot_findings(probe.buffer, probe.size, self.source))
+        finally:
+            if probe is not self._map:
+                probe.close()
+
+    def _check_layout(self, data_start: int, data_size: int) -> None:
+        """Tensors tile the data section exactly, as the reference reader requires: no overlap, no gap, no
+        bytes left over at the end."""
+        self._entries.sort(key=lambda e: (e[3], e[4]))
+        end = data_start
+        for name, _dtype, _shape, offset, nbytes in self._entries:
+            if offset < end:
+                raise InputError(f"{self.path}: tensor {name!r} overlaps the tensor before it in the file")
+            if offset > end:
+                raise InputError(f"{self.path}: {offset - end} unused bytes before tensor {name!r} (a gap)")
+            end = offset + nbytes
+        if end != data_start + data_size:
+            raise InputError(f"{self.path}: {data_start + data_size - end} bytes after the last tensor")
 
     def _check_entry(
         self, name: str, entry: object, data_start: int, data_size: int
@@ -89,7 +110,7 @@ class SafetensorsCheckpoint:
         if not isinstance(code, str) or code not in ST_DTYPES:
             raise InputError(f"{self.path}: tensor {name!r} has unknown safetensors dtype {code!r}")
         if not isinstance(shape, list) or not all(
-            isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape
+            isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**63 for s in shape
         ):
             raise InputError(f"{self.path}: tensor {name!r} has a malformed shape {shape!r}")
         if (

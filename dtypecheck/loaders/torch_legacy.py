@@ -25,7 +25,7 @@ from dtypecheck.loaders.torch_objects import (
     storage_from_pid,
     torch_call,
 )
-from dtypecheck.loaders.torch_zip import make_record
+from dtypecheck.loaders.torch_zip import check_total_work, make_record
 
 MAGIC_NUMBER = 0x1950A86A20F9469CFC6C
 PROTOCOL_VERSION = 1001
@@ -51,11 +51,18 @@ class LegacyTorchCheckpoint:
     def _parse(self) -> None:
         where = self.source
         stream = Window(self._map.buffer, 0, self._map.size)
-        magic = SafeUnpickler(stream, where=where).load()
-        protocol = SafeUnpickler(stream, where=where).load()
+        # torch.load unpickles all five pickles (not only the object): every one's globals are judged.
+        machines: list[SafeUnpickler] = []
+
+        def load(**hooks: Any) -> Any:
+            machines.append(SafeUnpickler(stream, where=where, **hooks))
+            return machines[-1].load()
+
+        magic = load()
+        protocol = load()
         if magic != MAGIC_NUMBER or protocol != PROTOCOL_VERSION:
             raise InputError(f"{where}: not a legacy torch file (magic {magic!r}, protocol {protocol!r})")
-        sys_info = SafeUnpickler(stream, where=where).load()
+        sys_info = load()
         if isinstance(sys_info, dict) and sys_info.get("little_endian") is False:
             raise InputError(f"{where}: big-endian checkpoints are not supported")
         storages: dict[str, StorageRef] = {}
@@ -65,10 +72,11 @@ class LegacyTorchCheckpoint:
             storages.setdefault(storage.key, storage)
             return storage
 
-        main = SafeUnpickler(stream, where=where, call=torch_call, persistent_load=persistent_load)
-        root = main.load()
-        self.findings: list[Finding] = global_findings(main.globals_seen)
-        keys = SafeUnpickler(stream, where=where).load()
+        root = load(call=torch_call, persistent_load=persistent_load)
+        keys = load()
+        self.findings: list[Finding] = global_findings(
+            list(dict.fromkeys(ref for machine in machines for ref in machine.globals_seen))
+        )
         if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
             raise InputError(f"{where}: malformed storage key list")
         self._ranges = self._locate(keys, storages, stream.tell())
@@ -79,6 +87,7 @@ class LegacyTorchCheckpoint:
         if missing:
             raise InputError(f"{where}: storage {sorted(missing)[0]} is missing from the file")
         self._records = [self._record(name, ref) for name, ref in self._tensors]  # bounds checked before any read
+        check_total_work(self._records, self._map.size, where)
 
     def _locate(self, keys: list[str], storages: dict[str, StorageRef], position: int) -> dict[str, tuple[int, int]]:
         buffer, size = self._map.buffer, self._map.size

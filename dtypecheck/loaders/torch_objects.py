@@ -14,7 +14,7 @@ from functools import cache
 from typing import Any
 
 from dtypecheck.errors import InputError
-from dtypecheck.loaders.base import Finding
+from dtypecheck.loaders.base import Finding, check_count
 from dtypecheck.loaders.pickle_vm import GlobalRef, IdentityKey, PickleObject, _safe_key
 
 MAX_WALK_DEPTH = 1000
@@ -126,6 +126,8 @@ def storage_from_pid(pid: Any) -> StorageRef:
         raise ValueError(f"unknown storage type {storage_type}")
     if not isinstance(key, str | int) or not isinstance(location, str) or not isinstance(numel, int) or numel < 0:
         raise ValueError("malformed storage persistent id")
+    if isinstance(key, int) and not 0 <= key <= INT64_MAX:
+        raise ValueError("malformed storage persistent id (key out of range)")
     return StorageRef(str(key), _STORAGE_DTYPES[storage_type.name], location, numel)
 
 
@@ -134,15 +136,22 @@ def _int_tuple(value: Any, what: str) -> tuple[int, ...]:
         raise ValueError(f"tensor {what} is not a tuple of integers")
     if any(v < 0 for v in value):
         raise ValueError(f"tensor {what} has a negative entry")
+    if any(v > INT64_MAX for v in value):
+        raise ValueError(f"tensor {what} has an entry beyond int64 (torch cannot hold it)")
     return tuple(value)
+
+
+INT64_MAX = 2**63 - 1
+"""The largest size, stride or offset torch can hold; anything beyond is refused before it reaches a message
+(Python will not print an int of more than 4300 digits) or ``torch.as_strided`` (which overflows)."""
 
 
 def _rebuild_tensor(args: tuple[Any, ...], dtype: str | None) -> TensorRef:
     if len(args) < 4 or not isinstance(args[0], StorageRef):
         raise ValueError("tensor rebuild without a storage")
     storage, offset = args[0], args[1]
-    if not isinstance(offset, int) or offset < 0:
-        raise ValueError("tensor storage offset is not a non-negative integer")
+    if not isinstance(offset, int) or not 0 <= offset <= INT64_MAX:
+        raise ValueError("tensor storage offset is not an integer between 0 and 2**63-1")
     shape, stride = _int_tuple(args[2], "shape"), _int_tuple(args[3], "stride")
     if len(shape) != len(stride):
         raise ValueError("tensor shape and stride differ in length")
@@ -246,16 +255,27 @@ def collect_tensors(root: Any, where: str) -> tuple[list[tuple[str, TensorRef]],
     """Every tensor reachable from ``root`` with its key path (``a.b.0.c``), in the pickle's order.
 
     A container is expanded once (a shared sub-dict is named by its first path); a tensor reached by two keys
-    (tied weights) is listed under both, as ``state_dict()`` lists it.
+    (tied weights) is listed under both, as ``state_dict()`` lists it, up to ``MAX_ALIASES`` names for the same
+    view of the same storage; further names of it are counted in one ``aliases`` finding instead (a pickle can
+    name one tensor a million times in a few bytes each).
     """
     tensors: list[tuple[str, TensorRef]] = []
     findings: list[Finding] = []
     expanded: set[int] = set()
+    names: dict[tuple[str, str, int, tuple[int, ...], tuple[int, ...]], list[str]] = {}
+    unlisted: dict[tuple[str, str, int, tuple[int, ...], tuple[int, ...]], int] = {}
     pending: list[tuple[str, Any, int]] = [("", root, 0)]
     while pending:
         path, value, depth = pending.pop()
         if isinstance(value, TensorRef):
-            tensors.append((path or "(root)", value))
+            key = (value.storage.key, value.dtype, value.offset, value.shape, value.stride)
+            listed = names.setdefault(key, [])
+            if len(listed) < MAX_ALIASES:
+                listed.append(path or "(root)")
+                tensors.append((path or "(root)", value))
+                check_count(len(tensors), where)
+            else:
+                unlisted[key] = unlisted.get(key, 0) + 1
             continue
         if isinstance(value, UnsupportedTensor):
             findings.append(Finding("unsupported-tensor", "warn", f"{value.kind} tensor not scanned", path or "(root)"))
@@ -269,4 +289,12 @@ def collect_tensors(root: Any, where: str) -> tuple[list[tuple[str, TensorRef]],
             (path if key is None else f"{path}.{key}" if path else key, child) for key, child in _children(value)
         ]
         pending.extend((child_path, child, depth + 1) for child_path, child in reversed(children))
+    findings.extend(
+        Finding("aliases", "warn", f"{count} more names view the same data as {names[key][0]!r} (not listed)")
+        for key, count in unlisted.items()
+    )
     return tensors, findings
+
+
+MAX_ALIASES = 16
+"""Names listed for one view of one storage; real checkpoints tie a weight to two or three names."""

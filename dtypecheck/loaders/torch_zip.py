@@ -16,7 +16,7 @@ from pathlib import Path
 
 from dtypecheck.errors import InputError
 from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord, TensorSource
-from dtypecheck.loaders.mapped import FileMap, MappedSource, StridedSource, Window, itemsize_of
+from dtypecheck.loaders.mapped import EMPTY_SOURCE, FileMap, MappedSource, StridedSource, Window, itemsize_of
 from dtypecheck.loaders.pickle_globals import global_findings, worst_first
 from dtypecheck.loaders.pickle_vm import unpickle
 from dtypecheck.loaders.torch_objects import (
@@ -45,8 +45,10 @@ class ZipEntry:
     size: int
 
 
-def read_zip_entries(buffer: mmap.mmap, start: int, length: int, where: str) -> dict[str, ZipEntry]:
-    """Names -> data ranges of a zip held in ``buffer[start:start+length]``, each range checked to lie inside."""
+def read_zip_entries(buffer: mmap.mmap, start: int, length: int, where: str) -> dict[str, list[ZipEntry]]:
+    """Names -> data ranges of a zip held in ``buffer[start:start+length]``, each range checked to lie inside, in
+    the central directory's order. A name listed twice has two ranges (torch reads one of them, see
+    ``TorchArchive``)."""
     try:
         _check_entry_count(Window(buffer, start, length), where)
         with zipfile.ZipFile(Window(buffer, start, length)) as archive:
@@ -64,7 +66,7 @@ def read_zip_entries(buffer: mmap.mmap, start: int, length: int, where: str) -> 
         EOFError,
     ) as exc:
         raise InputError(f"{where}: corrupt zip archive ({exc})") from None
-    entries: dict[str, ZipEntry] = {}
+    entries: dict[str, list[ZipEntry]] = {}
     for info in infos:
         if info.flag_bits & 0x1:
             raise InputError(f"{where}: zip entry {info.filename!r} is encrypted")
@@ -78,11 +80,11 @@ def read_zip_entries(buffer: mmap.mmap, start: int, length: int, where: str) -> 
             raise InputError(f"{where}: zip entry {info.filename!r} has no local header (corrupt zip)")
         data_at = header_at + LOCAL_HEADER.size + name_length + extra_length
         if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
-            entries[info.filename] = ZipEntry(-1, info.file_size)  # compressed: usable only if never read
+            entries.setdefault(info.filename, []).append(ZipEntry(-1, info.file_size))  # compressed: never read
             continue
         if data_at + info.file_size > length:
             raise InputError(f"{where}: zip entry {info.filename!r} runs past the end of the file (truncated?)")
-        entries[info.filename] = ZipEntry(start + data_at, info.file_size)
+        entries.setdefault(info.filename, []).append(ZipEntry(start + data_at, info.file_size))
     return entries
 
 
@@ -99,12 +101,29 @@ def _check_entry_count(window: Window, where: str) -> None:
         raise InputError(f"{where}: zip archive lists {entries} entries, over the {MAX_ZIP_ENTRIES} limit")
 
 
-def archive_prefix(entries: dict[str, ZipEntry], where: str) -> str:
-    candidates = sorted(name[: -len("data.pkl")] for name in entries if name.endswith("/data.pkl"))
-    candidates = [prefix for prefix in candidates if prefix.count("/") == 1]
-    if not candidates:
+def last_copies(copies: dict[str, list[ZipEntry]]) -> tuple[dict[str, ZipEntry], list[Finding]]:
+    """One entry per name (the last copy) and a ``duplicate-entry`` ``fail`` finding per name listed twice: torch's
+    reader finds a name by a binary search over an unstably sorted directory, so which copy it reads depends on the
+    archive's layout, and the copy scanned may not be the one loaded."""
+    duplicates = [
+        Finding("duplicate-entry", "fail", f"{name} appears {len(ranges)} times: torch reads one of them")
+        for name, ranges in copies.items()
+        if len(ranges) > 1
+    ]
+    return {name: ranges[-1] for name, ranges in copies.items()}, duplicates
+
+
+def archive_prefix(entries: dict[str, list[ZipEntry]], where: str) -> str:
+    """The archive's folder, as torch reads it: the first entry's top folder, which every entry must be under
+    (torch refuses an archive with a second top-level folder)."""
+    first = next(iter(entries), "")
+    prefix = first.split("/", 1)[0] + "/" if "/" in first else ""
+    if not prefix or prefix + "data.pkl" not in entries:
         raise InputError(f"{where}: zip archive is not a torch checkpoint (no data.pkl)")
-    return candidates[0]
+    stray = next((name for name in entries if not name.startswith(prefix)), None)
+    if stray is not None:
+        raise InputError(f"{where}: zip archive has entries outside {prefix} ({stray!r}); torch refuses it")
+    return prefix
 
 
 @dataclass
@@ -122,21 +141,28 @@ class TorchArchive:
     prefix: str = ""
 
     def __post_init__(self) -> None:
-        self.entries = read_zip_entries(self.buffer, self.start, self.length, self.where)
-        self.prefix = archive_prefix(self.entries, self.where)
+        copies = read_zip_entries(self.buffer, self.start, self.length, self.where)
+        self.entries, duplicates = last_copies(copies)
+        self.findings.extend(duplicates)
+        self.prefix = archive_prefix(copies, self.where)
         order = self.entries.get(self.prefix + "byteorder")
         if order is not None and self._read(order, "byteorder") not in {b"little", b""}:
             raise InputError(f"{self.where}: big-endian checkpoints are not supported")
-        pickle_entry = self.entries[self.prefix + "data.pkl"]
-        if pickle_entry.size > MAX_PICKLE_BYTES:
-            raise InputError(f"{self.where}: data.pkl is {pickle_entry.size} bytes, over the {MAX_PICKLE_BYTES} limit")
-        pickled = self._read(pickle_entry, "data.pkl")
-        root, globals_seen = unpickle(pickled, where=self.where, call=torch_call, persistent_load=self._storage)
-        self.findings.extend(global_findings(globals_seen))
+        # Every copy of a duplicated data.pkl is judged (see ``last_copies``); the last one is scanned.
+        root = None
+        for pickle_entry in copies[self.prefix + "data.pkl"]:
+            if pickle_entry.size > MAX_PICKLE_BYTES:
+                raise InputError(
+                    f"{self.where}: data.pkl is {pickle_entry.size} bytes, over the {MAX_PICKLE_BYTES} limit"
+                )
+            pickled = self._read(pickle_entry, "data.pkl")
+            root, globals_seen = unpickle(pickled, where=self.where, call=torch_call, persistent_load=self._storage)
+            self.findings.extend(f for f in global_findings(globals_seen) if f not in self.findings)
         self.tensors, unsupported = collect_tensors(root, self.where)
         require_tensors(self.tensors, sum(name.startswith(self.prefix + "data/") for name in self.entries), self.where)
         self.findings[:] = worst_first([*self.findings, *unsupported])
         self._records = [self._record(name, ref) for name, ref in self.tensors]  # bounds checked before any read
+        check_total_work(self._records, self.file_size, self.where)
 
     def _read(self, entry: ZipEntry, what: str) -> bytes:
         if entry.offset < 0:
@@ -168,8 +194,10 @@ def make_record(
         raise InputError(f"{where}: tensor {name!r} has dtype {ref.dtype}, which this torch cannot read")
     itemsize = itemsize_of(ref.dtype)
     nbytes = ref.numel * itemsize
+    if nbytes == 0:  # whatever its sizes and strides, an empty view reads nothing (and as_strided may overflow)
+        return TensorRecord(name, ref.dtype, ref.shape, 0, EMPTY_SOURCE, saved_device=ref.storage.location)
     storage_elements = storage_nbytes // itemsize
-    if ref.numel and ref.last_element() >= storage_elements:
+    if ref.last_element() >= storage_elements:
         raise InputError(
             f"{where}: tensor {name!r} of shape {ref.shape} reaches element {ref.last_element()} "
             f"of a storage holding {storage_elements}"
@@ -183,6 +211,16 @@ def make_record(
         source = StridedSource(buffer, offset, storage_nbytes, ref.dtype, ref.offset, ref.shape, ref.stride)
     device = ref.storage.location
     return TensorRecord(name, ref.dtype, ref.shape, nbytes, source, saved_device=device)
+
+
+def check_total_work(records: list[TensorRecord], file_size: int, where: str) -> None:
+    """Views may repeat data (stride 0, overlapping windows), but all the distinct views of a file together may not
+    claim more than ``EXPANSION_LIMIT`` times its bytes: 5000 stride-0 views of one float would otherwise each
+    pass ``make_record``'s check and the scan would read for hours. (Names for the same view count once: the scan
+    reads a shared view once.)"""
+    total = sum(record.nbytes for record in {record.source: record for record in records}.values())
+    if total > EXPANSION_LIMIT * file_size + (64 << 20):
+        raise InputError(f"{where}: its tensors claim {total} bytes in all, far beyond the file's {file_size}")
 
 
 class TorchZipCheckpoint:

@@ -28,7 +28,14 @@ from dtypecheck.loaders.torch_objects import (
     storage_from_pid,
     torch_call,
 )
-from dtypecheck.loaders.torch_zip import MAX_PICKLE_BYTES, ZipEntry, archive_prefix, make_record, read_zip_entries
+from dtypecheck.loaders.torch_zip import (
+    MAX_PICKLE_BYTES,
+    ZipEntry,
+    archive_prefix,
+    last_copies,
+    make_record,
+    read_zip_entries,
+)
 
 PICKLES = (("data.pkl", "data/", ""), ("constants.pkl", "constants/", "constants."))
 """(pickle, folder of its storages, prefix of its tensors' names)."""
@@ -68,14 +75,15 @@ class TorchScriptCheckpoint:
 
     def _parse(self) -> None:
         where, buffer, size = self.source, self._map.buffer, self._map.size
-        entries = read_zip_entries(buffer, 0, size, where)
-        prefix = archive_prefix(entries, where)
+        copies = read_zip_entries(buffer, 0, size, where)
+        entries, duplicates = last_copies(copies)
+        prefix = archive_prefix(copies, where)
         order = entries.get(prefix + "byteorder")
         if order is not None and self._read(order, "byteorder") not in {b"little", b""}:
             raise InputError(f"{where}: big-endian checkpoints are not supported")
         records: list[TensorRecord] = []
         globals_seen: list[GlobalRef] = []
-        findings: list[Finding] = []
+        findings: list[Finding] = list(duplicates)
         for pickle_name, folder, name_prefix in PICKLES:
             entry = entries.get(prefix + pickle_name)
             if entry is None:

@@ -16,7 +16,7 @@ _UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2
 def printable(text: str) -> str:
     """Text from an input file (a tensor name, a finding) made safe for a terminal: controls, bidi overrides and
     lone surrogates become their Python escapes (``\\x1b``), so a name cannot move the cursor, recolour or
-    rewrite the report. Only tables use it; JSON keeps the true name."""
+    rewrite the report. Tables and the CLI's error lines use it; JSON keeps the true name."""
     return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape", "backslashreplace").decode("ascii"), text)
 
 

@@ -121,12 +121,20 @@ def compare(current: ScanReport, baseline: ScanReport, source: str = "") -> Base
     return BaselineComparison(source, tuple(changes), counts, gate)
 
 
+MAX_BASELINE_BYTES = 1 << 30
+"""A scan report of a million tensors is well under this."""
+
+
 def load_baseline(path: Path, where: str | None = None) -> Baseline:
     """Read a baseline file: a ``dtypecheck.baseline/1`` document, or an earlier ``scan-model --format json`` one.
 
     ``where`` names it in errors (default ``--baseline PATH``)."""
     where = where or f"--baseline {path}"
     try:
+        if path.exists() and not path.is_file():  # /dev/zero, a FIFO: reading would never end
+            raise InputError(f"{where}: not a regular file")
+        if path.exists() and path.stat().st_size > MAX_BASELINE_BYTES:
+            raise InputError(f"{where}: larger than {MAX_BASELINE_BYTES} bytes; not a scan report")
         doc = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise InputError(f"{where}: no such file (write it with --update-baseline)") from None

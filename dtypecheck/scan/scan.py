@@ -9,6 +9,7 @@ chunks of a sharded checkpoint's parts are interleaved, so every shard file is r
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import sys
 from collections import deque
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from dtypecheck.dtypes import DtypeSpec, lookup
 from dtypecheck.errors import UsageError
-from dtypecheck.loaders import Checkpoint, Finding, open_checkpoint
+from dtypecheck.loaders import Checkpoint, Finding, TensorRecord, open_checkpoint
 from dtypecheck.progress import ProgressCallback, no_progress
 from dtypecheck.scan.scan_kernel import Kernels, kernels
 from dtypecheck.scan.scan_policy import apply_policy
@@ -86,13 +87,27 @@ def _scan(
         listed = (
             list(pool.map(lambda part: list(part.records()), parts)) if len(parts) > 1 else [list(parts[0].records())]
         )
-        scanners_by_part = [[TensorScanner(r, targets, k) for r in records] for records in listed]
+        # Records that view the same data (tied weights, aliases) are scanned once and reported under each name.
+        first_of: dict[object, TensorRecord] = {}
+        copies: list[tuple[TensorRecord, TensorRecord]] = []
+        for records in listed:
+            for record in records:
+                key = _data_key(record)
+                if key is not None and first_of.setdefault(key, record) is not record:
+                    copies.append((record, first_of[key]))
+        shared = {id(copy) for copy, _ in copies}
+        scanners_by_part = [
+            [TensorScanner(r, targets, k) for r in records if id(r) not in shared] for records in listed
+        ]
         scanners = [s for part in scanners_by_part for s in part]
         pipeline = _Pipeline(pool, limit=2 * workers, progress=progress)
         pipeline.total = sum(s.record.nbytes for s in scanners if s.readable)
         pipeline.run(_interleave([_first_pass_jobs(part) for part in scanners_by_part]))
         _second_pass(pipeline, scanners)
-    tensors = tuple(s.result() for s in scanners)
+    results = {id(s.record): s.result() for s in scanners}
+    for copy, original in copies:
+        results[id(copy)] = dataclasses.replace(results[id(original)], name=copy.name, shape=tuple(copy.shape))
+    tensors = tuple(results[id(record)] for records in listed for record in records)
     findings = _dedupe(list(checkpoint.findings))
     return ScanReport(
         source=checkpoint.source,
@@ -107,12 +122,39 @@ def _scan(
 Job = tuple[Callable[[], Any], Callable[[Any], None], int, str]
 """(work on a pool thread, merge on the main thread, source bytes, tensor name)."""
 
+Reader = tuple[Callable[[], "torch.Tensor"], int]
+"""(produce one chunk, its source bytes): sources that can defer their reads let the pool threads do them."""
 
-def _chunks(scanner: TensorScanner) -> Iterator[torch.Tensor]:
+
+def _data_key(record: TensorRecord) -> object | None:
+    """What identifies a record's data: equal keys mean equal values (same source, same dtype)."""
+    from dtypecheck.loaders.mapped import MappedSource, StridedSource
+
+    source = record.source
+    # byte ranges of a mapped file compare by value (offsets, shapes, strides); other sources are never shared
+    return (record.dtype, source) if isinstance(source, MappedSource | StridedSource) else None
+
+
+def _readers(scanner: TensorScanner) -> Iterator[Reader]:
     source = scanner.record.source
     if source is None or not scanner.readable:
-        return iter(())
-    return source.iter_chunks(scanner.chunk_bytes())
+        return
+    deferred = getattr(source, "iter_readers", None)
+    if callable(deferred):
+        yield from deferred(scanner.chunk_bytes())
+        return
+    for chunk in source.iter_chunks(scanner.chunk_bytes()):
+        advise_willneed(chunk)
+        yield partial(_same, chunk), _nbytes(chunk)
+
+
+def _same(chunk: torch.Tensor) -> torch.Tensor:
+    return chunk
+
+
+def _on(work: Callable[..., Any], read: Callable[[], torch.Tensor], *args: Any) -> Any:
+    """``work(chunk, *args)`` with the chunk read here, on the pool thread."""
+    return work(read(), *args)
 
 
 def _nbytes(chunk: torch.Tensor) -> int:
@@ -121,9 +163,8 @@ def _nbytes(chunk: torch.Tensor) -> int:
 
 def _first_pass_jobs(scanners: list[TensorScanner]) -> Iterator[Job]:
     for scanner in scanners:
-        for chunk in _chunks(scanner):
-            advise_willneed(chunk)
-            yield partial(scanner.process, chunk), scanner.merge, _nbytes(chunk), scanner.record.name
+        for read, nbytes in _readers(scanner):
+            yield partial(_on, scanner.process, read), scanner.merge, nbytes, scanner.record.name
 
 
 _MADV_WILLNEED = 3
@@ -176,17 +217,17 @@ def _second_pass(pipeline: _Pipeline, scanners: list[TensorScanner]) -> None:
     with_inf = [s for s in again if s.needs_finite_absmax()]
     pipeline.total += sum(s.record.nbytes for s in with_inf + again)
     pipeline.run(
-        (partial(s.finite_max_pass, c), s.merge_finite_max, _nbytes(c), s.record.name)
+        (partial(_on, s.finite_max_pass, read), s.merge_finite_max, nbytes, s.record.name)
         for s in with_inf
-        for c in _chunks(s)
+        for read, nbytes in _readers(s)
     )
     pipeline.run(job for s in again for job in _scaled_jobs(s))
 
 
 def _scaled_jobs(scanner: TensorScanner) -> Iterator[Job]:
     absmax = scanner.scaling_absmax()
-    for chunk in _chunks(scanner):
-        yield partial(scanner.second_pass, chunk, absmax), scanner.merge_second, _nbytes(chunk), scanner.record.name
+    for read, nbytes in _readers(scanner):
+        yield partial(_on, scanner.second_pass, read, absmax), scanner.merge_second, nbytes, scanner.record.name
 
 
 class _Pipeline:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -21,7 +20,14 @@ from dtypecheck.findings import Level, level_of_counts, worst
 from dtypecheck.loaders.base import TensorRecord
 from dtypecheck.scan.scan_kernel import Kernels
 from dtypecheck.scan.scan_report import CastCounts, Float8CastCounts, Log2Histogram, TensorScan
-from dtypecheck.scan.scan_thresholds import FLOAT32, FLOAT64, KernelFormat, scaled_survive_pattern, target_patterns
+from dtypecheck.scan.scan_thresholds import (
+    FLOAT32,
+    FLOAT64,
+    KernelFormat,
+    normal_threshold,
+    scaled_survive_pattern,
+    target_patterns,
+)
 from dtypecheck.scan.scan_values import ChunkResult, float4_table, float_to_int_overflow, float_values, integer_chunk
 
 if TYPE_CHECKING:
@@ -101,7 +107,7 @@ class TensorScanner:
         self.own = spec.fmt
         self.kernel: KernelFormat = FLOAT64 if self.own.bits == 64 else FLOAT32
         kernel = self.kernel
-        self.own_normal_at = kernel.first_magnitude(Fraction(self.own.smallest_normal), inclusive=True)
+        self.own_normal_at = normal_threshold(self.own, kernel)
         self.patterns = {t.name: target_patterns(t.fmt, kernel) for t in self._float_targets()}
         wanted = {1, self.own_normal_at, kernel.inf_bits, kernel.inf_bits + 1}
         for p in self.patterns.values():

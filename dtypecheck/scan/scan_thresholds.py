@@ -21,6 +21,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import cache
 from typing import Any, Literal
 
 import numpy as np
@@ -154,7 +155,10 @@ class TargetPatterns:
     """First magnitude that overflows (the inf pattern when no finite value does)."""
 
 
+@cache
 def target_patterns(target: FloatFormat, kernel: KernelFormat) -> TargetPatterns:
+    """A target's bit-pattern thresholds in a kernel format (exact, with fractions; cached: a checkpoint of 100,000
+    tensors asks for the same few)."""
     edges = cast_edges(target)
     survive = kernel.first_magnitude(edges.flush_max, inclusive=False)
     return TargetPatterns(
@@ -162,6 +166,12 @@ def target_patterns(target: FloatFormat, kernel: KernelFormat) -> TargetPatterns
         normal=max(survive, kernel.first_magnitude(edges.normal_min, inclusive=True)),
         overflow=kernel.first_magnitude(edges.overflow_at, inclusive=edges.overflow_inclusive),
     )
+
+
+@cache
+def normal_threshold(own: FloatFormat, kernel: KernelFormat) -> int:
+    """The first kernel bit pattern at or above ``own``'s smallest normal (cached, as ``target_patterns``)."""
+    return kernel.first_magnitude(Fraction(own.smallest_normal), inclusive=True)
 
 
 def scaled_survive_pattern(target: DtypeSpec, kernel: KernelFormat, absmax: float) -> int:

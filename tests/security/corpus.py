@@ -1,0 +1,606 @@
+"""The hostile corpus, built from code (no binary blobs): every input that once crashed, hung, printed a traceback
+or passed the gate while running code under ``torch.load(weights_only=False)``.
+
+``build(folder)`` writes every input under ``folder`` and returns one ``Hostile`` per input: the command line to
+run, the exit codes the contract allows for it, and, for inputs that carry a code-execution payload, the canary
+file that payload creates when it runs (``torch_load`` says how to prove the payload live with real torch).
+The tests (``tests/security/test_*.py``) and ``benchmarks/hostile_corpus.py`` share it.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zipfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CLASSES = ("globals", "unread-pickles", "crashes", "tracebacks", "hangs", "other")
+
+
+@dataclass(frozen=True)
+class Hostile:
+    """One hostile input and what the contract says must happen to it."""
+
+    name: str
+    klass: str
+    """One of ``CLASSES``: the issue's class of problem."""
+    args: tuple[str, ...]
+    """The command line after ``dtypecheck``."""
+    expect: frozenset[int]
+    """Exit codes that follow the contract for this input."""
+    canary: Path | None = None
+    """The file the input's payload creates if any of it is executed (it must never exist after a scan)."""
+    torch_load: Path | None = None
+    """A file whose ``torch.load(weights_only=False)`` runs the payload: the proof that the canary is live."""
+    needs_subprocess: bool = False
+    """Only meaningful in its own process (signals, ``os._exit``, threads, truncation during the scan)."""
+    driver: str = ""
+    """For ``needs_subprocess`` inputs that need more than a command line: the name of a driver in ``DRIVERS``."""
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+# --- a small pickle assembler (protocol 4 opcodes) -------------------------------------------------------------
+
+
+def text(value: str) -> bytes:
+    raw = value.encode("utf-8", "surrogatepass")  # pickle itself writes lone surrogates this way
+    return b"\x8c" + bytes([len(raw)]) + raw if len(raw) < 256 else b"X" + struct.pack("<I", len(raw)) + raw
+
+
+def glob(module: str, name: str) -> bytes:
+    """STACK_GLOBAL: protocol 4 resolves a dotted ``name`` attribute by attribute."""
+    return text(module) + text(name) + b"\x93"
+
+
+def call(function: bytes, *args: bytes) -> bytes:
+    return function + b"(" + b"".join(args) + b"tR"
+
+
+def program(body: bytes) -> bytes:
+    """A whole pickle: ``{"payload": body, "weight": <nothing>}`` is not needed; the payload is the root."""
+    return b"\x80\x04" + body + b"."
+
+
+def torch_zip(
+    path: Path, pickle_bytes: bytes, storages: dict[str, bytes] | None = None, prefix: str = "archive"
+) -> Path:
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as archive:
+        archive.writestr(f"{prefix}/data.pkl", pickle_bytes)
+        archive.writestr(f"{prefix}/byteorder", b"little")
+        for key, data in (storages or {}).items():
+            archive.writestr(f"{prefix}/data/{key}", data)
+        archive.writestr(f"{prefix}/version", b"3\n")
+    return path
+
+
+def code_payload(marker: Path) -> str:
+    return f"open({str(marker)!r}, 'w').close()"
+
+
+def gadgets(marker: Path) -> dict[str, tuple[str, bytes]]:
+    """name -> (the global that must fail, a pickle whose unpickling creates ``marker``)."""
+    code, command = code_payload(marker), f"touch {marker}"
+    resolve = glob("pkgutil", "resolve_name")
+    return {
+        "exec": ("builtins.exec", call(glob("builtins", "exec"), text(code))),
+        "dotted-builtins": (
+            "torch.nn.modules.module.__builtins__.get",
+            call(call(glob("torch.nn.modules.module", "__builtins__.get"), text("exec")), text(code)),
+        ),
+        "numpy-dotted-builtins": (
+            "numpy.random._pickle.__builtins__.get",
+            call(call(glob("numpy.random._pickle", "__builtins__.get"), text("exec")), text(code)),
+        ),
+        "dotted-os-system": (
+            "torch.nn.modules.module.torch.serialization.os.system",
+            call(glob("torch.nn.modules.module", "torch.serialization.os.system"), text(command)),
+        ),
+        "pkgutil-resolve-name": ("pkgutil.resolve_name", call(call(resolve, text("os:system")), text(command))),
+        "operator-methodcaller": (
+            "_operator.methodcaller",
+            call(call(glob("_operator", "methodcaller"), text("system"), text(command)), call(resolve, text("os"))),
+        ),
+        "functools-partial": (
+            "_functools.partial",
+            call(call(glob("_functools", "partial"), call(resolve, text("builtins:exec")), text(code))),
+        ),
+        "cprofile-run": ("cProfile.run", call(glob("cProfile", "run"), text(code))),
+        "io-open": ("io.open", call(glob("io", "open"), text(str(marker)), text("w"))),
+        "fx-forward-from-src": (
+            "torch.fx.graph_module._forward_from_src",
+            call(glob("torch.fx.graph_module", "_forward_from_src"), text(code + "\ndef forward(self): pass\n"), b"}"),
+        ),
+        "user-function": ("__main__.evil", call(glob("__main__", "evil"), text(code))),
+    }
+
+
+def globals_inputs(folder: Path) -> list[Hostile]:
+    out = []
+    for name in gadgets(folder / "canary"):
+        marker = folder / f"canary-{name}"
+        path = torch_zip(folder / f"global-{name}.pt", program(gadgets(marker)[name][1]))
+        out.append(Hostile(f"global-{name}", "globals", ("scan-model", str(path)), frozenset({1}), marker, path))
+    return out
+
+
+class _Payload:
+    """Pickles as ``exec(code)``: what a hostile object inside a real checkpoint turns into under torch.save."""
+
+    def __init__(self, marker: Path) -> None:
+        self.code = code_payload(marker)
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return exec, (self.code,)
+
+
+def _pickles(data: bytes) -> list[tuple[int, int]]:
+    """(start, end) of each pickle in a stream of pickles written back to back."""
+    import io
+    import pickletools
+
+    stream, spans = io.BytesIO(data), []
+    while stream.tell() < len(data):
+        start = stream.tell()
+        try:
+            for opcode, _arg, position in pickletools.genops(stream):
+                if opcode.name == "STOP":
+                    spans.append((start, (position or 0) + 1))
+                    break
+        except ValueError:
+            break
+        stream.seek(spans[-1][1])
+    return spans
+
+
+def legacy_with(path: Path, replace_index: int, replacement: Callable[[object], bytes]) -> Path:
+    """A legacy torch file whose ``replace_index``-th pickle (2: sys_info, 4: storage keys) is replaced by
+    ``replacement(original value)``."""
+    import pickle
+
+    import torch
+
+    torch.save({"w": torch.ones(2)}, path, _use_new_zipfile_serialization=False)
+    data = path.read_bytes()
+    start, end = _pickles(data)[replace_index]
+    original = pickle.loads(data[start:end])  # our own file, just written
+    path.write_bytes(data[:start] + replacement(original) + data[end:])
+    return path
+
+
+def polyglot(path: Path, marker: Path) -> Path:
+    """A valid safetensors file (the reference reader opens it) whose first 8 bytes and JSON header also form a
+    pickle that runs ``touch marker`` under ``torch.load``: PROTO 4, then BINBYTES swallows the rest of the length
+    field and ``{"``; the first tensor's name holds the program in characters JSON allows (the header is ~55 MB,
+    what the length field's opcode bytes spell)."""
+    command = f"touch {marker}"
+    command += " " * max(0, 32 - len(command))  # SHORT_BINSTRING lengths must be printable characters
+    if len(command) in {34, 92}:  # '"' and '\\' would need escaping in JSON
+        command += " "
+    if len(command) >= 128:
+        raise ValueError(f"path too long for the polyglot: {marker}")
+
+    def short(value: str) -> str:
+        return "U" + chr(len(value)) + value
+
+    name = (
+        short("torch.distributed.checkpoint.metadata")
+        + short("torch.serialization.os.path.os.system")
+        + "q\u0093"  # BINPUT 0xC2, then STACK_GLOBAL: U+0093 in UTF-8
+        + short(command)
+        + "q\u0085R.polyglot"  # BINPUT, TUPLE1, REDUCE, STOP
+    )
+    length_field = b"\x80\x04B\x03\x00\x00\x00\x00"
+    (header_length,) = struct.unpack("<Q", length_field)
+    header = json.dumps({name: {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, ensure_ascii=False).encode()
+    path.write_bytes(length_field + header.ljust(header_length) + struct.pack("<f", 1.0))
+    return path
+
+
+def unread_pickle_inputs(folder: Path) -> list[Hostile]:
+    import pickle
+
+    import torch
+    from safetensors.torch import save_file
+
+    out: list[Hostile] = []
+
+    def add(name: str, target: Path, loads: Path) -> None:
+        marker = folder / f"canary-{name}"
+        out.append(Hostile(name, "unread-pickles", ("scan-model", str(target)), frozenset({1}), marker, loads))
+
+    def payload(name: str) -> bytes:
+        return gadgets(folder / f"canary-{name}")["exec"][1]
+
+    def sys_info(_original: object) -> bytes:
+        return b"\x80\x02}(" + text("little_endian") + b"\x88" + text("x") + payload("legacy-sys-info") + b"u."
+
+    def keys(original: object) -> bytes:  # the same key list, after a payload whose result is popped
+        assert isinstance(original, list)
+        return b"\x80\x02](" + b"".join(text(k) for k in original) + b"e" + payload("legacy-storage-keys") + b"0."
+
+    add("legacy-sys-info", legacy_with(folder / "sys_info.pt", 2, sys_info), folder / "sys_info.pt")
+    add("legacy-storage-keys", legacy_with(folder / "keys.pt", 4, keys), folder / "keys.pt")
+
+    import warnings
+
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        state = {"w": torch.ones(2), "extra": _Payload(folder / "canary-dcp-bytes-item")}
+        dcp_save(state, checkpoint_id=folder / "dcp")
+    add("dcp-bytes-item", folder / "dcp", folder / "dcp")
+
+    for which in (0, 1):
+        name = f"zip-duplicate-data-pkl-{which}"
+        copies = [program(b"}"), program(b"}" + b"(" + text("x") + payload(name) + b"u")]
+        path = folder / f"{name}.pt"
+        with zipfile.ZipFile(path, "w") as archive, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Duplicate name": the point of this file
+            archive.writestr("archive/data.pkl", copies[which])
+            archive.writestr("archive/byteorder", b"little")
+            archive.writestr("archive/data.pkl", copies[1 - which])
+            archive.writestr("archive/version", b"3\n")
+        add(name, path, path)
+
+    twin = folder / "twin"
+    twin.mkdir()
+    save_file({"w": torch.ones(2)}, twin / "model.safetensors")
+    torch.save({"w": torch.ones(2), "hook": _Payload(folder / "canary-folder-bin-twin")}, twin / "pytorch_model.bin")
+    add("folder-bin-twin", twin, twin / "pytorch_model.bin")
+
+    sharded = folder / "sharded"
+    sharded.mkdir()
+    save_file({"w": torch.ones(2)}, sharded / "model-00001-of-00001.safetensors")
+    index = {"metadata": {"total_size": 8}, "weight_map": {"w": "model-00001-of-00001.safetensors"}}
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
+    torch.save(_Payload(folder / "canary-folder-training-args"), sharded / "training_args.bin")
+    add("folder-training-args", sharded, sharded / "training_args.bin")
+
+    raw = folder / "raw"
+    raw.mkdir()
+    save_file({"w": torch.ones(2)}, raw / "model.safetensors")
+    (raw / "optimizer.pt").write_bytes(pickle.dumps(_Payload(folder / "canary-folder-raw-pickle"), protocol=4))
+    add("folder-raw-pickle", raw, raw / "optimizer.pt")
+
+    target = polyglot(folder / "polyglot.bin", folder / "canary-safetensors-polyglot")
+    add("safetensors-polyglot", target, target)
+    return out
+
+
+def integer(value: int) -> bytes:
+    """LONG1/LONG4: any Python int, however large."""
+    raw = value.to_bytes((value.bit_length() + 8) // 8 or 1, "little", signed=True)
+    return b"\x8a" + bytes([len(raw)]) + raw if len(raw) < 256 else b"\x8b" + struct.pack("<I", len(raw)) + raw
+
+
+def ints(values: tuple[int, ...] | list[int]) -> bytes:
+    return b"(" + b"".join(integer(v) for v in values) + b"t"
+
+
+def rebuild(shape: tuple[int, ...], stride: tuple[int, ...], offset: int, numel: int, key: str = "0") -> bytes:
+    """``torch._utils._rebuild_tensor_v2`` of a view of the float32 storage ``key``."""
+    storage = b"(" + text("storage") + glob("torch", "FloatStorage") + text(key) + text("cpu") + integer(numel)
+    storage += b"tQ"  # TUPLE, BINPERSID
+    return call(
+        glob("torch._utils", "_rebuild_tensor_v2"),
+        storage,
+        integer(offset),
+        ints(shape),
+        ints(stride),
+        b"\x89",
+        call(glob("collections", "OrderedDict")),
+    )
+
+
+View = tuple[tuple[int, ...], tuple[int, ...], int]
+"""(shape, stride, storage offset) of a tensor view."""
+
+
+def tensor_pickle(tensors: Mapping[str, View], numel: int, key: str = "0") -> bytes:
+    """``{name: tensor}`` where every tensor is ``(shape, stride, offset)`` over one float32 storage ``key``."""
+    items = b"".join(text(name) + rebuild(*view, numel, key) for name, view in tensors.items())
+    return program(b"}(" + items + b"u")
+
+
+def safetensors_raw(path: Path, header: object, data: bytes = b"", length: int | None = None) -> Path:
+    raw = json.dumps(header).encode() if not isinstance(header, bytes) else header
+    path.write_bytes(struct.pack("<Q", len(raw) if length is None else length) + raw + data)
+    return path
+
+
+def _ok_or_error(exits: set[int] | None = None) -> frozenset[int]:
+    return frozenset(exits or {0, 1, 3})
+
+
+def traceback_inputs(folder: Path) -> list[Hostile]:
+    out: list[Hostile] = []
+
+    def add(name: str, path: Path, expect: set[int], *extra: str) -> None:
+        out.append(Hostile(name, "tracebacks", ("scan-model", str(path), *extra), frozenset(expect)))
+
+    four = struct.pack("<f", 1.0) * 4
+    huge = 10**5000  # more digits than Python will print
+    cases: dict[str, tuple[dict[str, View], int]] = {
+        "huge-shape-empty": ({"x": ((2**62, 2**62, 0), (1, 1, 1), 0)}, 4),
+        "huge-stride": ({"x": ((2, 2), (2**62, 2**62), 0)}, 4),
+        "int64-overflow-stride": ({"x": ((3,), (2**63 + 5,), 0)}, 4),
+        "shape-4300-digits": ({"x": ((huge,), (1,), 0)}, 4),
+        "offset-4300-digits": ({"x": ((1,), (1,), huge)}, 4),
+        "dims-1500": ({"x": ((1,) * 1500, (1,) * 1500, 0)}, 4),
+        "dims-1500-empty": ({"x": ((1,) * 1499 + (0,), (1,) * 1500, 0)}, 4),
+    }
+    for name, (tensors, numel) in cases.items():
+        add(name, torch_zip(folder / f"{name}.pt", tensor_pickle(tensors, numel), {"0": four}), {0, 1, 3})
+    add(
+        "safetensors-list-dtype",
+        safetensors_raw(
+            folder / "list-dtype.safetensors", {"x": {"dtype": ["F32"], "shape": [1], "data_offsets": [0, 4]}}, four[:4]
+        ),
+        {3},
+    )
+    add(
+        "safetensors-huge-shape",
+        safetensors_raw(
+            folder / "huge-shape.safetensors", {"x": {"dtype": "F32", "shape": [2**64, 0], "data_offsets": [0, 0]}}
+        ),
+        {0, 1, 3},
+    )
+    add(
+        "safetensors-4300-digit-shape",
+        safetensors_raw(
+            folder / "digits.safetensors",
+            b'{"x": {"dtype": "F32", "shape": [' + b"9" * 5000 + b'], "data_offsets": [0, 4]}}',
+            four[:4],
+        ),
+        {3},
+    )
+    surrogate = "bad\udc80name"
+    add(
+        "surrogate-name-output",
+        torch_zip(folder / "surrogate.pt", tensor_pickle({surrogate: ((1,), (1,), 0)}, 1), {"0": four}),
+        {0, 1, 3},
+        "--format",
+        "json",
+        "--output",
+        str(folder / "surrogate.json"),
+    )
+    add(
+        "surrogate-key-table",
+        torch_zip(folder / "surrogate-key.pt", tensor_pickle({surrogate: ((1,), (1,), 0)}, 1), {"0": four}),
+        {0, 1, 3},
+        "--output",
+        str(folder / "surrogate.txt"),
+    )
+    gguf = folder / "unsupported-quant.gguf"
+    gguf_file(gguf, ggml_type=9)  # Q8_1: the gguf package knows it but cannot dequantize it
+    add("gguf-unsupported-quant", gguf, {0, 1, 3})
+    gguf_file(folder / "unknown-quant.gguf", ggml_type=250)
+    add("gguf-unknown-quant", folder / "unknown-quant.gguf", {3})
+    deep = folder / "deep-config"
+    deep.mkdir()
+    (deep / "pyproject.toml").write_text("[tool.dtypecheck]\nx = " + "[" * 5000 + "]" * 5000 + "\n")
+    out.append(
+        Hostile(
+            "deep-pyproject-toml",
+            "tracebacks",
+            ("scan-model", str(gguf), "--config", str(deep / "pyproject.toml")),
+            frozenset({2}),
+        )
+    )
+    return out
+
+
+def gguf_file(path: Path, ggml_type: int, rows: int = 1, values: int = 256) -> Path:
+    """A GGUF v3 file with one tensor of ``ggml_type``: ``rows`` rows of ``values`` values, all zero bytes."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+    except ValueError:
+        block, size = 256, 256
+    name = b"t"
+    header = b"GGUF" + struct.pack("<IQQ", 3, 1, 0)
+    header += struct.pack("<Q", len(name)) + name + struct.pack("<I", 2) + struct.pack("<QQ", values, rows)
+    header += struct.pack("<IQ", ggml_type, 0)
+    header += b"\x00" * (-len(header) % 32)
+    path.write_bytes(header + b"\x00" * max(rows * values // block * size, 4096))
+    return path
+
+
+def big_checkpoint(folder: Path, layout: str, megabytes: int) -> Path:
+    """A checkpoint holding one float32 tensor of ``megabytes`` (all ones) in ``layout``."""
+    import torch
+
+    count = megabytes << 18
+    if layout == "safetensors":
+        from safetensors.torch import save_file
+
+        save_file({"w": torch.ones(count)}, folder / "big.safetensors")
+        return folder / "big.safetensors"
+    if layout == "torch-zip":
+        torch.save({"w": torch.ones(count)}, folder / "big.pt")
+        return folder / "big.pt"
+    if layout == "torch-zip-strided":  # a transposed view: gathered through strides
+        torch.save({"w": torch.ones(count // 1024, 1024).t()}, folder / "big-strided.pt")
+        return folder / "big-strided.pt"
+    path = folder / "big.gguf"
+    name = b"w"
+    header = b"GGUF" + struct.pack("<IQQ", 3, 1, 0) + struct.pack("<Q", len(name)) + name
+    header += struct.pack("<I", 1) + struct.pack("<Q", count) + struct.pack("<IQ", 0, 0)
+    header += b"\x00" * (-len(header) % 32)
+    path.write_bytes(header + struct.pack("<f", 1.0) * count)
+    return path
+
+
+def crash_inputs(folder: Path) -> list[Hostile]:
+    path = big_checkpoint(folder, "safetensors", megabytes=512)
+    return [
+        Hostile(
+            "truncated-during-scan",
+            "crashes",
+            ("scan-model", str(path), "--workers", "1"),
+            frozenset({0, 1, 3}),  # 0/1 only if the scan won the race
+            needs_subprocess=True,
+            driver="truncate",
+        )
+    ]
+
+
+def hang_inputs(folder: Path) -> list[Hostile]:
+    out: list[Hostile] = []
+
+    def add(name: str, args: tuple[str, ...], expect: set[int], **extra: object) -> None:
+        out.append(Hostile(name, "hangs", args, frozenset(expect), **extra))  # type: ignore[arg-type]
+
+    four = struct.pack("<f", 1.0) * 4
+    # one tensor, memoized, then a million keys naming it through the memo (LONG_BINGET): ~13 MB of pickle
+    memo = b"r\x01\x00\x00\x00", b"j\x01\x00\x00\x00"  # LONG_BINPUT 1, LONG_BINGET 1
+    keys = b"".join(text(f"k{i}") + memo[1] for i in range(1_000_000))
+    million = program(b"}(" + text("t0") + rebuild((4,), (1,), 0, 4) + memo[0] + keys + b"u")
+    add("million-aliases", ("scan-model", str(torch_zip(folder / "aliases.pt", million, {"0": four}))), {0, 1})
+    # the same view rebuilt 100,000 times (no memo): equal views are scanned once all the same
+    views = {f"v{i}": ((4,), (1,), 0) for i in range(100_000)}
+    rebuilt = torch_zip(folder / "rebuilt.pt", tensor_pickle(views, 4), {"0": four})
+    add("rebuilt-views", ("scan-model", str(rebuilt)), {0, 1})
+    # 5,000 distinct stride-0 views of one float, each under the per-tensor limit, together far over the file
+    zero = {f"z{i}": (((1 << 22) + i,), (0,), 0) for i in range(5_000)}
+    add(
+        "stride0-views", ("scan-model", str(torch_zip(folder / "stride0.pt", tensor_pickle(zero, 4), {"0": four}))), {3}
+    )
+    # 1.4 million empty tensors in a safetensors header (~80 MB of JSON)
+    empty = {f"e{i}": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]} for i in range(1_400_000)}
+    add("empty-tensors-1.4M", ("scan-model", str(safetensors_raw(folder / "empty.safetensors", empty))), {3})
+    # one GGUF row of 2**26 Q8_0 values (64 Mi values, dequantized to 256 MiB of float32 if done at once)
+    row = gguf_file(folder / "huge-row.gguf", ggml_type=8, rows=1, values=1 << 26)
+    add("gguf-huge-row", ("scan-model", str(row)), {0, 1})
+    add("baseline-dev-zero", ("scan-model", str(row), "--baseline", "/dev/zero"), {3})
+    factory = folder / "threads.py"
+    factory.write_text(
+        "import threading, time, torch\n"
+        "def make():\n"
+        "    threading.Thread(target=time.sleep, args=(3600,)).start()  # not a daemon: blocks a normal exit\n"
+        "    return torch.nn.Linear(2, 2)\n"
+    )
+    add("factory-leaves-thread", ("scan-model", f"{factory}:make"), {0, 1}, needs_subprocess=True)
+    return out
+
+
+def other_inputs(folder: Path) -> list[Hostile]:
+    import torch
+    from safetensors.torch import save_file
+
+    out: list[Hostile] = []
+
+    def add(name: str, args: tuple[str, ...], expect: set[int], **extra: object) -> None:
+        out.append(Hostile(name, "other", args, frozenset(expect), **extra))  # type: ignore[arg-type]
+
+    good = folder / "good.safetensors"
+    save_file({"w": torch.tensor([1.0, float("nan")])}, good)
+    link = folder / "out-link.json"
+    link.symlink_to("/dev/null")
+    add("output-symlink-to-device", ("scan-model", str(good), "-f", "json", "-o", str(link)), {1})
+    add("output-dev-stdout", ("scan-model", str(good), "-f", "json", "-o", "/dev/stdout"), {1})
+    forged = folder / "a\nerror: all checks passed.pt"
+    forged.write_bytes(b"not a checkpoint")
+    add("newline-in-file-name", ("scan-model", str(forged)), {3})
+    add("empty-target", ("scan-model", str(good), "--target", ""), {2})
+    add("empty-target-commas", ("scan-model", str(good), "--target", ",,"), {2})
+    exits = folder / "exits.py"
+    exits.write_text("import os\ndef make():\n    os._exit(7)\n")
+    add("os-exit-in-factory", ("scan-model", f"{exits}:make"), {3}, needs_subprocess=True)
+    escape = "\x1b]0;owned\x07\x1b[2J\x1b[31mred"
+    save_file({escape: torch.tensor([float("inf")])}, folder / "escape.safetensors")
+    add("escape-in-tensor-name-table", ("scan-model", str(folder / "escape.safetensors")), {1})
+    bad_name = {escape: {"dtype": "F32", "shape": [3], "data_offsets": [0, 4]}}
+    add(
+        "escape-in-error-message",
+        ("scan-model", str(safetensors_raw(folder / "escape-error.safetensors", bad_name, b"\0" * 4))),
+        {3},
+    )
+    slow = folder / "slow.py"
+    started = folder / "slow-started"
+    slow.write_text(
+        f"import time, pathlib, torch\ndef make():\n    pathlib.Path({str(started)!r}).touch()\n    time.sleep(60)\n"
+    )
+    add(
+        "ctrl-c",
+        ("scan-model", f"{slow}:make"),
+        {130},
+        needs_subprocess=True,
+        driver="interrupt",
+        extra={"started": str(started)},
+    )
+    ones = struct.pack("<f", 1.0) * 2
+    add(
+        "safetensors-metadata-not-string",
+        (
+            "scan-model",
+            str(
+                safetensors_raw(
+                    folder / "meta.safetensors",
+                    {"__metadata__": {"n": 1}, "w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}},
+                    ones,
+                )
+            ),
+        ),
+        {3},
+    )
+    add(
+        "safetensors-gap",
+        (
+            "scan-model",
+            str(
+                safetensors_raw(
+                    folder / "gap.safetensors",
+                    {
+                        "a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                        "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]},
+                    },
+                    ones + ones[:4],
+                )
+            ),
+        ),
+        {3},
+    )
+    big = folder / "big-header.safetensors"
+    with big.open("wb") as handle:  # a sparse file: 100,000,001 bytes of header, but nothing written
+        handle.write(struct.pack("<Q", 100_000_001) + b"{")
+        handle.truncate(8 + 100_000_001 + 16)
+    add("safetensors-header-over-limit", ("scan-model", str(big)), {3})
+    two = folder / "two-folders.pt"
+    with zipfile.ZipFile(two, "w") as archive:
+        archive.writestr("archive/data.pkl", program(b"}"))
+        archive.writestr("other/data.pkl", program(b"}"))
+        archive.writestr("archive/version", b"3\n")
+    add("zip-two-top-level-folders", ("scan-model", str(two)), {3})
+    return out
+
+
+BUILDERS: dict[str, Callable[[Path], list[Hostile]]] = {
+    "crashes": crash_inputs,
+    "hangs": hang_inputs,
+    "other": other_inputs,
+    "globals": globals_inputs,
+    "unread-pickles": unread_pickle_inputs,
+    "tracebacks": traceback_inputs,
+}
+
+
+def build(folder: Path, classes: tuple[str, ...] = CLASSES) -> list[Hostile]:
+    """Write every input of ``classes`` under ``folder`` (one subfolder per class)."""
+    made: list[Hostile] = []
+    for klass in classes:
+        builder = BUILDERS.get(klass)
+        if builder is None:
+            continue
+        where = folder / klass
+        where.mkdir(parents=True, exist_ok=True)
+        made.extend(builder(where))
+    return made
+
+
+def json_bytes(value: object) -> bytes:
+    return json.dumps(value).encode()

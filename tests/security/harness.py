@@ -1,0 +1,137 @@
+"""Running the CLI on hostile inputs the way a user (or CI) does, and proving a canary payload live."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tests.security.corpus import Hostile
+
+REPO = Path(__file__).resolve().parents[2]
+
+PROVE_LIVE = textwrap.dedent(
+    """
+    import sys, warnings
+    warnings.simplefilter("ignore")
+    import torch
+    import os
+    for path in sys.argv[1:]:
+        try:
+            if os.path.isdir(path):  # a torch.distributed.checkpoint folder: dcp.load every item
+                import torch.distributed.checkpoint as dcp
+                meta = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+                wanted = {k: torch.zeros(v.size) if hasattr(v, "size") else None for k, v in meta.items()}
+                dcp.load(wanted, checkpoint_id=path)
+            else:
+                torch.load(path, weights_only=False)
+        except BaseException:
+            pass
+    """
+)
+
+
+def environment() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("DTYPECHECK_TRACEBACK", None)
+    return env
+
+
+def run_cli(
+    args: tuple[str, ...] | list[str], timeout: float = 120, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python -m dtypecheck ARGS`` in a fresh process (raises ``subprocess.TimeoutExpired`` on a hang)."""
+    return subprocess.run(
+        [sys.executable, "-m", "dtypecheck", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=environment(),
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def torch_load_all(paths: list[Path], timeout: float = 300) -> None:
+    """``torch.load(path, weights_only=False)`` of each path in one throwaway process (errors ignored)."""
+    subprocess.run(
+        [sys.executable, "-c", PROVE_LIVE, *map(str, paths)],
+        check=False,
+        capture_output=True,
+        timeout=timeout,
+        env=environment(),
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def one_error_line(stderr: str) -> bool:
+    """The contract's failure output: exactly one line, starting ``error: ``, and no traceback."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    return len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in stderr
+
+
+def handled(returncode: int, stderr: str, expect: frozenset[int]) -> bool:
+    """The contract for a hostile input: an allowed exit code, no traceback, and for errors exactly one line."""
+    if returncode not in expect or "Traceback" in stderr:
+        return False
+    return returncode in (0, 1) or one_error_line(stderr)
+
+
+def run_hostile(hostile: Hostile, timeout: float) -> tuple[int, str, float]:
+    """Run one corpus input in its own process, through its driver: (exit code, stderr, seconds).
+    ``subprocess.TimeoutExpired`` means a hang."""
+    start = time.monotonic()
+    if hostile.driver == "interrupt":
+        Path(hostile.extra["started"]).unlink(missing_ok=True)  # a marker from an earlier run would fire too soon
+    if not hostile.driver:
+        done = run_cli(hostile.args, timeout=timeout)
+        return done.returncode, done.stderr, time.monotonic() - start
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dtypecheck", *hostile.args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env=environment(),
+    )
+    try:
+        if hostile.driver == "truncate":  # once the scan maps the file, cut it short under it
+            target = Path(hostile.args[1])
+            _wait_for(lambda: str(target) in _maps_of(process.pid), process, timeout)
+            os.truncate(target, 4096)
+        elif hostile.driver == "interrupt":  # once the user's factory runs, press Ctrl-C
+            started = Path(hostile.extra["started"])
+            _wait_for(started.exists, process, timeout)
+            process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=timeout)
+    except BaseException:
+        process.kill()
+        process.communicate()
+        raise
+    return process.returncode, stderr, time.monotonic() - start
+
+
+def _maps_of(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return ""
+
+
+def _wait_for(condition: Callable[[], bool], process: subprocess.Popen[str], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if process.poll() is not None:
+            return
+        if time.monotonic() > deadline:
+            raise subprocess.TimeoutExpired(process.args, timeout)
+        time.sleep(0.005)

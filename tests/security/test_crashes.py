@@ -1,0 +1,62 @@
+"""Class "crashes": a checkpoint truncated while it is being scanned ends in one error line, not SIGBUS.
+
+Each case runs in its own process: if the data were still read through the memory map, touching a page past the
+new end of the file would kill that process with SIGBUS (and would kill pytest itself if run here).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.security import corpus
+from tests.security.harness import environment, handled, run_hostile
+
+TRUNCATE_AFTER_FIRST_CHUNK = textwrap.dedent(
+    """
+    import os, sys
+    from dtypecheck.errors import InputError
+    from dtypecheck.loaders import mapped, open_checkpoint
+    path = sys.argv[1]
+    mapped.STRIDED_COPY_LIMIT = int(sys.argv[2])  # 0: gather a strided view from the map, checking the size first
+    checkpoint = open_checkpoint(path)
+    record = max(checkpoint.records(), key=lambda r: r.nbytes)
+    chunks = record.source.iter_chunks(1 << 20)
+    first = next(chunks)
+    os.truncate(path, 4096)
+    try:
+        for chunk in chunks:
+            float(chunk.float().sum())
+    except InputError as exc:
+        print("input-error", exc)
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("layout", "copy_limit"),
+    [("safetensors", 1 << 26), ("torch-zip", 1 << 26), ("torch-zip-strided", 0), ("gguf", 1 << 26)],
+)
+def test_truncation_during_the_scan_is_an_input_error(tmp_path: Path, layout: str, copy_limit: int) -> None:
+    path = corpus.big_checkpoint(tmp_path, layout, megabytes=24)
+    done = subprocess.run(
+        [sys.executable, "-c", TRUNCATE_AFTER_FIRST_CHUNK, str(path), str(copy_limit)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=environment(),
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr  # -7 would be SIGBUS
+    assert done.stdout.startswith("input-error"), done.stdout
+    assert "shrank to 4096 bytes" in done.stdout
+
+
+def test_the_cli_survives_truncation_mid_scan(tmp_path: Path) -> None:
+    (hostile,) = [h for h in corpus.build(tmp_path, ("crashes",)) if h.name == "truncated-during-scan"]
+    returncode, stderr, _seconds = run_hostile(hostile, timeout=120)
+    assert handled(returncode, stderr, hostile.expect), stderr

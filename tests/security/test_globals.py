@@ -1,0 +1,69 @@
+"""Class "globals": every gadget that runs code under torch.load(weights_only=False) fails the gate."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from dtypecheck.loaders.pickle_globals import ALLOWED, classify, judge
+from dtypecheck.loaders.pickle_vm import GlobalRef
+from tests.conftest import CliResult
+from tests.security import corpus
+from tests.security.harness import torch_load_all
+
+
+def test_every_gadget_fails_the_gate_and_its_canary_is_live(tmp_path: Path, cli: Callable[..., CliResult]) -> None:
+    inputs = corpus.build(tmp_path, ("globals",))
+    expected = {f"global-{name}": gadget for name, (gadget, _) in corpus.gadgets(tmp_path).items()}
+    assert len(inputs) == len(expected) == 11
+    for hostile in inputs:
+        result = cli(*hostile.args, "--format", "json")
+        assert result.exit_code == 1, (hostile.name, result.stderr)
+        levels = {f["detail"]: f["level"] for f in result.json()["findings"] if f["kind"] == "pickle-global"}
+        assert levels[expected[hostile.name]] == "fail", hostile.name
+        assert hostile.canary is not None
+        assert not hostile.canary.exists()
+    # The same files really run their payload under torch.load(weights_only=False), except the user function
+    # (``__main__.evil`` does not exist in a throwaway process: it is there to show the rule for unknown functions).
+    torch_load_all([h.torch_load for h in inputs if h.torch_load is not None])
+    live = {h.name for h in inputs if h.canary is not None and h.canary.exists()}
+    assert live == set(expected) - {"global-user-function"}
+
+
+@pytest.mark.parametrize(
+    ("module", "name", "level"),
+    [
+        ("torch._utils", "_rebuild_tensor_v2", "ok"),
+        ("collections", "OrderedDict", "ok"),
+        ("torch", "BFloat16Storage", "ok"),
+        ("torch.cuda", "FloatStorage", "ok"),
+        ("numpy._core.multiarray", "_reconstruct", "ok"),
+        ("numpy.dtypes", "Float32DType", "ok"),  # checked against numpy's real class
+        ("torch.nn.modules.linear", "Linear", "ok"),  # a whole pickled model: nn.Module subclasses
+        ("torch.optim.adamw", "AdamW", "ok"),
+        ("argparse", "Namespace", "ok"),  # Lightning hparams
+        ("pytorch_lightning.utilities.parsing", "AttributeDict", "warn"),  # a class of an unvetted package
+        ("transformers.training_args", "TrainingArguments", "warn"),
+        ("transformers.utils.hub", "cached_file", "fail"),  # a function of an unvetted package
+        ("torch._utils", "_rebuild_tensor_v2.__globals__", "fail"),  # attribute walk from an allowed name
+        ("torch", "_utils._rebuild_tensor_v2", "fail"),  # the same object, reached by a walk: judged as a walk
+        ("torch.nn.modules.linear", "F", "fail"),  # a module alias inside an allowed module is not a class
+        ("torch.nn.modules.module", "__builtins__", "fail"),
+        ("os.path", "join", "fail"),
+        ("numpy", "load", "fail"),
+        ("torch", "load", "fail"),
+        ("copyreg.extension", "7", "fail"),
+        ("os\nsystem", "x", "fail"),
+    ],
+)
+def test_allowlist_levels(module: str, name: str, level: str) -> None:
+    assert classify(GlobalRef(module, name)) == level, judge(GlobalRef(module, name))
+
+
+def test_allowlist_holds_what_torchs_own_weights_only_unpickler_allows() -> None:
+    import torch._weights_only_unpickler as weights_only
+
+    torch_allows = set(weights_only._get_allowed_globals())
+    assert torch_allows <= ALLOWED, sorted(torch_allows - ALLOWED)
