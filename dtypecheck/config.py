@@ -139,6 +139,19 @@ def _dtype_list(where: str, value: Any) -> Any:
     return [_dtype(f"{where}[{i}]", v) for i, v in enumerate(value)]
 
 
+def _target_list(where: str, value: Any) -> Any:
+    """``_dtype_list`` of dtypes a scan can cast to (the same rule as ``--target``)."""
+    from dtypecheck.dtypes import lookup
+    from dtypecheck.scan.targets import target_problem
+
+    names = _dtype_list(where, value)
+    for i, name in enumerate(names):
+        problem = target_problem(lookup(name))
+        if problem is not None:
+            raise _fail(f"{where}[{i}]", problem)
+    return names
+
+
 def _per_target_fraction(where: str, value: Any) -> Any:
     if not isinstance(value, dict):
         raise _fail(where, f"expected a table of target = fraction, got {value!r}")
@@ -183,7 +196,7 @@ SECTION_KEYS: dict[str, dict[str, Validator]] = {
     "info": {**COMMON_KEYS},
     "scan-model": {
         **COMMON_KEYS,
-        "targets": _dtype_list,
+        "targets": _target_list,
         "all": _boolean,
         "ignore": _ignore_rules,
         "max-underflow-fraction": _per_target_fraction,

@@ -19,13 +19,13 @@ from itertools import zip_longest
 from typing import TYPE_CHECKING, Any
 
 from dtypecheck.dtypes import DtypeSpec, lookup
-from dtypecheck.errors import UsageError
 from dtypecheck.loaders import Checkpoint, Finding, open_checkpoint
 from dtypecheck.progress import ProgressCallback, no_progress
 from dtypecheck.scan.scan_kernel import Kernels, kernels
 from dtypecheck.scan.scan_policy import apply_policy
 from dtypecheck.scan.scan_report import ScanReport, summarise
 from dtypecheck.scan.scan_tensor import TensorScanner
+from dtypecheck.scan.targets import check_targets
 
 if TYPE_CHECKING:
     import torch
@@ -34,14 +34,6 @@ if TYPE_CHECKING:
 
 DEFAULT_TARGETS = ("float16", "bfloat16")
 MAX_WORKERS = 8
-
-
-def check_targets(targets: Sequence[DtypeSpec]) -> list[DtypeSpec]:
-    """Targets must be real float or integer dtypes (a cast to bool or complex has no overflow rule)."""
-    for spec in targets:
-        if spec.kind not in ("float", "int", "uint") or spec.quantized:
-            raise UsageError(f"--target {spec.name}: a target must be a float or integer dtype")
-    return list(targets)
 
 
 def scan_checkpoint(
