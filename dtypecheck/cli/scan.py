@@ -81,6 +81,14 @@ def scan_model(
         int | None,
         typer.Option("--workers", min=1, help="Threads scanning chunks (default: the CPU count, at most 8)."),
     ] = None,
+    precision: Annotated[
+        bool,
+        typer.Option(
+            "--precision",
+            help="Also measure the precision each cast loses (SQNR in dB, max relative error), and for float8/float4 "
+            "targets per-channel and MX block-scaled verdicts; reads every tensor a second time.",
+        ),
+    ] = False,
     fail_on: FailOnOption = None,
     config: ConfigOption = None,
     fmt: FormatOption = OutputFormat.table,
@@ -98,7 +106,8 @@ def scan_model(
     from dtypecheck.dtypes import parse_dtype_list
     from dtypecheck.render.progress import progress_bar
     from dtypecheck.scan.baseline import compare, load_baseline
-    from dtypecheck.scan.scan import check_targets, scan_checkpoint
+    from dtypecheck.scan.scan import scan_checkpoint
+    from dtypecheck.scan.targets import check_targets
 
     settings = project_config(config)
     names = target or pick(None, settings, "scan-model", "targets", [])
@@ -122,7 +131,12 @@ def scan_model(
     for checkpoint in checkpoints:
         with user_code_guard(checkpoint), progress_bar("scanning", quiet=quiet, unit="bytes") as progress:
             report = scan_checkpoint(
-                checkpoint, targets, progress=progress, workers=workers, policy=settings.scan_policy
+                checkpoint,
+                targets,
+                progress=progress,
+                workers=workers,
+                policy=settings.scan_policy,
+                precision=precision,
             )
         report = dataclasses.replace(report, display_limit=None if everything else top)
         if earlier is not None and baseline_path is not None:

@@ -44,17 +44,18 @@ def scan_checkpoint(
     workers: int | None = None,
     compiled: bool | None = None,
     policy: ScanPolicy | None = None,
+    precision: bool = False,
 ) -> ScanReport:
     """Scan every tensor of the checkpoint (file, folder or ``file.py:factory``) at ``target``.
 
     ``targets`` default to float16 and bfloat16. ``compiled=False`` forces the numpy kernels (same results).
     ``policy`` (the project's ignore rules and tolerances) sets the levels; the dtype-consistency findings
-    are added either way.
+    are added either way. ``precision`` adds the precision-loss measures (``scan_measures``) in the second pass.
     """
     specs = check_targets(targets) if targets else [lookup(name) for name in DEFAULT_TARGETS]
     checkpoint = open_checkpoint(target)
     try:
-        report = _scan(checkpoint, specs, progress, workers or default_workers(), kernels(compiled))
+        report = _scan(checkpoint, specs, progress, workers or default_workers(), kernels(compiled), precision)
     finally:
         checkpoint.close()
     return apply_policy(report, policy)
@@ -71,14 +72,19 @@ def _parts(checkpoint: Checkpoint) -> list[Checkpoint]:
 
 
 def _scan(
-    checkpoint: Checkpoint, targets: list[DtypeSpec], progress: ProgressCallback, workers: int, k: Kernels
+    checkpoint: Checkpoint,
+    targets: list[DtypeSpec],
+    progress: ProgressCallback,
+    workers: int,
+    k: Kernels,
+    precision: bool = False,
 ) -> ScanReport:
     parts = _parts(checkpoint)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dtypecheck-scan") as pool:
         listed = (
             list(pool.map(lambda part: list(part.records()), parts)) if len(parts) > 1 else [list(parts[0].records())]
         )
-        scanners_by_part = [[TensorScanner(r, targets, k) for r in records] for records in listed]
+        scanners_by_part = [[TensorScanner(r, targets, k, precision=precision) for r in records] for records in listed]
         scanners = [s for part in scanners_by_part for s in part]
         pipeline = _Pipeline(pool, limit=2 * workers, progress=progress)
         pipeline.total = sum(s.record.nbytes for s in scanners if s.readable)
@@ -177,7 +183,7 @@ def _second_pass(pipeline: _Pipeline, scanners: list[TensorScanner]) -> None:
 
 def _scaled_jobs(scanner: TensorScanner) -> Iterator[Job]:
     absmax = scanner.scaling_absmax()
-    for chunk in _chunks(scanner):
+    for chunk in scanner.second_chunks(_chunks(scanner)):
         yield partial(scanner.second_pass, chunk, absmax), scanner.merge_second, _nbytes(chunk), scanner.record.name
 
 

@@ -29,6 +29,20 @@ class CastCounts:
     subnormal: int | None
     """Values that round to a nonzero subnormal of the target (always 0 for integer targets)."""
     level: Level
+    fraction: Mapping[str, float] | None = field(default=None, kw_only=True)
+    """Extra: each check's count as a fraction of the tensor's values (``{"overflow": 0.0, "underflow": 2e-06}``),
+    so a handful of subnormals reads as what it is. Null for an empty tensor."""
+    double_rounding: int | None = field(default=None, kw_only=True)
+    """Extra: values whose cast by torch (float64 sources reach 16- and 8-bit floats through float32, rounding
+    twice) differs from CONTRACT.md's single rounding; the counts above are what torch gives. 0 when the cast is a
+    single rounding; null for integer targets and empty tensors."""
+    sqnr_db: float | None = field(default=None, kw_only=True)
+    """Extra (``--precision``): signal-to-quantisation-noise ratio of the cast in dB,
+    ``10 log10(sum x^2 / sum (x - cast(x))^2)`` over the finite values that stay finite (float8/float4 targets:
+    after per-tensor scaling to the target's max); ``"inf"`` when the cast is exact, null when not measured or all
+    values are zero."""
+    max_rel_error: float | None = field(default=None, kw_only=True)
+    """Extra (``--precision``): the largest ``|x - cast(x)| / |x|`` over the same values (1.0 once one flushes)."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +50,26 @@ class Float8CastCounts(CastCounts):
     scaled_underflow: int | None = None
     """Nonzero finite values that still round to zero after scaling the tensor by ``target.max / absmax``
     (absmax over the finite values), as fp8 training and inference do."""
+    per_channel: SchemeVerdict | None = field(default=None, kw_only=True)
+    """Extra (``--precision``): scaled per output channel (each row along dim 0 to the target's max); null for
+    tensors with fewer than two dimensions, complex tensors, or when not measured."""
+    mx: SchemeVerdict | None = field(default=None, kw_only=True)
+    """Extra (``--precision``): block-scaled as OCP MX: 32-value blocks along the last dimension, each scaled by
+    a power of two (an e8m0 scale, ``2**(floor(log2 amax) - emax)``), values beyond max clipped."""
+
+
+@dataclass(frozen=True)
+class SchemeVerdict:
+    """What one scaling scheme (per channel, MX blocks) does to a tensor's finite values on a float8/float4 cast."""
+
+    underflow: int
+    """Nonzero values that round to zero after their group's scaling."""
+    overflow: int
+    """Values beyond the target's max after scaling, clipped to it (only MX's power-of-two scales overflow)."""
+    sqnr_db: float | None
+    """As ``CastCounts.sqnr_db``, in this scheme (``"inf"``: exact; null: all values zero)."""
+    max_rel_error: float | None
+    """As ``CastCounts.max_rel_error``, in this scheme (null: all values zero)."""
 
 
 @dataclass(frozen=True)
@@ -176,6 +210,16 @@ def cast_counts(cast: CastCounts) -> dict[Check, int | None]:
     if isinstance(cast, Float8CastCounts):
         counts["scaled_underflow"] = cast.scaled_underflow
     return {check: counts[check] for check in CAST_CHECKS if check in counts}
+
+
+def fractions(counts: Mapping[str, int], values: int) -> dict[str, float]:
+    """Each check's count as a fraction of a tensor's ``values`` (every value read, complex parts included)."""
+    return {check: count / values for check, count in counts.items()} if values else {}
+
+
+def without_scaled(counts: Mapping[str, int]) -> dict[str, int]:
+    """``counts`` without ``scaled_underflow`` (a check only float8/float4 targets carry)."""
+    return {check: count for check, count in counts.items() if check != "scaled_underflow"}
 
 
 def nonfinite(tensor: TensorScan) -> int:
