@@ -258,12 +258,57 @@ def finding_key(finding: Finding) -> str:
     return f"finding:{finding.kind}:{finding.detail}"
 
 
-def severity(tensor: TensorScan) -> tuple[int, int, int, str]:
-    """Sort key, worst first: level, then values that fail (non-finite, overflow), then values that warn."""
+def _values(tensor: TensorScan) -> int:
+    """The number of values a tensor's fractions are of (read back from a cast's ``fraction`` where it has one:
+    complex tensors count both parts)."""
+    for cast in tensor.casts.values():
+        counts: Mapping[str, int | None] = cast_counts(cast)
+        for check, fraction in (cast.fraction or {}).items():
+            count = counts.get(check)
+            if count and fraction:
+                return max(1, round(count / fraction))
+    return max(1, tensor.numel)
+
+
+def severity(tensor: TensorScan) -> tuple[int, int, float, float, int, int, str]:
+    """Sort key, worst first.
+
+    1. the tensor's level;
+    2. its level on its own values and on its *plain* targets (float16, bfloat16, integers): a tensor that fails
+       float16 outranks one that fails only a float8/float4 target, which scaling often rescues;
+    3. how large a fraction of its values is at that level, on its own values and plain targets (the worst
+       target), then on scaled targets: 30% of values flushed outranks a handful of subnormals;
+    4. then the counts (values that fail, then values that warn), and the name.
+
+    Checks the project's policy passed do not count.
+    """
+    values = _values(tensor)
+    primary: list[Level] = []
+    primary_share: dict[Level, float] = {}
+    scaled_share: dict[Level, float] = {}
     failing = warning = 0
-    for _, check, count in tensor_checks(tensor):
+    per_target: dict[tuple[str | None, Level], int] = {}
+    for _, check, target, count in gated_checks(tensor):
+        level = CHECK_LEVEL[check] if target is None else tensor.casts[target].level
         if CHECK_LEVEL[check] == "fail":
             failing += count
         else:
             warning += count
-    return (-rank(tensor.level), -failing, -warning, tensor.name)
+        if CHECK_LEVEL[check] == level:
+            per_target[(target, level)] = per_target.get((target, level), 0) + count
+        if target is None or not isinstance(tensor.casts[target], Float8CastCounts):
+            primary.append(level)
+    for (target, level), count in per_target.items():
+        scaled = target is not None and isinstance(tensor.casts[target], Float8CastCounts)
+        shares = scaled_share if scaled else primary_share
+        shares[level] = max(shares.get(level, 0.0), count / values)
+    first = worst(primary)
+    return (
+        -rank(tensor.level),
+        -rank(first),
+        -primary_share.get(first, 0.0),
+        -scaled_share.get(tensor.level, 0.0),
+        -failing,
+        -warning,
+        tensor.name,
+    )
