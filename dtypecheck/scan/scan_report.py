@@ -262,7 +262,7 @@ def _values(tensor: TensorScan) -> int:
     """The number of values a tensor's fractions are of (read back from a cast's ``fraction`` where it has one:
     complex tensors count both parts)."""
     for cast in tensor.casts.values():
-        counts: Mapping[str, int | None] = cast_counts(cast)
+        counts = {str(check): count for check, count in cast_counts(cast).items()}
         for check, fraction in (cast.fraction or {}).items():
             count = counts.get(check)
             if count and fraction:
