@@ -117,6 +117,12 @@ def _fraction(where: str, value: Any) -> Any:
     return float(value)
 
 
+def _decibels(where: str, value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
+        raise _fail(where, f"expected a number of decibels (0 or more), got {value!r}")
+    return float(value)
+
+
 def _string(where: str, value: Any) -> Any:
     if not isinstance(value, str) or not value:
         raise _fail(where, f"expected a non-empty string, got {value!r}")
@@ -202,6 +208,7 @@ SECTION_KEYS: dict[str, dict[str, Validator]] = {
         "max-underflow-fraction": _per_target_fraction,
         "max-subnormal-fraction": _per_target_fraction,
         "baseline": _string,
+        "keep-float32-sqnr-db": _decibels,
     },
     "nan-trace": {
         **COMMON_KEYS,

@@ -89,6 +89,16 @@ def scan_model(
             "targets per-channel and MX block-scaled verdicts; reads every tensor a second time.",
         ),
     ] = False,
+    keep_float32_sqnr: Annotated[
+        float | None,
+        typer.Option(
+            "--keep-float32-sqnr",
+            min=0.0,
+            metavar="DB",
+            help="With --precision: a cast whose SQNR is below DB loses too much; tensors that no requested 16-bit "
+            "or narrower target holds are listed to keep in float32 (default 20; config keep-float32-sqnr-db).",
+        ),
+    ] = None,
     fail_on: FailOnOption = None,
     config: ConfigOption = None,
     fmt: FormatOption = OutputFormat.table,
@@ -106,6 +116,7 @@ def scan_model(
     from dtypecheck.dtypes import parse_dtype_list
     from dtypecheck.render.progress import progress_bar
     from dtypecheck.scan.baseline import compare, load_baseline
+    from dtypecheck.scan.keep_float32 import DEFAULT_MIN_SQNR_DB
     from dtypecheck.scan.scan import scan_checkpoint
     from dtypecheck.scan.targets import check_targets
 
@@ -113,6 +124,7 @@ def scan_model(
     names = target or pick(None, settings, "scan-model", "targets", [])
     targets = check_targets(parse_dtype_list(names)) if names else None
     everything = pick(show_all, settings, "scan-model", "all", False)
+    min_sqnr = float(pick(keep_float32_sqnr, settings, "scan-model", "keep-float32-sqnr-db", DEFAULT_MIN_SQNR_DB))
     threshold = FailOn(pick(fail_on, settings, "scan-model", "fail-on", FailOn.fail))
     baseline_path = baseline or _configured_path(settings, "baseline")
     if len(checkpoints) > 1:
@@ -137,6 +149,7 @@ def scan_model(
                 workers=workers,
                 policy=settings.scan_policy,
                 precision=precision,
+                keep_float32_sqnr_db=min_sqnr,
             )
         report = dataclasses.replace(report, display_limit=None if everything else top)
         if earlier is not None and baseline_path is not None:

@@ -211,6 +211,7 @@ def _summary(report: ScanReport) -> Panel:
         lines.append(
             Text(f"{policy_notes} check(s) passed by the project's policy (see 'policy' in JSON)", style="dim")
         )
+    lines += _keep_float32(report)
     benign = 0
     for finding in report.findings:
         if finding.level == "ok":
@@ -229,6 +230,26 @@ def _summary(report: ScanReport) -> Panel:
         title_align="left",
         expand=False,
     )
+
+
+KEEP_SHOWN = 10
+
+
+def _keep_float32(report: ScanReport) -> list[RenderableType]:
+    keep = report.summary.keep_float32
+    if not keep:
+        return []
+    lines: list[RenderableType] = [
+        Text(f"keep in float32 ({len(keep)}): no requested 16-bit or narrower target holds them", style="bold")
+    ]
+    for entry in keep[:KEEP_SHOWN]:
+        line = Text("  ")
+        line.append(printable(entry.tensor), style="bold")
+        line.append(printable(f"  {entry.reason}"), style="dim")
+        lines.append(line)
+    if len(keep) > KEEP_SHOWN:
+        lines.append(Text(f"  and {len(keep) - KEEP_SHOWN} more (summary.keep_float32 in JSON)", style="dim"))
+    return lines
 
 
 BASELINE_SHOWN = 20

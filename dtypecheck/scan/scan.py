@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from dtypecheck.dtypes import DtypeSpec, lookup
 from dtypecheck.loaders import Checkpoint, Finding, open_checkpoint
 from dtypecheck.progress import ProgressCallback, no_progress
+from dtypecheck.scan.keep_float32 import DEFAULT_MIN_SQNR_DB, with_keep_float32
 from dtypecheck.scan.scan_kernel import Kernels, kernels
 from dtypecheck.scan.scan_policy import apply_policy
 from dtypecheck.scan.scan_report import ScanReport, summarise
@@ -45,12 +46,14 @@ def scan_checkpoint(
     compiled: bool | None = None,
     policy: ScanPolicy | None = None,
     precision: bool = False,
+    keep_float32_sqnr_db: float = DEFAULT_MIN_SQNR_DB,
 ) -> ScanReport:
     """Scan every tensor of the checkpoint (file, folder or ``file.py:factory``) at ``target``.
 
     ``targets`` default to float16 and bfloat16. ``compiled=False`` forces the numpy kernels (same results).
     ``policy`` (the project's ignore rules and tolerances) sets the levels; the dtype-consistency findings
-    are added either way. ``precision`` adds the precision-loss measures (``scan_measures``) in the second pass.
+    are added either way. ``precision`` adds the precision-loss measures (``scan_measures``) in the second pass;
+    ``keep_float32_sqnr_db`` is the SQNR below which a cast loses too much for the summary's ``keep_float32``.
     """
     specs = check_targets(targets) if targets else [lookup(name) for name in DEFAULT_TARGETS]
     checkpoint = open_checkpoint(target)
@@ -58,7 +61,7 @@ def scan_checkpoint(
         report = _scan(checkpoint, specs, progress, workers or default_workers(), kernels(compiled), precision)
     finally:
         checkpoint.close()
-    return apply_policy(report, policy)
+    return with_keep_float32(apply_policy(report, policy), keep_float32_sqnr_db)
 
 
 def default_workers() -> int:

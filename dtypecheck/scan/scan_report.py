@@ -126,6 +126,15 @@ class CensusEntry:
 
 
 @dataclass(frozen=True)
+class KeepFloat32:
+    """A float32/float64 tensor that no requested 16-bit or narrower target holds well (``keep_float32``)."""
+
+    tensor: str
+    reason: str
+    """Why, per target: ``"float16: 3 values overflow; bfloat16: SQNR 18.2 dB < 20 dB"``."""
+
+
+@dataclass(frozen=True)
 class ScanSummary:
     tensors: int
     numel: int
@@ -136,6 +145,9 @@ class ScanSummary:
     level: Level
     census: Mapping[str, CensusEntry] = field(default_factory=dict)
     """Extra: tensors, elements and bytes per dtype, the largest share of bytes first."""
+    keep_float32: tuple[KeepFloat32, ...] = ()
+    """Extra: float32/float64 tensors that fail or lose too much in every requested target narrower than 32 bits
+    (see ``dtypecheck.scan.keep_float32``), the worst first; empty when no such target was requested."""
 
 
 @dataclass(frozen=True)
