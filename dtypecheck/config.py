@@ -120,6 +120,12 @@ def _fraction(where: str, value: Any) -> Any:
     return float(value)
 
 
+def _decibels(where: str, value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
+        raise _fail(where, f"expected a number of decibels (0 or more), got {value!r}")
+    return float(value)
+
+
 def _string(where: str, value: Any) -> Any:
     if not isinstance(value, str) or not value:
         raise _fail(where, f"expected a non-empty string, got {value!r}")
@@ -140,6 +146,19 @@ def _dtype_list(where: str, value: Any) -> Any:
     if not isinstance(value, list) or not value:
         raise _fail(where, f"expected a list of dtype names, got {value!r}")
     return [_dtype(f"{where}[{i}]", v) for i, v in enumerate(value)]
+
+
+def _target_list(where: str, value: Any) -> Any:
+    """``_dtype_list`` of dtypes a scan can cast to (the same rule as ``--target``)."""
+    from dtypecheck.dtypes import lookup
+    from dtypecheck.scan.targets import target_problem
+
+    names = _dtype_list(where, value)
+    for i, name in enumerate(names):
+        problem = target_problem(lookup(name))
+        if problem is not None:
+            raise _fail(f"{where}[{i}]", problem)
+    return names
 
 
 def _per_target_fraction(where: str, value: Any) -> Any:
@@ -186,12 +205,13 @@ SECTION_KEYS: dict[str, dict[str, Validator]] = {
     "info": {**COMMON_KEYS},
     "scan-model": {
         **COMMON_KEYS,
-        "targets": _dtype_list,
+        "targets": _target_list,
         "all": _boolean,
         "ignore": _ignore_rules,
         "max-underflow-fraction": _per_target_fraction,
         "max-subnormal-fraction": _per_target_fraction,
         "baseline": _string,
+        "keep-float32-sqnr-db": _decibels,
     },
     "nan-trace": {
         **COMMON_KEYS,

@@ -149,7 +149,7 @@ class DtypeSpec:
     short: str = ""
     """The name a narrow table column uses (``fp16``, ``e4m3``); empty: the full name."""
     scaled: bool = False
-    """A target cast after per-tensor scaling to its max (fp8): scans count its ``scaled_underflow``."""
+    """A target cast after per-tensor scaling to its max (fp8, fp4): scans count its ``scaled_underflow``."""
     safetensors: str | None = None
     """The safetensors header's dtype code (``BF16``), or None where safetensors has none."""
     gguf: int | None = None
@@ -293,6 +293,7 @@ def _build_registry() -> tuple[DtypeSpec, ...]:
             packed=2,
             note="two float4 values packed per byte; torch has no arithmetic or casts for it yet",
             short="fp4",
+            scaled=True,
             safetensors="F4",
             storage="uint8",
         ),

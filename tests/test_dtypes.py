@@ -247,7 +247,9 @@ def test_gguf_type_ids_match_the_gguf_package() -> None:
 def test_scaled_targets_short_names_and_storage_views() -> None:
     import torch
 
-    assert {s.name for s in REGISTRY if s.scaled} == {s.name for s in REGISTRY if s.name.startswith("float8_")}
+    scaled = {s.name for s in REGISTRY if s.scaled}
+    assert scaled == {s.name for s in REGISTRY if s.name.startswith(("float8_", "float4_"))}
+    assert lookup("fp4").scale_max == 6.0  # OCP MX: e2m1's largest value
     shorts = [s.short_name for s in REGISTRY]
     assert len(shorts) == len(set(shorts))
     assert lookup("e4m3").short_name == "e4m3"

@@ -28,9 +28,7 @@ def test_module_alone(tmp_path):
 
 def test_model_inputs_and_loss(tmp_path):
     body = (
-        "def build():\n"
-        "    model = nn.Linear(3, 2)\n"
-        "    return model, torch.ones(4, 3), lambda out, inputs: out.sum()\n"
+        "def build():\n    model = nn.Linear(3, 2)\n    return model, torch.ones(4, 3), lambda out, inputs: out.sum()\n"
     )
     made = load_factory(f"{_write(tmp_path, body)}:build")
     assert made.inputs.shape == (4, 3)

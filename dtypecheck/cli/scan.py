@@ -98,6 +98,24 @@ def scan_model(
         int | None,
         typer.Option("--workers", min=1, help="Threads scanning chunks (default: the CPU count, at most 8)."),
     ] = None,
+    precision: Annotated[
+        bool,
+        typer.Option(
+            "--precision",
+            help="Also measure the precision each cast loses (SQNR in dB, max relative error), and for float8/float4 "
+            "targets per-channel and MX block-scaled verdicts; reads every tensor a second time.",
+        ),
+    ] = False,
+    keep_float32_sqnr: Annotated[
+        float | None,
+        typer.Option(
+            "--keep-float32-sqnr",
+            min=0.0,
+            metavar="DB",
+            help="With --precision: a cast whose SQNR is below DB loses too much; tensors that no requested 16-bit "
+            "or narrower target holds are listed to keep in float32 (default 20; config keep-float32-sqnr-db).",
+        ),
+    ] = None,
     fail_on: FailOnOption = None,
     config: ConfigOption = None,
     fmt: FormatOption = OutputFormat.table,
@@ -115,7 +133,9 @@ def scan_model(
     from dtypecheck.dtypes import parse_dtype_list
     from dtypecheck.render.progress import progress_bar
     from dtypecheck.scan.baseline import compare, nothing_before
-    from dtypecheck.scan.scan import check_targets, scan_checkpoint
+    from dtypecheck.scan.keep_float32 import DEFAULT_MIN_SQNR_DB
+    from dtypecheck.scan.scan import scan_checkpoint
+    from dtypecheck.scan.targets import check_targets
 
     if no_baseline and (baseline is not None or update_baseline):
         raise UsageError("--no-baseline leaves the baseline out; it cannot go with --baseline or --update-baseline")
@@ -142,9 +162,16 @@ def scan_model(
     for job in jobs:
         checkpoint, settings = job.checkpoint, job.settings
         targets = check_targets(parse_dtype_list(job.targets)) if job.targets else None
+        min_sqnr = float(pick(keep_float32_sqnr, settings, "scan-model", "keep-float32-sqnr-db", DEFAULT_MIN_SQNR_DB))
         with user_code_guard(checkpoint), progress_bar("scanning", quiet=quiet, unit="bytes") as progress:
             report = scan_checkpoint(
-                checkpoint, targets, progress=progress, workers=workers, policy=settings.scan_policy
+                checkpoint,
+                targets,
+                progress=progress,
+                workers=workers,
+                policy=settings.scan_policy,
+                precision=precision,
+                keep_float32_sqnr_db=min_sqnr,
             )
         everything = pick(show_all, settings, "scan-model", "all", False)
         report = dataclasses.replace(report, display_limit=None if everything else top)

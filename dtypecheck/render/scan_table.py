@@ -25,7 +25,7 @@ from dtypecheck.scan.scan_report import (
 
 SPARK_WIDTH = 12
 NAME_MIN_WIDTH = 16
-TARGET_WIDTH = 13
+TARGET_WIDTH = 16
 SPARK_LEVELS = "▁▂▃▄▅▆▇█"
 
 
@@ -47,9 +47,16 @@ def _short(name: str) -> str:
 
 
 def legend(report: ScanReport, axis: tuple[int, int]) -> str:
-    parts = ["ovf: overflows the target's max", "unf: flushed to zero", "sub: becomes subnormal"]
+    parts = ["ovf: overflows the target's max", "unf: flushed to zero", "sub: becomes subnormal (% of the values)"]
     if any(_is_scaled(t) for t in report.targets):
         parts.append("unf@amax: flushed to zero even after scaling the tensor to the target's max")
+    casts = [c for t in report.tensors for c in t.casts.values()]
+    if any(c.double_rounding for c in casts):
+        parts.append("2xround: torch casts float64 via float32, rounding twice; these values differ from one rounding")
+    if any(c.sqnr_db is not None for c in casts):
+        parts.append("sqnr: signal-to-quantisation-noise ratio of the cast (higher is better)")
+        if any(_is_scaled(t) for t in report.targets):
+            parts.append("ch / mx: the same, scaled per output channel / per 32-value MX block (clip: beyond max)")
     parts.append(f"log2|x|: values per binade from 2^{axis[0]} to 2^{axis[1]} (log scale)")
     return " · ".join(parts)
 
@@ -64,22 +71,57 @@ def compact(count: int) -> str:
     raise AssertionError("unreachable")
 
 
+def percent(fraction: float) -> str:
+    """A share of a tensor's values as people read it: 30%, 4.5%, 0.03%, <.01% (the JSON keeps it exact)."""
+    share = 100 * fraction
+    if share >= 10:
+        return f"{share:.0f}%"
+    if share >= 0.01:
+        return f"{share:.2g}%"
+    return "<.01%"
+
+
+def _decibels(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return "exact" if math.isinf(value) else f"{value:.1f}dB"
+
+
 def _cast_cell(cast: CastCounts) -> Text:
     if cast.overflow is None:
         return Text("-", style="dim")
+    counts = [("ovf", "overflow", cast.overflow), ("unf", "underflow", cast.underflow)]
+    counts.append(("sub", "subnormal", cast.subnormal))
+    if isinstance(cast, Float8CastCounts):
+        counts.append(("unf@amax", "scaled_underflow", cast.scaled_underflow))
     parts = []
-    if cast.overflow:
-        parts.append(f"{compact(cast.overflow)} ovf")
-    if cast.underflow:
-        parts.append(f"{compact(cast.underflow)} unf")
-    if cast.subnormal:
-        parts.append(f"{compact(cast.subnormal)} sub")
-    if isinstance(cast, Float8CastCounts) and cast.scaled_underflow:
-        parts.append(f"{compact(cast.scaled_underflow)} unf@amax")
+    for label, check, count in counts:
+        if count:
+            share = (cast.fraction or {}).get(check)
+            parts.append(f"{compact(count)} {label}" + (f" {percent(share)}" if share is not None else ""))
+    if cast.double_rounding:
+        parts.append(f"{compact(cast.double_rounding)} 2xround")
     text = Text(cast.level, style=LEVEL_STYLE[cast.level])
     if parts:
         text.append("\n" + "\n".join(parts))
+    precision = _precision_lines(cast)
+    if precision:
+        text.append("\n" + "\n".join(precision), style="cyan")
     return text
+
+
+def _precision_lines(cast: CastCounts) -> list[str]:
+    """``--precision``: SQNR of the cast, and of per-channel (ch) and MX block scaling with what they lose."""
+    if cast.sqnr_db is None and cast.max_rel_error is None:
+        return []
+    lines = [f"sqnr {_decibels(cast.sqnr_db)}"]
+    if isinstance(cast, Float8CastCounts):
+        for label, scheme in (("ch", cast.per_channel), ("mx", cast.mx)):
+            if scheme is None:
+                continue
+            losses = [f"{compact(n)} {what}" for n, what in ((scheme.underflow, "unf"), (scheme.overflow, "clip")) if n]
+            lines.append(" ".join([label, _decibels(scheme.sqnr_db), *losses]))
+    return lines
 
 
 def _nonfinite_cell(tensor: TensorScan) -> Text:
@@ -169,6 +211,7 @@ def _summary(report: ScanReport) -> Panel:
         lines.append(
             Text(f"{policy_notes} check(s) passed by the project's policy (see 'policy' in JSON)", style="dim")
         )
+    lines += _keep_float32(report)
     benign = 0
     for finding in report.findings:
         if finding.level == "ok":
@@ -187,6 +230,26 @@ def _summary(report: ScanReport) -> Panel:
         title_align="left",
         expand=False,
     )
+
+
+KEEP_SHOWN = 10
+
+
+def _keep_float32(report: ScanReport) -> list[RenderableType]:
+    keep = report.summary.keep_float32
+    if not keep:
+        return []
+    lines: list[RenderableType] = [
+        Text(f"keep in float32 ({len(keep)}): no requested 16-bit or narrower target holds them", style="bold")
+    ]
+    for entry in keep[:KEEP_SHOWN]:
+        line = Text("  ")
+        line.append(printable(entry.tensor), style="bold")
+        line.append(printable(f"  {entry.reason}"), style="dim")
+        lines.append(line)
+    if len(keep) > KEEP_SHOWN:
+        lines.append(Text(f"  and {len(keep) - KEEP_SHOWN} more (summary.keep_float32 in JSON)", style="dim"))
+    return lines
 
 
 BASELINE_SHOWN = 20

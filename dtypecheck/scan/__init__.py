@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from dtypecheck.scan.scan import check_targets, scan_checkpoint
+from dtypecheck.scan.targets import check_targets
 
-_ENGINE = ("check_targets", "scan_checkpoint")
+if TYPE_CHECKING:
+    from dtypecheck.scan.scan import scan_checkpoint
+
+_ENGINE = ("scan_checkpoint",)
 
 
 def __getattr__(name: str) -> object:

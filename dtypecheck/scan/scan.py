@@ -20,13 +20,14 @@ from itertools import zip_longest
 from typing import TYPE_CHECKING, Any
 
 from dtypecheck.dtypes import DtypeSpec, lookup
-from dtypecheck.errors import UsageError
 from dtypecheck.loaders import Checkpoint, Finding, TensorRecord, open_checkpoint
 from dtypecheck.progress import ProgressCallback, no_progress
+from dtypecheck.scan.keep_float32 import DEFAULT_MIN_SQNR_DB, with_keep_float32
 from dtypecheck.scan.scan_kernel import Kernels, kernels
 from dtypecheck.scan.scan_policy import apply_policy
 from dtypecheck.scan.scan_report import ScanReport, summarise
 from dtypecheck.scan.scan_tensor import TensorScanner
+from dtypecheck.scan.targets import check_targets
 
 if TYPE_CHECKING:
     import torch
@@ -37,14 +38,6 @@ DEFAULT_TARGETS = ("float16", "bfloat16")
 MAX_WORKERS = 8
 
 
-def check_targets(targets: Sequence[DtypeSpec]) -> list[DtypeSpec]:
-    """Targets must be real float or integer dtypes (a cast to bool or complex has no overflow rule)."""
-    for spec in targets:
-        if spec.kind not in ("float", "int", "uint") or spec.quantized:
-            raise UsageError(f"--target {spec.name}: a target must be a float or integer dtype")
-    return list(targets)
-
-
 def scan_checkpoint(
     target: str,
     targets: Sequence[DtypeSpec] | None = None,
@@ -53,20 +46,23 @@ def scan_checkpoint(
     workers: int | None = None,
     compiled: bool | None = None,
     policy: ScanPolicy | None = None,
+    precision: bool = False,
+    keep_float32_sqnr_db: float = DEFAULT_MIN_SQNR_DB,
 ) -> ScanReport:
     """Scan every tensor of the checkpoint (file, folder or ``file.py:factory``) at ``target``.
 
     ``targets`` default to float16 and bfloat16. ``compiled=False`` forces the numpy kernels (same results).
     ``policy`` (the project's ignore rules and tolerances) sets the levels; the dtype-consistency findings
-    are added either way.
+    are added either way. ``precision`` adds the precision-loss measures (``scan_measures``) in the second pass;
+    ``keep_float32_sqnr_db`` is the SQNR below which a cast loses too much for the summary's ``keep_float32``.
     """
     specs = check_targets(targets) if targets else [lookup(name) for name in DEFAULT_TARGETS]
     checkpoint = open_checkpoint(target)
     try:
-        report = _scan(checkpoint, specs, progress, workers or default_workers(), kernels(compiled))
+        report = _scan(checkpoint, specs, progress, workers or default_workers(), kernels(compiled), precision)
     finally:
         checkpoint.close()
-    return apply_policy(report, policy)
+    return with_keep_float32(apply_policy(report, policy), keep_float32_sqnr_db)
 
 
 def default_workers() -> int:
@@ -80,7 +76,12 @@ def _parts(checkpoint: Checkpoint) -> list[Checkpoint]:
 
 
 def _scan(
-    checkpoint: Checkpoint, targets: list[DtypeSpec], progress: ProgressCallback, workers: int, k: Kernels
+    checkpoint: Checkpoint,
+    targets: list[DtypeSpec],
+    progress: ProgressCallback,
+    workers: int,
+    k: Kernels,
+    precision: bool = False,
 ) -> ScanReport:
     parts = _parts(checkpoint)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dtypecheck-scan") as pool:
@@ -97,7 +98,8 @@ def _scan(
                     copies.append((record, first_of[key]))
         shared = {id(copy) for copy, _ in copies}
         scanners_by_part = [
-            [TensorScanner(r, targets, k) for r in records if id(r) not in shared] for records in listed
+            [TensorScanner(r, targets, k, precision=precision) for r in records if id(r) not in shared]
+            for records in listed
         ]
         scanners = [s for part in scanners_by_part for s in part]
         pipeline = _Pipeline(pool, limit=2 * workers, progress=progress)
@@ -226,8 +228,13 @@ def _second_pass(pipeline: _Pipeline, scanners: list[TensorScanner]) -> None:
 
 def _scaled_jobs(scanner: TensorScanner) -> Iterator[Job]:
     absmax = scanner.scaling_absmax()
-    for read, nbytes in _readers(scanner):
-        yield partial(_on, scanner.second_pass, read, absmax), scanner.merge_second, nbytes, scanner.record.name
+    if scanner.plan is None:
+        for read, nbytes in _readers(scanner):
+            yield partial(_on, scanner.second_pass, read, absmax), scanner.merge_second, nbytes, scanner.record.name
+        return
+    # Per-channel and MX measures need chunks cut on whole rows: read them here, in order, and regroup.
+    for chunk in scanner.second_chunks(read() for read, _ in _readers(scanner)):
+        yield partial(scanner.second_pass, chunk, absmax), scanner.merge_second, _nbytes(chunk), scanner.record.name
 
 
 class _Pipeline:

@@ -29,6 +29,20 @@ class CastCounts:
     subnormal: int | None
     """Values that round to a nonzero subnormal of the target (always 0 for integer targets)."""
     level: Level
+    fraction: Mapping[str, float] | None = field(default=None, kw_only=True)
+    """Extra: each check's count as a fraction of the tensor's values (``{"overflow": 0.0, "underflow": 2e-06}``),
+    so a handful of subnormals reads as what it is. Null for an empty tensor."""
+    double_rounding: int | None = field(default=None, kw_only=True)
+    """Extra: values whose cast by torch (float64 sources reach 16- and 8-bit floats through float32, rounding
+    twice) differs from CONTRACT.md's single rounding; the counts above are what torch gives. 0 when the cast is a
+    single rounding; null for integer targets and empty tensors."""
+    sqnr_db: float | None = field(default=None, kw_only=True)
+    """Extra (``--precision``): signal-to-quantisation-noise ratio of the cast in dB,
+    ``10 log10(sum x^2 / sum (x - cast(x))^2)`` over the finite values that stay finite (float8/float4 targets:
+    after per-tensor scaling to the target's max); ``"inf"`` when the cast is exact, null when not measured or all
+    values are zero."""
+    max_rel_error: float | None = field(default=None, kw_only=True)
+    """Extra (``--precision``): the largest ``|x - cast(x)| / |x|`` over the same values (1.0 once one flushes)."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +50,26 @@ class Float8CastCounts(CastCounts):
     scaled_underflow: int | None = None
     """Nonzero finite values that still round to zero after scaling the tensor by ``target.max / absmax``
     (absmax over the finite values), as fp8 training and inference do."""
+    per_channel: SchemeVerdict | None = field(default=None, kw_only=True)
+    """Extra (``--precision``): scaled per output channel (each row along dim 0 to the target's max); null for
+    tensors with fewer than two dimensions, complex tensors, or when not measured."""
+    mx: SchemeVerdict | None = field(default=None, kw_only=True)
+    """Extra (``--precision``): block-scaled as OCP MX: 32-value blocks along the last dimension, each scaled by
+    a power of two (an e8m0 scale, ``2**(floor(log2 amax) - emax)``), values beyond max clipped."""
+
+
+@dataclass(frozen=True)
+class SchemeVerdict:
+    """What one scaling scheme (per channel, MX blocks) does to a tensor's finite values on a float8/float4 cast."""
+
+    underflow: int
+    """Nonzero values that round to zero after their group's scaling."""
+    overflow: int
+    """Values beyond the target's max after scaling, clipped to it (only MX's power-of-two scales overflow)."""
+    sqnr_db: float | None
+    """As ``CastCounts.sqnr_db``, in this scheme (``"inf"``: exact; null: all values zero)."""
+    max_rel_error: float | None
+    """As ``CastCounts.max_rel_error``, in this scheme (null: all values zero)."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +126,15 @@ class CensusEntry:
 
 
 @dataclass(frozen=True)
+class KeepFloat32:
+    """A float32/float64 tensor that no requested 16-bit or narrower target holds well (``keep_float32``)."""
+
+    tensor: str
+    reason: str
+    """Why, per target: ``"float16: 3 values overflow; bfloat16: SQNR 18.2 dB < 20 dB"``."""
+
+
+@dataclass(frozen=True)
 class ScanSummary:
     tensors: int
     numel: int
@@ -102,6 +145,9 @@ class ScanSummary:
     level: Level
     census: Mapping[str, CensusEntry] = field(default_factory=dict)
     """Extra: tensors, elements and bytes per dtype, the largest share of bytes first."""
+    keep_float32: tuple[KeepFloat32, ...] = ()
+    """Extra: float32/float64 tensors that fail or lose too much in every requested target narrower than 32 bits
+    (see ``dtypecheck.scan.keep_float32``), the worst first; empty when no such target was requested."""
 
 
 @dataclass(frozen=True)
@@ -178,6 +224,16 @@ def cast_counts(cast: CastCounts) -> dict[Check, int | None]:
     return {check: counts[check] for check in CAST_CHECKS if check in counts}
 
 
+def fractions(counts: Mapping[str, int], values: int) -> dict[str, float]:
+    """Each check's count as a fraction of a tensor's ``values`` (every value read, complex parts included)."""
+    return {check: count / values for check, count in counts.items()} if values else {}
+
+
+def without_scaled(counts: Mapping[str, int]) -> dict[str, int]:
+    """``counts`` without ``scaled_underflow`` (a check only float8/float4 targets carry)."""
+    return {check: count for check, count in counts.items() if check != "scaled_underflow"}
+
+
 def nonfinite(tensor: TensorScan) -> int:
     """NaN and infinite values the tensor already holds."""
     return (tensor.nan or 0) + (tensor.posinf or 0) + (tensor.neginf or 0)
@@ -214,12 +270,57 @@ def finding_key(finding: Finding) -> str:
     return f"finding:{finding.kind}:{finding.detail}"
 
 
-def severity(tensor: TensorScan) -> tuple[int, int, int, str]:
-    """Sort key, worst first: level, then values that fail (non-finite, overflow), then values that warn."""
+def _values(tensor: TensorScan) -> int:
+    """The number of values a tensor's fractions are of (read back from a cast's ``fraction`` where it has one:
+    complex tensors count both parts)."""
+    for cast in tensor.casts.values():
+        counts = {str(check): count for check, count in cast_counts(cast).items()}
+        for check, fraction in (cast.fraction or {}).items():
+            count = counts.get(check)
+            if count and fraction:
+                return max(1, round(count / fraction))
+    return max(1, tensor.numel)
+
+
+def severity(tensor: TensorScan) -> tuple[int, int, float, float, int, int, str]:
+    """Sort key, worst first.
+
+    1. the tensor's level;
+    2. its level on its own values and on its *plain* targets (float16, bfloat16, integers): a tensor that fails
+       float16 outranks one that fails only a float8/float4 target, which scaling often rescues;
+    3. how large a fraction of its values is at that level, on its own values and plain targets (the worst
+       target), then on scaled targets: 30% of values flushed outranks a handful of subnormals;
+    4. then the counts (values that fail, then values that warn), and the name.
+
+    Checks the project's policy passed do not count.
+    """
+    values = _values(tensor)
+    primary: list[Level] = []
+    primary_share: dict[Level, float] = {}
+    scaled_share: dict[Level, float] = {}
     failing = warning = 0
-    for _, check, count in tensor_checks(tensor):
+    per_target: dict[tuple[str | None, Level], int] = {}
+    for _, check, target, count in gated_checks(tensor):
+        level = CHECK_LEVEL[check] if target is None else tensor.casts[target].level
         if CHECK_LEVEL[check] == "fail":
             failing += count
         else:
             warning += count
-    return (-rank(tensor.level), -failing, -warning, tensor.name)
+        if CHECK_LEVEL[check] == level:
+            per_target[(target, level)] = per_target.get((target, level), 0) + count
+        if target is None or not isinstance(tensor.casts[target], Float8CastCounts):
+            primary.append(level)
+    for (target, level), count in per_target.items():
+        scaled = target is not None and isinstance(tensor.casts[target], Float8CastCounts)
+        shares = scaled_share if scaled else primary_share
+        shares[level] = max(shares.get(level, 0.0), count / values)
+    first = worst(primary)
+    return (
+        -rank(tensor.level),
+        -rank(first),
+        -primary_share.get(first, 0.0),
+        -scaled_share.get(tensor.level, 0.0),
+        -failing,
+        -warning,
+        tensor.name,
+    )

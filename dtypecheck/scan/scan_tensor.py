@@ -9,7 +9,7 @@ min/max and counts from numpy, and casts only to integer targets.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -19,16 +19,18 @@ from dtypecheck.dtypes import DtypeSpec, lookup
 from dtypecheck.findings import Level, level_of_counts, worst
 from dtypecheck.loaders.base import TensorRecord
 from dtypecheck.scan.scan_kernel import Kernels
-from dtypecheck.scan.scan_report import CastCounts, Float8CastCounts, Log2Histogram, TensorScan
-from dtypecheck.scan.scan_thresholds import (
-    FLOAT32,
-    FLOAT64,
-    KernelFormat,
-    normal_threshold,
-    scaled_survive_pattern,
-    target_patterns,
+from dtypecheck.scan.scan_measures import Losses, MeasurePlan
+from dtypecheck.scan.scan_report import (
+    CastCounts,
+    Float8CastCounts,
+    Log2Histogram,
+    TensorScan,
+    fractions,
+    without_scaled,
 )
+from dtypecheck.scan.scan_thresholds import FLOAT32, FLOAT64, KernelFormat, normal_threshold, scaled_survive_pattern
 from dtypecheck.scan.scan_values import ChunkResult, float4_table, float_to_int_overflow, float_values, integer_chunk
+from dtypecheck.scan.via_float32 import double_rounding_count, goes_via_float32, torch_patterns
 
 if TYPE_CHECKING:
     import torch
@@ -61,7 +63,9 @@ class Stats:
 class TensorScanner:
     """Accumulates one record's chunks; ``result()`` builds its ``TensorScan``."""
 
-    def __init__(self, record: TensorRecord, targets: Sequence[DtypeSpec], kernels: Kernels) -> None:
+    def __init__(
+        self, record: TensorRecord, targets: Sequence[DtypeSpec], kernels: Kernels, *, precision: bool = False
+    ) -> None:
         self.record = record
         self.targets = list(targets)
         self.kernels = kernels
@@ -79,6 +83,10 @@ class TensorScanner:
         self.int_overflow = [0] * len(self._int_targets())
         self.int_stats: list[int | None] = [None, None, 0, None]
         self.scaled_counts: dict[str, int] = {}
+        self.double_rounding: dict[str, int] = {}
+        self.via_float32: list[DtypeSpec] = []
+        self.plan = MeasurePlan(record.shape, self.values_per_element, targets) if precision else None
+        self.losses = Losses()
         self.finite_absmax: float | None = None
         if self.mode == "float":
             self._prepare_float()
@@ -108,7 +116,8 @@ class TensorScanner:
         self.kernel: KernelFormat = FLOAT64 if self.own.bits == 64 else FLOAT32
         kernel = self.kernel
         self.own_normal_at = normal_threshold(self.own, kernel)
-        self.patterns = {t.name: target_patterns(t.fmt, kernel) for t in self._float_targets()}
+        self.patterns = {t.name: torch_patterns(t, kernel) for t in self._float_targets()}
+        self.via_float32 = [t for t in self._float_targets() if goes_via_float32(t, kernel)]
         wanted = {1, self.own_normal_at, kernel.inf_bits, kernel.inf_bits + 1}
         for p in self.patterns.values():
             wanted |= {p.survive, p.normal, p.overflow}
@@ -189,7 +198,15 @@ class TensorScanner:
             extrema[0], extrema[1] = info.max, info.min
             k.extrema_without_nan(bits, self.mask, self.sign_shift, self.inf_bits, extrema)
         overflow = tuple(float_to_int_overflow(values, t) for t in self._int_targets())
-        return ChunkResult(values=bits.size, hist=hist, counts=counts, extrema=extrema, int_overflow=overflow)
+        rounding = tuple(double_rounding_count(values, t.fmt) for t in self.via_float32)
+        return ChunkResult(
+            values=bits.size,
+            hist=hist,
+            counts=counts,
+            extrema=extrema,
+            int_overflow=overflow,
+            double_rounding=rounding,
+        )
 
     def _process_int(self, chunk: torch.Tensor) -> ChunkResult:
         return integer_chunk(chunk, self._int_targets())
@@ -199,6 +216,8 @@ class TensorScanner:
             self.values += part.values
             for i, count in enumerate(part.int_overflow):
                 self.int_overflow[i] += count
+            for target, count in zip(self.via_float32, part.double_rounding, strict=True):
+                self.double_rounding[target.name] = self.double_rounding.get(target.name, 0) + count
             if part.hist is not None:
                 self.hist += part.hist
             if part.counts is not None:
@@ -216,14 +235,15 @@ class TensorScanner:
                 if smallest is not None:
                     current[3] = smallest if current[3] is None else min(current[3], smallest)
 
-    # --- the second pass: fp8 scaling needs the tensor's absmax first -------------------------------------
+    # --- the second pass: fp8 scaling (and --precision's measures) need the tensor's absmax first ----------
 
     def _count_at_least(self, pattern: int) -> int:
         """``#(|x| >= value of pattern)``, NaN patterns included (they sort above inf)."""
         return int(self.counts[self.index[pattern]])
 
     def needs_second_pass(self) -> bool:
-        if self.mode != "float" or self.values == 0 or not any(t.scaled for t in self._float_targets()):
+        wanted = self.plan is not None or any(t.scaled for t in self._float_targets())
+        if self.mode != "float" or self.values == 0 or not wanted or not self._float_targets():
             return False
         return self._count_at_least(self.kernel.inf_bits + 1) < self.values  # not all NaN
 
@@ -231,8 +251,13 @@ class TensorScanner:
         inf = self._count_at_least(self.kernel.inf_bits) - self._count_at_least(self.kernel.inf_bits + 1)
         return inf > 0
 
-    def second_pass(self, chunk: torch.Tensor, absmax: float) -> dict[str, int]:
-        bits = self._float_values(chunk).view(self.kernel.int_dtype)
+    def second_chunks(self, chunks: Iterator[torch.Tensor]) -> Iterator[torch.Tensor]:
+        """The second pass's chunks: cut on whole rows when per-channel and MX scaling are measured."""
+        return chunks if self.plan is None else self.plan.regroup(chunks)
+
+    def second_pass(self, chunk: torch.Tensor, absmax: float) -> tuple[dict[str, int], Losses | None]:
+        values = self._float_values(chunk)
+        bits = values.view(self.kernel.int_dtype)
         found = {}
         for target in self._float_targets():
             if target.scaled:
@@ -240,7 +265,7 @@ class TensorScanner:
                 found[target.name] = int(
                     self.kernels.count_magnitudes(bits, self.mask, self.kernel.scalar(1), self.kernel.scalar(survive))
                 )
-        return found
+        return found, None if self.plan is None else self.plan.measure(values, absmax)
 
     def finite_max_pass(self, chunk: torch.Tensor) -> int:
         bits = self._float_values(chunk).view(self.kernel.int_dtype)
@@ -251,8 +276,11 @@ class TensorScanner:
             value = self.kernel.float_of_magnitude(magnitude)
             self.finite_absmax = value if self.finite_absmax is None else max(self.finite_absmax, value)
 
-    def merge_second(self, counts: dict[str, int]) -> None:
+    def merge_second(self, part: tuple[dict[str, int], Losses | None]) -> None:
+        counts, losses = part
         with self._lock:
+            if losses is not None:
+                self.losses.add(losses)
             for name, count in counts.items():
                 self.scaled_counts[name] = self.scaled_counts.get(name, 0) + count
 
@@ -308,7 +336,13 @@ class TensorScanner:
             raise AssertionError("integer statistics merged without values")
         casts: dict[str, CastCounts] = {}
         for target, count in zip(self._int_targets(), self.int_overflow, strict=True):
-            casts[target.name] = CastCounts(count, 0, 0, level_of_counts({"overflow": count}))
+            casts[target.name] = CastCounts(
+                count,
+                0,
+                0,
+                level_of_counts({"overflow": count}),
+                fraction=fractions({"overflow": count, "underflow": 0, "subnormal": 0}, self.values),
+            )
         stats = Stats(low, high, max(abs(low), abs(high)), smallest, 0, 0, 0, zeros, 0)
         return self._tensor(stats, casts, worst([c.level for c in casts.values()]))
 
@@ -346,13 +380,24 @@ class TensorScanner:
             scaled = self.scaled_counts.get(target.name, 0)  # no pass ran: no finite value to lose
             counts = {"overflow": overflow, "underflow": underflow, "subnormal": subnormal, "scaled_underflow": scaled}
             level = level_of_counts(counts)
+            extra = {
+                "fraction": fractions(counts if target.scaled else without_scaled(counts), self.values),
+                "double_rounding": self.double_rounding.get(target.name, 0),
+                **MeasurePlan.cast_fields(self.losses, target),
+            }
             if target.scaled:
-                casts[target.name] = Float8CastCounts(overflow, underflow, subnormal, level, scaled)
+                casts[target.name] = Float8CastCounts(overflow, underflow, subnormal, level, scaled, **extra)
             else:
-                casts[target.name] = CastCounts(overflow, underflow, subnormal, level)
+                casts[target.name] = CastCounts(overflow, underflow, subnormal, level, **extra)
         for target, count in zip(self._int_targets(), self.int_overflow, strict=True):
             finite_overflow = count - infinite  # +inf passed the upper test and -inf the lower one
-            casts[target.name] = CastCounts(finite_overflow, 0, 0, level_of_counts({"overflow": finite_overflow}))
+            casts[target.name] = CastCounts(
+                finite_overflow,
+                0,
+                0,
+                level_of_counts({"overflow": finite_overflow}),
+                fraction=fractions({"overflow": finite_overflow, "underflow": 0, "subnormal": 0}, self.values),
+            )
         own = level_of_counts({"nonfinite": nan + infinite})
         level = worst([own, *(c.level for c in casts.values())])
         return self._tensor(stats, casts, level, self._histogram())

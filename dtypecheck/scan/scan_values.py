@@ -25,6 +25,8 @@ class ChunkResult:
     int_overflow: tuple[int, ...] = ()
     int_stats: tuple[int, int, int, int | None] | None = None
     """Integer tensors: (min, max, zeros, smallest nonzero magnitude)."""
+    double_rounding: tuple[int, ...] = ()
+    """float64 chunks: per target cast through float32, values whose result differs from a single rounding."""
 
 
 def float4_table(fmt: FloatFormat) -> np.ndarray:

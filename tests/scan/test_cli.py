@@ -73,7 +73,12 @@ def test_json_document_follows_the_contract(cli, example) -> None:
         assert list(tensor)[: len(TENSOR_KEYS)] == TENSOR_KEYS
     fc1 = by_name["layers.0.mlp.fc1.weight"]
     assert fc1["casts"]["float16"]["overflow"] == 3  # 65520, 70000, -123456
-    assert fc1["casts"]["bfloat16"] == {"overflow": 0, "underflow": 0, "subnormal": 0, "level": "ok"}
+    bf16 = fc1["casts"]["bfloat16"]
+    assert list(bf16)[:4] == ["overflow", "underflow", "subnormal", "level"]
+    assert {k: bf16[k] for k in list(bf16)[:4]} == {"overflow": 0, "underflow": 0, "subnormal": 0, "level": "ok"}
+    assert bf16["fraction"] == {"overflow": 0.0, "underflow": 0.0, "subnormal": 0.0}
+    assert fc1["casts"]["float16"]["fraction"]["overflow"] == 3 / fc1["numel"]
+    assert bf16["sqnr_db"] is None  # measured only with --precision
     assert fc1["absmax"] == 123456.0
     assert by_name["layers.1.mlp.fc2.weight"]["nan"] == 1
     assert by_name["layers.1.mlp.fc2.weight"]["level"] == "fail"
@@ -95,6 +100,7 @@ def test_json_document_follows_the_contract(cli, example) -> None:
         "fail": 2,
         "level": "fail",
         "census": census,
+        "keep_float32": [],  # bfloat16 holds every float32 tensor of the example
     }
     assert list(doc["summary"]["census"]) == ["float32", "int64", "bfloat16"]  # largest share of bytes first
     assert result.stderr == ""  # stderr is not a terminal here: no progress bar

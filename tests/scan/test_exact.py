@@ -131,6 +131,34 @@ def _reference(values: np.ndarray, target: str) -> tuple[int, int, int]:
     return verdicts.count("overflow"), verdicts.count("underflow"), verdicts.count("subnormal")
 
 
+def _torch_counts(values: torch.Tensor, target: str) -> tuple[int, int, int]:
+    """Counts read off torch's own cast (for targets whose overflow torch turns into inf)."""
+    x = values.to(torch.float64)
+    cast = x.to(getattr(torch, target)).to(torch.float64)
+    finite = torch.isfinite(x)
+    overflow = int((finite & torch.isinf(cast)).sum())
+    underflow = int((finite & (x != 0) & (cast == 0)).sum())
+    smallest_normal = lookup(target).fmt.smallest_normal
+    subnormal = int((finite & (cast != 0) & (cast.abs() < smallest_normal)).sum())
+    return overflow, underflow, subnormal
+
+
+def _reference_via_float32(values: np.ndarray, target: str) -> tuple[int, int, int]:
+    """The rule applied to what torch's cast gives from float64: rounded to float32 first (where a value that
+    float32 already flushes, or sends to inf, is an underflow or an overflow of the whole cast)."""
+    verdicts = []
+    for value in values:
+        with np.errstate(over="ignore"):
+            once = float(np.float32(value))
+        if math.isinf(once):
+            verdicts.append("overflow")
+        elif once == 0 and value != 0:
+            verdicts.append("underflow")
+        else:
+            verdicts.append(judge_cast(once, lookup(target).fmt))
+    return verdicts.count("overflow"), verdicts.count("underflow"), verdicts.count("subnormal")
+
+
 SOURCES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2]
 
 
@@ -144,12 +172,18 @@ def test_cast_counts_at_every_boundary(tmp_path, source, compiled) -> None:
     for target in targets:
         cast = scanned.casts[target]
         got = (cast.overflow, cast.underflow, cast.subnormal)
-        assert got == _reference(as_float, target), target
-        # ml_dtypes saturates float4 (it has no inf or NaN to give), and casts float64 to its formats through
-        # float32, rounding twice (1 + 2**-8 + 2**-30 becomes bfloat16 1.0, not 1.0078125); numpy's float16
-        # cast from float64 is direct.
-        double_rounded = source == torch.float64 and target != "float16"
-        if target != "float4_e2m1fn_x2" and not double_rounded:
+        # torch casts float64 to 16- and 8-bit floats through float32 (rounding twice): the counts are what that
+        # cast gives, CONTRACT's rule applied to the float32-rounded values (float4 has no torch cast: direct).
+        via_float32 = source == torch.float64 and target != "float4_e2m1fn_x2"
+        reference = _reference_via_float32 if via_float32 else _reference
+        assert got == reference(as_float, target), target
+        # ml_dtypes saturates float4 (it has no inf or NaN to give), and casts float64 through float32 as torch
+        # does, except numpy's float16 cast from float64, which is direct.
+        if via_float32 and target in ("float16", "bfloat16", "float8_e5m2"):  # torch's cast gives inf: compare
+            assert got == _torch_counts(values, target), target
+        if target == "float16" and via_float32:
+            pass  # numpy's float64 -> float16 is a single rounding: not what torch does
+        elif target != "float4_e2m1fn_x2":
             assert got == _expected(as_float, target), target
 
 

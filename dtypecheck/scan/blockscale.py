@@ -1,0 +1,112 @@
+"""Finer-grained scaling for float8/float4 targets (``--precision``): per output channel, and OCP MX blocks.
+
+- **per channel**: every row along dim 0 (an output channel of a ``Linear``/``Conv`` weight) is scaled by
+  ``max / rowmax`` before the cast, as per-channel fp8 weight quantisation does;
+- **MX** (OCP Microscaling Formats v1.0): 32 consecutive values along the last dimension share one scale, a power
+  of two stored as e8m0: ``X = 2**(floor(log2(blockmax)) - emax_elem)`` (``emax_elem``: the element format's
+  largest exponent, 8 for e4m3, 15 for e5m2, 2 for e2m1), clamped to e8m0's ``2**-127 .. 2**127``. Each value
+  becomes ``cast(x / X)``; the block's largest value can round beyond the element's max (1.9 * 2**8 for e4m3):
+  such values are clipped to max, as the spec's conversion does, and counted as ``overflow``. A last dimension
+  that is not a multiple of 32 ends each row with a shorter block (padded with zeros, which change nothing).
+
+Both need whole rows in a chunk: ``chunk_unit`` says how many values a chunk must be a multiple of, and
+``regroup`` re-cuts a tensor's chunks to it (one copy only where a source chunk ends mid-row).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from dtypecheck.dtypes import DtypeSpec
+from dtypecheck.scan.precision import SUB_BLOCK, Loss, finite_magnitudes, grouped_loss
+
+if TYPE_CHECKING:
+    import torch
+
+MX_BLOCK = 32
+"""Values per MX block (OCP MX v1.0: every concrete MX format uses k = 32)."""
+E8M0_EXPONENTS = (-127, 127)
+"""The exponents an e8m0 scale can hold (the all-ones pattern is NaN)."""
+MAX_ROW_VALUES = 1 << 22
+"""Rows longer than this are not regrouped (a chunk must hold whole rows): per-channel is then not measured."""
+
+
+def chunk_unit(shape: tuple[int, ...], values_per_element: int) -> tuple[int | None, int | None]:
+    """(values per dim-0 row, values per last-dim row) this tensor's chunks are cut to, each None where the
+    scheme is not measured: per channel needs two dimensions and a row of at most ``MAX_ROW_VALUES``; MX needs a
+    last dimension of at most ``MAX_ROW_VALUES`` or a multiple of 32."""
+    if not shape or values_per_element != 1:
+        return None, None
+    numel = 1
+    for size in shape:
+        numel *= size
+    if numel == 0:
+        return None, None
+    channel = numel // shape[0] if len(shape) >= 2 and numel // shape[0] <= MAX_ROW_VALUES else None
+    last = shape[-1]
+    if last > MAX_ROW_VALUES:
+        return channel, (MX_BLOCK if last % MX_BLOCK == 0 else None)
+    return channel, last
+
+
+def regroup(chunks: Iterator[torch.Tensor], unit: int) -> Iterator[torch.Tensor]:
+    """``chunks`` re-cut so that each holds a whole number of ``unit`` elements (at least one unit)."""
+    import torch
+
+    carry: list[torch.Tensor] = []
+    carried = 0
+    for chunk in chunks:
+        if carried == 0 and chunk.numel() % unit == 0:
+            yield chunk
+            continue
+        carry.append(chunk)
+        carried += chunk.numel()
+        whole = carried - carried % unit
+        if whole == 0:
+            continue
+        joined = torch.cat(carry)
+        yield joined[:whole]
+        rest = joined[whole:]
+        carry, carried = ([rest.clone()], rest.numel()) if rest.numel() else ([], 0)
+    if carried:
+        yield torch.cat(carry)
+
+
+def per_channel_loss(values: np.ndarray, row: int, target: DtypeSpec) -> Loss:
+    """The loss of casting whole dim-0 rows of ``values`` each scaled by ``max / rowmax``."""
+    total = Loss()
+    rows = values.reshape(-1, row)
+    step = max(1, SUB_BLOCK // row)
+    for start in range(0, rows.shape[0], step):
+        block = finite_magnitudes(rows[start : start + step])
+        rowmax = block.max(axis=1, keepdims=True)
+        with np.errstate(divide="ignore"):
+            factors = np.where(rowmax > 0, target.scale_max / rowmax, 1.0)
+        total.add(grouped_loss(block, factors, target, clip=True))
+    return total
+
+
+def mx_factors(blockmax: np.ndarray, target: DtypeSpec) -> np.ndarray:
+    """``1 / X`` per block: ``X = 2**clamp(floor(log2 blockmax) - emax_elem)`` (1 for an all-zero block)."""
+    exponent = (blockmax.view(np.int64) >> 52) - 1023  # floor(log2) of a normal float64, exactly
+    shared = np.clip(exponent - target.fmt.emax, *E8M0_EXPONENTS)
+    return np.where(blockmax > 0, np.ldexp(1.0, -shared), 1.0)
+
+
+def mx_loss(values: np.ndarray, last: int, target: DtypeSpec) -> Loss:
+    """The loss of casting ``values`` (whole rows of ``last`` values) in 32-value MX blocks."""
+    total = Loss()
+    rows = values.reshape(-1, last)
+    padded = -last % MX_BLOCK
+    step = max(1, SUB_BLOCK // (last + padded))
+    for start in range(0, rows.shape[0], step):
+        block = finite_magnitudes(rows[start : start + step])
+        if padded:
+            block = np.pad(block, ((0, 0), (0, padded)))
+        blocks = block.reshape(-1, MX_BLOCK)
+        blockmax = np.ascontiguousarray(blocks.max(axis=1, keepdims=True))
+        total.add(grouped_loss(blocks, mx_factors(blockmax, target), target, clip=True))
+    return total
