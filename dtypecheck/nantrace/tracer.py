@@ -119,6 +119,8 @@ class Tracer:
         self._step = 1
         self._in_backward = False
         self._window: list[OpRecord] = []
+        self._recent: dict[int, Checked] = {}
+        """This window's checks by ``id`` of the tensor: an in-place op need not re-check an unchanged target."""
         self._held = 0
         self._infos: dict[Any, OpInfo] = {}
         self._checked_dtypes = frozenset(getattr(torch, n) for n in CHECKED_DTYPES_NAMES)
@@ -218,12 +220,22 @@ class Tracer:
                 written.add(id(tensor))
         for where in info.read_mutated:
             for tensor in iter_tensors(mutated_argument(record.args, record.kwargs, where)):
-                checked = self._check(tensor)
+                # Unchanged since an earlier op of this window wrote it (an optimizer's chain of in-place updates
+                # on one state): that op's check already says what this one reads.
+                local = plain(tensor)
+                earlier = self._recent.get(id(local))
+                if earlier is not None and earlier.tensor is local and earlier.version == local._version:
+                    checked: Checked | None = earlier
+                else:
+                    checked = self._check(tensor)
                 if checked is not None:
                     record.pre.append(checked)
                     # The op is about to overwrite what it reads: keep a copy for the detailed re-run, unless
-                    # that would hold too much (a fused optimizer updating every state at once).
-                    if self._held + tensor.nbytes <= self.options.held_bytes:
+                    # that would hold too much (a fused optimizer updating every state at once). Not in the
+                    # optimizer step (no grad, outside every module): copying each parameter and state before each
+                    # update was a tenth of a transformer step's tracing time, for a cause only (null there).
+                    keep = record.grad_enabled or record.module is not None
+                    if keep and self._held + tensor.nbytes <= self.options.held_bytes:
                         record.clones[id(tensor)] = tensor.detach().clone()
                         self._held += tensor.nbytes
         inputs = record.inputs
@@ -243,6 +255,7 @@ class Tracer:
             checked = self._check(tensor)
             if checked is not None:
                 record.checked.append(checked)
+                self._recent[id(checked.tensor)] = checked
                 self._held += tensor.nbytes
 
     def _check(self, tensor: torch.Tensor) -> Checked | None:
@@ -276,6 +289,7 @@ class Tracer:
     def flush(self) -> None:
         """Read back the window's reductions and judge its ops; at the first failure, stop (unless keep-going)."""
         window, self._window = self._window, []
+        self._recent.clear()
         self._held = 0
         if window:
             self.judge.judge_window(window)
