@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-CLASSES = ("globals", "unread-pickles", "crashes", "tracebacks", "hangs", "other")
+CLASSES = ("globals", "unread-pickles", "crashes", "tracebacks", "hangs", "other", "fuzz")
 
 
 @dataclass(frozen=True)
@@ -579,7 +579,52 @@ def other_inputs(folder: Path) -> list[Hostile]:
     return out
 
 
+FUZZ_SEED = 20261201
+FUZZ_PER_ORIGINAL = 12
+
+
+def fuzz_inputs(folder: Path) -> list[Hostile]:
+    """Randomly damaged copies (seeded: the same files every run) of valid checkpoints of each format and of a
+    pickle carrying a payload: bytes flipped, cut out or inserted. Each must give a report or one error line, and
+    the payload must never run."""
+    import random
+
+    import torch
+    from safetensors.torch import save_file
+
+    originals = folder / "originals"
+    originals.mkdir()
+    tensors = {"a": torch.arange(6.0).reshape(2, 3), "view": torch.arange(6.0).reshape(2, 3).t()}
+    torch.save({"model": tensors, "step": 3}, originals / "z.pt")
+    torch.save(tensors, originals / "l.pt", _use_new_zipfile_serialization=False)
+    save_file({"a": torch.arange(6.0), "i": torch.tensor([1, 2], dtype=torch.int8)}, originals / "s.safetensors")
+    gguf_file(originals / "q.gguf", ggml_type=8, rows=2)
+    marker = folder / "canary-fuzz"
+    torch_zip(originals / "payload.pt", program(gadgets(marker)["exec"][1]))
+    rng = random.Random(FUZZ_SEED)
+    out: list[Hostile] = []
+    for original in sorted(originals.iterdir()):
+        data = original.read_bytes()
+        for index in range(FUZZ_PER_ORIGINAL):
+            damaged = bytearray(data)
+            for _ in range(rng.randint(1, 3)):
+                position = rng.randrange(len(damaged))
+                choice = rng.random()
+                if choice < 0.6:
+                    damaged[position] = rng.randrange(256)
+                elif choice < 0.8:
+                    del damaged[position : position + rng.randint(1, 40)]
+                else:
+                    damaged[position:position] = rng.randbytes(rng.randint(1, 16))
+            path = folder / f"{original.stem}-{index}{original.suffix}"
+            path.write_bytes(bytes(damaged))
+            canary = marker if original.name == "payload.pt" else None
+            out.append(Hostile(path.name, "fuzz", ("scan-model", str(path)), frozenset({0, 1, 3}), canary))
+    return out
+
+
 BUILDERS: dict[str, Callable[[Path], list[Hostile]]] = {
+    "fuzz": fuzz_inputs,
     "crashes": crash_inputs,
     "hangs": hang_inputs,
     "other": other_inputs,
