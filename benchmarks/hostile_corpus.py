@@ -84,8 +84,8 @@ def run(folder: Path, classes: tuple[str, ...], timeout: float) -> None:
     live = len(provable) - len(dead)
     print()
     for klass in classes:
-        tried, good = per_class.get(klass, [0, 0])
-        print(f"  {klass:15} {good}/{tried} handled")
+        tried, passed = per_class.get(klass, [0, 0])
+        print(f"  {klass:15} {passed}/{tried} handled")
     print(f"inputs tried:          {len(inputs)}")
     print(f"handled per contract:  {tally['handled']}")
     print(f"code executed:         {tally['executed']} (canaries created by the scans; must be 0)")
