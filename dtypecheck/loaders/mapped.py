@@ -47,12 +47,14 @@ class FileMap:
             raise
         _FILES[id(self.buffer)] = self
 
-    def pread(self, offset: int, nbytes: int) -> memoryview:
-        """``nbytes`` of the file from ``offset``, read now (not mapped); a file that shrank is an InputError."""
+    def pread(self, offset: int, nbytes: int, into: memoryview | None = None) -> memoryview:
+        """``nbytes`` of the file from ``offset``, read now (not mapped), into ``into`` (a reusable buffer of at
+        least ``nbytes``) or a new one; a file that shrank is an InputError."""
         import numpy as np
 
-        out = np.empty(nbytes, np.uint8)  # not zero-filled: pread writes every byte
-        view = memoryview(out.data)
+        if into is None:
+            into = memoryview(np.empty(nbytes, np.uint8).data)  # not zero-filled: pread writes every byte
+        view = into[:nbytes]
         done = 0
         while done < nbytes:
             got = os.preadv(self.fd, [view[done:]], offset + done)
@@ -81,12 +83,13 @@ _FILES: dict[int, FileMap] = {}
 """Open ``FileMap``s by ``id`` of their map, so a source holding the map can read its file with ``pread``."""
 
 
-def read_range(buffer: mmap.mmap | bytes, offset: int, nbytes: int) -> memoryview:
-    """``buffer[offset:offset+nbytes]`` as a private, writable copy: through ``pread`` for a ``FileMap``'s map."""
+def read_range(buffer: mmap.mmap | bytes, offset: int, nbytes: int, into: memoryview | None = None) -> memoryview:
+    """``buffer[offset:offset+nbytes]`` as a private, writable copy (in ``into`` when given): through ``pread``
+    for a ``FileMap``'s map."""
     owner = _FILES.get(id(buffer))
     if owner is None:
         return memoryview(bytearray(buffer[offset : offset + nbytes]))
-    return owner.pread(offset, nbytes)
+    return owner.pread(offset, nbytes, into)
 
 
 class Window(io.RawIOBase):
@@ -170,17 +173,18 @@ class MappedSource:
 
     def iter_readers(self, max_bytes: int) -> Iterator[tuple[Callable[[], torch.Tensor], int]]:
         """(read one chunk, its bytes) for each chunk, without reading yet: a scanner calls the readers on its
-        worker threads, so the copies out of the page cache run in parallel."""
+        worker threads, so the copies out of the page cache run in parallel. A reader takes an optional ``into``
+        buffer to reuse (the chunk then lives in it: the caller must be done with it before the next read)."""
         itemsize = itemsize_of(self.dtype)
         step = max(itemsize, (max_bytes // itemsize) * itemsize)
         for start in range(0, self.nbytes, step):
             count = min(step, self.nbytes - start)
             yield partial(self._read, self.offset + start, count), count
 
-    def _read(self, offset: int, nbytes: int) -> torch.Tensor:
+    def _read(self, offset: int, nbytes: int, into: memoryview | None = None) -> torch.Tensor:
         import torch
 
-        data = read_range(self.buffer, offset, nbytes)
+        data = read_range(self.buffer, offset, nbytes, into)
         return torch.frombuffer(data, dtype=torch.uint8).view(getattr(torch, self.dtype))
 
 

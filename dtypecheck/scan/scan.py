@@ -12,6 +12,7 @@ import ctypes
 import dataclasses
 import os
 import sys
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -124,7 +125,7 @@ def _scan(
 Job = tuple[Callable[[], Any], Callable[[Any], None], int, str]
 """(work on a pool thread, merge on the main thread, source bytes, tensor name)."""
 
-Reader = tuple[Callable[[], "torch.Tensor"], int]
+Reader = tuple[Callable[..., "torch.Tensor"], int]
 """(produce one chunk, its source bytes): sources that can defer their reads let the pool threads do them."""
 
 
@@ -150,13 +151,22 @@ def _readers(scanner: TensorScanner) -> Iterator[Reader]:
         yield partial(_same, chunk), _nbytes(chunk)
 
 
-def _same(chunk: torch.Tensor) -> torch.Tensor:
+def _same(chunk: torch.Tensor, into: memoryview | None = None) -> torch.Tensor:
     return chunk
 
 
-def _on(work: Callable[..., Any], read: Callable[[], torch.Tensor], *args: Any) -> Any:
-    """``work(chunk, *args)`` with the chunk read here, on the pool thread."""
-    return work(read(), *args)
+_SCRATCH = threading.local()
+
+
+def _on(work: Callable[..., Any], read: Callable[..., torch.Tensor], nbytes: int, *args: Any) -> Any:
+    """``work(chunk, *args)`` with the chunk read here, on the pool thread, into that thread's reusable buffer (a
+    fresh buffer per chunk would cost the kernel's zero-filling of every page); ``work`` returns counts only."""
+    import numpy as np
+
+    scratch: np.ndarray | None = getattr(_SCRATCH, "buffer", None)
+    if scratch is None or scratch.nbytes < nbytes:
+        scratch = _SCRATCH.buffer = np.empty(nbytes, np.uint8)
+    return work(read(into=memoryview(scratch.data)), *args)
 
 
 def _nbytes(chunk: torch.Tensor) -> int:
@@ -166,7 +176,7 @@ def _nbytes(chunk: torch.Tensor) -> int:
 def _first_pass_jobs(scanners: list[TensorScanner]) -> Iterator[Job]:
     for scanner in scanners:
         for read, nbytes in _readers(scanner):
-            yield partial(_on, scanner.process, read), scanner.merge, nbytes, scanner.record.name
+            yield partial(_on, scanner.process, read, nbytes), scanner.merge, nbytes, scanner.record.name
 
 
 _MADV_WILLNEED = 3
@@ -219,7 +229,7 @@ def _second_pass(pipeline: _Pipeline, scanners: list[TensorScanner]) -> None:
     with_inf = [s for s in again if s.needs_finite_absmax()]
     pipeline.total += sum(s.record.nbytes for s in with_inf + again)
     pipeline.run(
-        (partial(_on, s.finite_max_pass, read), s.merge_finite_max, nbytes, s.record.name)
+        (partial(_on, s.finite_max_pass, read, nbytes), s.merge_finite_max, nbytes, s.record.name)
         for s in with_inf
         for read, nbytes in _readers(s)
     )
@@ -230,7 +240,8 @@ def _scaled_jobs(scanner: TensorScanner) -> Iterator[Job]:
     absmax = scanner.scaling_absmax()
     if scanner.plan is None:
         for read, nbytes in _readers(scanner):
-            yield partial(_on, scanner.second_pass, read, absmax), scanner.merge_second, nbytes, scanner.record.name
+            job = partial(_on, scanner.second_pass, read, nbytes, absmax)
+            yield job, scanner.merge_second, nbytes, scanner.record.name
         return
     # Per-channel and MX measures need chunks cut on whole rows: read them here, in order, and regroup.
     for chunk in scanner.second_chunks(read() for read, _ in _readers(scanner)):
