@@ -43,7 +43,7 @@ class _Reader:
     def take(self, count: int) -> bytes:
         if count < 0 or self.pos + count > self.size:
             raise InputError(f"{self.where}: malformed GGUF file (a field runs past the end)")
-        data = self.buffer[self.pos : self.pos + count]
+        data = bytes(read_range(self.buffer, self.pos, count))
         self.pos += count
         return data
 

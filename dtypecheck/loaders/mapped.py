@@ -28,10 +28,10 @@ if TYPE_CHECKING:
 class FileMap:
     """A read-only map of a whole file, closed with the checkpoint that opened it.
 
-    Parsers read headers through ``buffer`` (the map). Tensor data is read with ``pread`` into private chunks
-    (``read_range``), never through the map: if the file is truncated while it is scanned, touching a mapped page
-    past the new end would kill the process with SIGBUS (no Python handler can resume from it), whereas a short
-    ``pread`` is an ``InputError``.
+    Headers (through ``Window``) and tensor data are read with ``pread`` (``read_range``), not through the map:
+    if the file is truncated while it is read, touching a mapped page past the new end would kill the process with
+    SIGBUS (no Python handler can resume from it), whereas a short ``pread`` is an ``InputError``. The map itself
+    only identifies the file (and serves a strided view larger than ``STRIDED_COPY_LIMIT``, after a size check).
     """
 
     def __init__(self, path: Path) -> None:
@@ -96,8 +96,12 @@ class Window(io.RawIOBase):
     """A read-only file object over ``buffer[start:start+length]`` whose reads never go past the window.
 
     Parsers (``zipfile``, ``pickletools``) believe lengths written in the file; here a length larger than what is
-    left simply returns less, so a hostile length cannot make anyone allocate it.
+    left simply returns less, so a hostile length cannot make anyone allocate it. A ``FileMap``'s bytes are read
+    with ``pread`` (``read_range``), never through the map, a block at a time, so a file truncated while it is
+    parsed is an ``InputError`` and not a SIGBUS.
     """
+
+    BLOCK = 64 * 1024
 
     def __init__(self, buffer: mmap.mmap | bytes, start: int, length: int) -> None:
         super().__init__()
@@ -105,6 +109,8 @@ class Window(io.RawIOBase):
         self.start = start
         self.length = length
         self.pos = 0
+        self._block_at = 0
+        self._block = b""
 
     def readable(self) -> bool:
         return True
@@ -120,12 +126,23 @@ class Window(io.RawIOBase):
         self.pos = max(0, base + offset)
         return self.pos
 
+    def _cached(self, count: int) -> bytes:
+        """``count`` bytes from ``pos`` (already clipped to the window), through the block cache."""
+        offset = self.pos - self._block_at
+        if offset >= 0 and offset + count <= len(self._block):
+            return self._block[offset : offset + count]
+        if count >= self.BLOCK:
+            return bytes(read_range(self.buffer, self.start + self.pos, count))
+        self._block_at = self.pos
+        self._block = bytes(read_range(self.buffer, self.start + self.pos, min(self.BLOCK, self.length - self.pos)))
+        return self._block[:count]
+
     def read(self, size: int | None = -1) -> bytes:
         remaining = max(0, self.length - self.pos)
         count = remaining if size is None or size < 0 else min(size, remaining)
-        begin = self.start + self.pos
+        data = self._cached(count) if count else b""
         self.pos += count
-        return bytes(self.buffer[begin : begin + count])
+        return data
 
     def readinto(self, target: bytearray | memoryview) -> int:  # type: ignore[override]
         data = self.read(len(target))
@@ -134,10 +151,15 @@ class Window(io.RawIOBase):
 
     def readline(self, size: int | None = -1) -> bytes:
         limit = max(0, self.length - self.pos) if size is None or size < 0 else min(size, self.length - self.pos)
-        begin = self.start + self.pos
-        found = self.buffer.find(b"\n", begin, begin + limit)
-        count = limit if found < 0 else found - begin + 1
-        return self.read(count)
+        line = b""
+        while len(line) < limit:
+            piece = self.read(min(self.BLOCK, limit - len(line)))
+            found = piece.find(b"\n")
+            if found >= 0:
+                self.pos -= len(piece) - found - 1
+                return line + piece[: found + 1]
+            line += piece
+        return line
 
 
 def itemsize_of(dtype: str) -> int:

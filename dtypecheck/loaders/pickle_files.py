@@ -17,7 +17,7 @@ from typing import Any
 
 from dtypecheck.errors import InputError
 from dtypecheck.loaders.base import Finding
-from dtypecheck.loaders.mapped import FileMap, Window
+from dtypecheck.loaders.mapped import FileMap, Window, read_range
 from dtypecheck.loaders.pickle_globals import judge, worst_first
 from dtypecheck.loaders.pickle_vm import GlobalRef, SafeUnpickler
 
@@ -67,7 +67,7 @@ def file_globals(path: Path) -> PickleReport:
 
 
 def _globals_in(buffer: mmap.mmap, size: int, where: str) -> PickleReport:
-    if buffer[:4] == b"PK\x03\x04":
+    if bytes(read_range(buffer, 0, min(4, size))) == b"PK\x03\x04":
         from dtypecheck.loaders.torch_zip import read_zip_entries
 
         seen: dict[GlobalRef, None] = {}

@@ -14,7 +14,7 @@ from typing import Any
 
 from dtypecheck.errors import InputError
 from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord
-from dtypecheck.loaders.mapped import FileMap, Window, itemsize_of
+from dtypecheck.loaders.mapped import FileMap, Window, itemsize_of, read_range
 from dtypecheck.loaders.pickle_globals import global_findings, worst_first
 from dtypecheck.loaders.pickle_vm import SafeUnpickler
 from dtypecheck.loaders.torch_objects import (
@@ -97,7 +97,7 @@ class LegacyTorchCheckpoint:
                 raise InputError(f"{self.source}: storage key {key!r} is not used by any tensor")
             if position + 8 > size:
                 raise InputError(f"{self.source}: truncated file (storage {key} missing)")
-            (numel,) = struct.unpack("<q", buffer[position : position + 8])
+            (numel,) = struct.unpack("<q", read_range(buffer, position, 8))
             nbytes = numel * itemsize_of(storages[key].dtype)
             if numel < 0 or position + 8 + nbytes > size:
                 raise InputError(f"{self.source}: storage {key} of {numel} elements runs past the end (truncated?)")

@@ -16,7 +16,15 @@ from pathlib import Path
 
 from dtypecheck.errors import InputError
 from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord, TensorSource
-from dtypecheck.loaders.mapped import EMPTY_SOURCE, FileMap, MappedSource, StridedSource, Window, itemsize_of
+from dtypecheck.loaders.mapped import (
+    EMPTY_SOURCE,
+    FileMap,
+    MappedSource,
+    StridedSource,
+    Window,
+    itemsize_of,
+    read_range,
+)
 from dtypecheck.loaders.pickle_globals import global_findings, worst_first
 from dtypecheck.loaders.pickle_vm import unpickle
 from dtypecheck.loaders.torch_objects import (
@@ -74,7 +82,7 @@ def read_zip_entries(buffer: mmap.mmap, start: int, length: int, where: str) -> 
         if not 0 <= header_at <= length - LOCAL_HEADER.size:
             raise InputError(f"{where}: zip entry {info.filename!r} points outside the archive")
         signature, name_length, extra_length = LOCAL_HEADER.unpack(
-            buffer[start + header_at : start + header_at + LOCAL_HEADER.size]
+            read_range(buffer, start + header_at, LOCAL_HEADER.size)
         )
         if signature != b"PK\x03\x04":
             raise InputError(f"{where}: zip entry {info.filename!r} has no local header (corrupt zip)")
@@ -167,7 +175,7 @@ class TorchArchive:
     def _read(self, entry: ZipEntry, what: str) -> bytes:
         if entry.offset < 0:
             raise InputError(f"{self.where}: {what} is compressed; torch writes it stored")
-        return bytes(self.buffer[entry.offset : entry.offset + entry.size])
+        return bytes(read_range(self.buffer, entry.offset, entry.size))
 
     def _storage(self, pid: object) -> StorageRef:
         storage = storage_from_pid(pid)

@@ -18,7 +18,7 @@ from typing import Any
 
 from dtypecheck.errors import InputError
 from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord
-from dtypecheck.loaders.mapped import FileMap
+from dtypecheck.loaders.mapped import FileMap, read_range
 from dtypecheck.loaders.pickle_globals import global_findings, worst_first
 from dtypecheck.loaders.pickle_vm import GlobalRef, unpickle
 from dtypecheck.loaders.torch_objects import (
@@ -108,7 +108,7 @@ class TorchScriptCheckpoint:
     def _read(self, entry: ZipEntry, what: str) -> bytes:
         if entry.offset < 0:
             raise InputError(f"{self.source}: {what} is compressed; torch writes it stored")
-        return bytes(self._map.buffer[entry.offset : entry.offset + entry.size])
+        return bytes(read_range(self._map.buffer, entry.offset, entry.size))
 
     def records(self) -> Iterator[TensorRecord]:
         return iter(self._records)

@@ -436,7 +436,7 @@ def big_checkpoint(folder: Path, layout: str, megabytes: int) -> Path:
 
 
 def crash_inputs(folder: Path) -> list[Hostile]:
-    path = big_checkpoint(folder, "safetensors", megabytes=512)
+    path = big_checkpoint(folder, "safetensors", megabytes=256)
     return [
         Hostile(
             "truncated-during-scan",

@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
+
+import pytest
 
 from tests.conftest import CliResult
 from tests.security import corpus
 from tests.security.harness import torch_load_all
 
 
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> list[corpus.Hostile]:
+    return corpus.build(tmp_path_factory.mktemp("hostile"), ("unread-pickles",))
+
+
 def test_hidden_pickles_fail_the_gate_and_their_canaries_are_live(
-    tmp_path: Path, cli: Callable[..., CliResult]
+    built: list[corpus.Hostile], cli: Callable[..., CliResult]
 ) -> None:
-    inputs = corpus.build(tmp_path, ("unread-pickles",))
+    inputs = built
     assert len(inputs) == 9
     for hostile in inputs:
         result = cli(*hostile.args, "--format", "json")
@@ -30,8 +36,8 @@ def test_hidden_pickles_fail_the_gate_and_their_canaries_are_live(
     assert live - duplicates == {h.name for h in inputs} - duplicates
 
 
-def test_duplicate_entries_and_polyglots_are_named(tmp_path: Path, cli: Callable[..., CliResult]) -> None:
-    inputs = {h.name: h for h in corpus.build(tmp_path, ("unread-pickles",))}
+def test_duplicate_entries_and_polyglots_are_named(built: list[corpus.Hostile], cli: Callable[..., CliResult]) -> None:
+    inputs = {h.name: h for h in built}
     kinds = {f["kind"] for f in cli(*inputs["zip-duplicate-data-pkl-0"].args, "-f", "json").json()["findings"]}
     assert "duplicate-entry" in kinds
     findings = cli(*inputs["safetensors-polyglot"].args, "-f", "json").json()["findings"]
