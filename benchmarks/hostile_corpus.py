@@ -13,12 +13,16 @@ oversized and malformed files, hostile user code; nothing is stored, everything 
   throwaway process, which does create the canary: the payloads are real, so "0 executed" means something;
 - **crashes**: processes killed by a signal (SIGBUS, SIGSEGV...), and **hangs**: runs past the timeout.
 
-    .venv/bin/python benchmarks/hostile_corpus.py [--timeout 120] [--keep DIR] [--only CLASS ...]
+    .venv/bin/python benchmarks/hostile_corpus.py [--timeout 120] [--keep DIR] [--only CLASS ...] [--code DIR]
+
+``--code DIR`` runs another checkout's dtypecheck on the same corpus (``git archive COMMIT | tar -x -C DIR``), to
+compare with an older commit.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -38,7 +42,10 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds before a run counts as a hang")
     parser.add_argument("--keep", type=Path, help="build the corpus in DIR and keep it")
     parser.add_argument("--only", nargs="*", choices=corpus.CLASSES, help="only these classes")
+    parser.add_argument("--code", type=Path, help="run the dtypecheck of this checkout instead of this one")
     options = parser.parse_args()
+    if options.code is not None:
+        os.environ["DTYPECHECK_CODE_UNDER_TEST"] = str(options.code.resolve())
     folder = options.keep or Path(tempfile.mkdtemp(prefix="dtypecheck-hostile-"))
     folder.mkdir(parents=True, exist_ok=True)
     try:
@@ -59,6 +66,7 @@ def run(folder: Path, classes: tuple[str, ...], timeout: float) -> None:
             returncode, stderr, seconds = run_hostile(hostile, timeout)
         except subprocess.TimeoutExpired:
             tally["hangs"] += 1
+            per_class.setdefault(hostile.klass, [0, 0])[0] += 1
             print(f"HANG    {hostile.klass:15} {hostile.name} (over {timeout:.0f} s)", flush=True)
             continue
         good = handled(returncode, stderr, hostile.expect)

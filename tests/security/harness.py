@@ -39,10 +39,19 @@ PROVE_LIVE = textwrap.dedent(
 
 
 def environment() -> dict[str, str]:
+    """The environment of a child process: this checkout first on the path (or ``DTYPECHECK_CODE_UNDER_TEST``,
+    another checkout to compare with, e.g. an older commit's)."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    code = env.get("DTYPECHECK_CODE_UNDER_TEST") or str(REPO)
+    env["PYTHONPATH"] = code + os.pathsep + env.get("PYTHONPATH", "")
     env.pop("DTYPECHECK_TRACEBACK", None)
     return env
+
+
+def code_under_test() -> Path:
+    """The checkout whose dtypecheck the child processes run (its folder is their working directory too, since
+    ``python -m`` puts the working directory first on the path)."""
+    return Path(os.environ.get("DTYPECHECK_CODE_UNDER_TEST") or REPO)
 
 
 def run_cli(
@@ -56,7 +65,7 @@ def run_cli(
         text=True,
         timeout=timeout,
         env=environment(),
-        cwd=cwd,
+        cwd=cwd or code_under_test(),
         stdin=subprocess.DEVNULL,
     )
 
@@ -102,6 +111,7 @@ def run_hostile(hostile: Hostile, timeout: float) -> tuple[int, str, float]:
         stdin=subprocess.DEVNULL,
         text=True,
         env=environment(),
+        cwd=code_under_test(),
     )
     try:
         if hostile.driver == "truncate":  # once the scan maps the file, cut it short under it
