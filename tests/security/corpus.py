@@ -502,7 +502,9 @@ def other_inputs(folder: Path) -> list[Hostile]:
     link = folder / "out-link.json"
     link.symlink_to("/dev/null")
     add("output-symlink-to-device", ("scan-model", str(good), "-f", "json", "-o", str(link)), {1})
-    add("output-dev-stdout", ("scan-model", str(good), "-f", "json", "-o", "/dev/stdout"), {1})
+    # /proc/self/fd/1 is what /dev/stdout links to; named directly, a dtypecheck that still replaced the output
+    # with a renamed temporary file fails to create it there instead of clobbering the machine's /dev/stdout
+    add("output-dev-stdout", ("scan-model", str(good), "-f", "json", "-o", "/proc/self/fd/1"), {1})
     forged = folder / "a\nerror: all checks passed.pt"
     forged.write_bytes(b"not a checkpoint")
     add("newline-in-file-name", ("scan-model", str(forged)), {3})
