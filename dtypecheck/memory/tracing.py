@@ -103,6 +103,11 @@ def linear_profiles(profiles: list[ActivationProfile]) -> bool:
 class LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Counts each storage an op returns while it is alive; storages registered as external are not counted."""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # Nothing here is compiled: without this, torch wraps every op's dispatch in a dynamo-disable frame.
+        return False
+
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.activations = 0
