@@ -138,17 +138,17 @@ def run(command: list[str]) -> tuple[float, float, int, str]:
     return elapsed, _cpu_of_children() - cpu_before, peak * 1024, out
 
 
-def scan_command(path: Path) -> list[str]:
+def scan_command(path: Path, extra: list[str] | None = None) -> list[str]:
     script = Path(sys.executable).parent / "dtypecheck"
     head = [str(script)] if script.exists() else [sys.executable, "-m", "dtypecheck"]
-    return [*head, "scan-model", str(path), "--format", "json", "--quiet"]
+    return [*head, "scan-model", str(path), "--format", "json", "--quiet", *(extra or [])]
 
 
-def measure(path: Path, repeats: int, cold: bool) -> dict[str, list[float]]:
+def measure(path: Path, repeats: int, cold: bool, extra: list[str] | None = None) -> dict[str, list[float]]:
     results: dict[str, list[float]] = {k: [] for k in ("floor", "scan", "floor_cpu", "scan_cpu", "scan_anon")}
     floor_command = [sys.executable, "-c", FLOOR, str(path)]
     for _ in range(repeats):
-        for name, command in (("floor", floor_command), ("scan", scan_command(path))):
+        for name, command in (("floor", floor_command), ("scan", scan_command(path, extra))):
             if cold:
                 drop_from_cache(path)
             else:
@@ -184,6 +184,11 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=ROOT / "bench-data")
     parser.add_argument("--keep", action="store_true", help="keep (and reuse) the generated 4 GiB file")
     parser.add_argument("--cold", action="store_true", help="also time with the file dropped from the page cache")
+    parser.add_argument(
+        "--scan-args",
+        default="",
+        help="extra scan-model options, e.g. '--target fp16,bf16,e4m3 --precision' (the targets stay default)",
+    )
     args = parser.parse_args()
     args.dir.mkdir(parents=True, exist_ok=True)
     path = args.dir / "bench_scan_4gib.safetensors"
@@ -194,9 +199,10 @@ def main() -> None:
         print(f"writing {path} ...", flush=True)
         write_checkpoint(path)
     try:
-        ok = report("warm page cache", measure(path, args.repeats, cold=False), check=True)
+        extra = args.scan_args.split()
+        ok = report("warm page cache", measure(path, args.repeats, cold=False, extra=extra), check=True)
         if args.cold:
-            report("cold page cache", measure(path, max(1, args.repeats // 2), cold=True), check=False)
+            report("cold page cache", measure(path, max(1, args.repeats // 2), cold=True, extra=extra), check=False)
     finally:
         if not args.keep:
             path.unlink(missing_ok=True)
