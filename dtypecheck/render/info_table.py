@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from rich.console import Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.table import Table
 from rich.text import Text
 
@@ -16,6 +16,7 @@ from dtypecheck.render.cells import fmt_float, fmt_pow2
 
 COLUMNS_PER_TABLE = 5
 LINE_WIDTH = 72
+MIN_LINE_WIDTH = 24
 
 Row = tuple[str, Callable[[FloatInfo], str]]
 
@@ -166,8 +167,7 @@ def number_line(floats: Sequence[FloatInfo], width: int = LINE_WIDTH) -> list[Re
         line = Text(info.name.ljust(label_width))
         for ch, st in zip(cells, styles, strict=True):
             line.append(ch, style=st or None)
-        smallest = info.smallest_subnormal or info.smallest_normal
-        line.append(f" 2^{math.frexp(smallest)[1] - 1} .. {fmt_float(info.max, 5)}", style="dim")
+        line.append(f" {_range_label(info)}", style="dim")
         rows.append(line)
     axis = [" "] * (width + 8)  # room for the last label to run past the line
     ticks: list[tuple[int, str]] = []
@@ -184,6 +184,25 @@ def number_line(floats: Sequence[FloatInfo], width: int = LINE_WIDTH) -> list[Re
             axis[col + offset] = ch
     rows.append(Text(" " * label_width + "".join(axis).rstrip()))
     return rows
+
+
+class _FittedNumberLine:
+    """The number line, narrowed at render time so that no row wraps in a console narrower than its default."""
+
+    def __init__(self, floats: Sequence[FloatInfo]) -> None:
+        self.floats = floats
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        reals = [i for i in self.floats if i.kind == "float"]
+        label_width = max((len(i.name) for i in reals), default=0) + 1
+        longest_range = max((_range_label(i) for i in reals), key=len, default="")
+        room = options.max_width - label_width - len(longest_range) - 1
+        yield Group(*number_line(self.floats, max(MIN_LINE_WIDTH, min(LINE_WIDTH, room))))
+
+
+def _range_label(info: FloatInfo) -> str:
+    smallest = info.smallest_subnormal or info.smallest_normal
+    return f"2^{math.frexp(smallest)[1] - 1} .. {fmt_float(info.max, 5)}"
 
 
 def _int_table(ints: Sequence[IntInfo]) -> Table:
@@ -253,7 +272,7 @@ def render_info(report: InfoReport) -> list[RenderableType]:
         out += _float_tables(floats)
         out += _findings(floats)
         out.append(Text(""))
-        out.append(Group(*number_line(floats)))
+        out.append(_FittedNumberLine(floats))
     if ints:
         out.append(_int_table(ints))
     if report.promotion is not None:
