@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from dtypecheck.cli._app import ConfigOption, FormatOption, OutputOption, QuietOption, TracebackOption, app, emit
 from dtypecheck.errors import ExitCode, UsageError
 from dtypecheck.render import OutputFormat
+
+if TYPE_CHECKING:
+    from dtypecheck.dtypes import DtypeSpec
 
 
 @app.command()
@@ -41,6 +46,41 @@ def info(
 
     Exit codes: 0 ok, 2 unknown dtype or conflicting options.
     """
+    options = resolve_info_options(
+        dtypes, all_dtypes=all_dtypes, list_names=list_names, promote=promote, fmt=fmt, output=output, quiet=quiet
+    )
+    return execute_info(options)
+
+
+@dataclass(frozen=True)
+class InfoOptions:
+    """What ``dtypecheck info`` was asked, with conflicts already rejected."""
+
+    specs: tuple[DtypeSpec, ...]
+    """The dtypes to describe; empty means every float dtype (or, with ``list_names``, unused)."""
+    list_names: bool
+    """Only list the dtype names this torch build has."""
+    promote: bool
+    """Explain torch's type promotion of ``specs`` (at least two)."""
+    fmt: OutputFormat
+    """The output format."""
+    output: Path | None
+    """Where to write the report; stdout if None."""
+    quiet: bool
+    """Silence progress and notes on stderr."""
+
+
+def resolve_info_options(
+    dtypes: list[str] | None,
+    *,
+    all_dtypes: bool,
+    list_names: bool,
+    promote: bool,
+    fmt: OutputFormat,
+    output: Path | None,
+    quiet: bool,
+) -> InfoOptions:
+    """Parse dtype names and reject conflicting flags with a UsageError naming them; runs nothing."""
     from dtypecheck.dtypes import REGISTRY, parse_dtype_list
 
     if list_names:
@@ -48,17 +88,24 @@ def info(
         given = [flag for flag, on in clashes if on]
         if given:
             raise UsageError(f"--list shows every dtype name; it does not combine with {given[0]}")
-        from dtypecheck.info import list_dtypes
-
-        emit(list_dtypes(), fmt, output, quiet=quiet)
-        return ExitCode.OK
-    from dtypecheck.info import describe_dtypes
-
+        return InfoOptions((), True, False, fmt, output, quiet)
     if all_dtypes and dtypes:
         raise UsageError("--all and explicit dtype names conflict; give one or the other")
     specs = [s for s in REGISTRY if s.available] if all_dtypes else parse_dtype_list(dtypes)
     if promote and len(specs) < 2:
         raise UsageError("--promote needs at least two dtypes, e.g. 'dtypecheck info --promote fp16 bf16 int8'")
-    report = describe_dtypes(specs or None, with_promotion=promote)
-    emit(report, fmt, output, quiet=quiet)
+    return InfoOptions(tuple(specs), False, promote, fmt, output, quiet)
+
+
+def execute_info(options: InfoOptions) -> int:
+    """Build the report the options ask for, render it through ``emit`` and return the exit code."""
+    if options.list_names:
+        from dtypecheck.info import list_dtypes
+
+        emit(list_dtypes(), options.fmt, options.output, quiet=options.quiet)
+        return ExitCode.OK
+    from dtypecheck.info import describe_dtypes
+
+    report = describe_dtypes(list(options.specs) or None, with_promotion=options.promote)
+    emit(report, options.fmt, options.output, quiet=options.quiet)
     return ExitCode.OK

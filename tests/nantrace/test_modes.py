@@ -11,7 +11,7 @@ import torch
 
 import dtypecheck
 from dtypecheck.nantrace.ops import OpKind, classify
-from tests.test_nantrace_scripts import line_of, trace_json, write_script
+from tests.nantrace.test_scripts import line_of, trace_json, write_script
 
 DTYPECHECK_DIR = str(Path(dtypecheck.__file__).parent)
 

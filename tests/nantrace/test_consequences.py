@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_nantrace_scripts import line_of, write_script
+from tests.nantrace.test_scripts import line_of, write_script
 
 
 def trace_json(cli: Any, *args: str) -> tuple[int, dict[str, Any], str]:
@@ -405,7 +405,7 @@ def test_a_real_nan_under_a_gradscaler_fails_at_its_line_once_the_scale_collapse
 
 
 def test_nan_written_into_a_parameter_fails_as_a_parameter(cli: Any, tmp_path: Path) -> None:
-    from tests.test_nantrace_scripts import OPTIMIZER
+    from tests.nantrace.test_scripts import OPTIMIZER
 
     script, _ = write_script(tmp_path, "optimizer.py", OPTIMIZER)
     code, doc, _ = trace_json(cli, str(script))
@@ -430,7 +430,7 @@ for step in range(2):
 
 
 def test_a_value_held_at_the_end_or_dropped_unmasked_fails_and_says_which(cli: Any, tmp_path: Path) -> None:
-    from tests.test_nantrace_scripts import INPLACE
+    from tests.nantrace.test_scripts import INPLACE
 
     script, text = write_script(tmp_path, "inplace.py", INPLACE)
     code, doc, _ = trace_json(cli, str(script))

@@ -27,7 +27,7 @@ from dtypecheck.nantrace.report import (
     TensorArg,
 )
 from dtypecheck.render import OutputFormat, render
-from tests.test_nantrace_scripts import line_of, trace_json, write_script
+from tests.nantrace.test_scripts import line_of, trace_json, write_script
 
 
 def _arg(doc: dict[str, Any], name: str) -> dict[str, Any]:
@@ -518,7 +518,7 @@ def _embedding_with_float_ids() -> None:
             "bmm-left",  # made float16 by .half(): the cast is where its dtype came from
             "bmm-call",
             "cast the `self` argument with `.to(torch.float32)`, or where it is created "
-            "(test_nantrace_dtypes.py:{made})",
+            "(test_dtypes.py:{made})",
         ),
         (
             _embedding_with_float_ids,

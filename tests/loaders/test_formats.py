@@ -25,7 +25,7 @@ from dtypecheck.loaders.formats import (
     pre_commit_pattern,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _hook(key: str) -> str:

@@ -18,9 +18,9 @@ import pytest
 from dtypecheck.nantrace.distributed import RankInfo, merge, rank_info
 from dtypecheck.nantrace.launch import free_port
 from dtypecheck.nantrace.report import Event, NanTraceReport, ValueCounts
-from tests.test_nantrace_scripts import line_of, write_script
+from tests.nantrace.test_scripts import line_of, write_script
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 240
 
 DDP = """
