@@ -6,7 +6,7 @@ from enum import IntEnum
 
 
 class ExitCode(IntEnum):
-    """What every command returns (README lists them; CONTRACT.md defines them)."""
+    """What every command returns (README lists them; docs/contract.md defines them)."""
 
     OK = 0
     """Ran, and nothing at or above the ``--fail-on`` level was found."""

@@ -52,7 +52,7 @@ CHECK_LEVEL: Final[Mapping[Check, Level]] = {
     "subnormal": "warn",
     "scaled_underflow": "warn",
 }
-"""The level a nonzero count of each check carries (CONTRACT.md "Levels")."""
+"""The level a nonzero count of each check carries (docs/contract.md "Levels")."""
 
 CAST_CHECKS: Final[tuple[Check, ...]] = ("overflow", "underflow", "subnormal", "scaled_underflow")
 """The checks a cast to a target can fail, in the order reports list them."""

@@ -27,7 +27,7 @@ def round_to_format(x: float, fmt: FloatFormat) -> float:
 
 
 def judge_cast(x: float, fmt: FloatFormat) -> CastVerdict:
-    """What casting ``x`` to ``fmt`` does to it, by CONTRACT.md's rounding rules."""
+    """What casting ``x`` to ``fmt`` does to it, by docs/contract.md's rounding rules."""
     if not math.isfinite(x):
         return "nonfinite"
     r = round_to_format(x, fmt)

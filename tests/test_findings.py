@@ -23,7 +23,7 @@ def test_at_least(level, threshold, expected):
 
 
 def test_contract_levels_for_every_check():
-    # CONTRACT.md "Levels": non-finite values and any overflow fail; underflow and subnormals warn.
+    # docs/contract.md "Levels": non-finite values and any overflow fail; underflow and subnormals warn.
     assert CHECK_LEVEL == {
         "nonfinite": "fail",
         "overflow": "fail",

@@ -1,4 +1,4 @@
-"""The frozen results of ``nan-trace``: events, their history, and the report (CONTRACT.md ``nan-trace``)."""
+"""The frozen results of ``nan-trace``: events, their history, and the report (docs/contract.md ``nan-trace``)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 For float16/bfloat16 targets the values are cast as they are; for float8/float4 targets after per-tensor scaling
 to the target's max (``x * max / absmax``, as fp8 training and inference do); ``blockscale`` adds per-channel and
-MX block scaling. Rounding is CONTRACT.md's single round-to-nearest-even (``quantize``), computed in float64 on
+MX block scaling. Rounding is docs/contract.md's single round-to-nearest-even (``quantize``), computed in float64 on
 bounded sub-blocks of a chunk, and every sum is accumulated in float64, so memory stays at a few MiB per chunk in
 flight however large the tensor. Non-finite values are left out (they are counted elsewhere), and so are values
 a plain cast overflows (they already fail the tensor): the measures describe the values that survive.

@@ -1,6 +1,6 @@
 """Exact round-to-nearest-even of float64 magnitudes onto a float format's grid, vectorised with numpy.
 
-CONTRACT.md's rounding rule (nearest, ties to even, exponent unbounded above, subnormals below the smallest normal)
+docs/contract.md's rounding rule (nearest, ties to even, exponent unbounded above, subnormals below the smallest normal)
 on whole arrays, with no lookup tables and no per-format code: the grid spacing at ``|x|`` is
 ``2**(max(floor(log2|x|), emin) - mantissa_bits)``, read from the float64 exponent field; dividing by it (a power
 of two: exact) leaves a number below ``2**(mantissa_bits + 1)``, which ``(y + 2**52) - 2**52`` rounds to an integer

@@ -19,7 +19,7 @@ GATED_STATES: tuple[State, ...] = ("new", "worse")
 
 @dataclass(frozen=True)
 class CastCounts:
-    """What casting a tensor's values to one target does to them (CONTRACT.md rounding rules)."""
+    """What casting a tensor's values to one target does to them (docs/contract.md rounding rules)."""
 
     overflow: int | None
     """Finite values whose rounded magnitude exceeds the target's max (for an integer target: outside its range
@@ -34,7 +34,7 @@ class CastCounts:
     so a handful of subnormals reads as what it is. Null for an empty tensor."""
     double_rounding: int | None = field(default=None, kw_only=True)
     """Extra: values whose cast by torch (float64 sources reach 16- and 8-bit floats through float32, rounding
-    twice) differs from CONTRACT.md's single rounding; the counts above are what torch gives. 0 when the cast is a
+    twice) differs from docs/contract.md's single rounding; the counts above are what torch gives. 0 when the cast is a
     single rounding; null for integer targets and empty tensors."""
     sqnr_db: float | None = field(default=None, kw_only=True)
     """Extra (``--precision``): signal-to-quantisation-noise ratio of the cast in dB,

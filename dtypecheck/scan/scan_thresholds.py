@@ -1,6 +1,6 @@
 """Where a cast's verdict changes, as exact rationals, and as bit patterns of the format the kernel reads.
 
-``cast_edges`` derives, from ``dtypes.FloatFormat`` alone, the magnitudes at which CONTRACT.md's rounding rule
+``cast_edges`` derives, from ``dtypes.FloatFormat`` alone, the magnitudes at which docs/contract.md's rounding rule
 (round-to-nearest-even, exponent unbounded above) flushes a value to zero, starts giving a normal, and
 overflows, ties included:
 

@@ -2,7 +2,7 @@
 
 Measured on torch 2.13's CPU casts (tests/scan/test_via_float32.py checks it against the installed torch): from
 float64 to float16, bfloat16 and every float8 format, ``x.to(T)`` equals ``x.to(float32).to(T)`` -- two
-round-to-nearest-even steps, not CONTRACT.md's one. The two disagree exactly when the float32 rounding lands on a
+round-to-nearest-even steps, not docs/contract.md's one. The two disagree exactly when the float32 rounding lands on a
 tie of ``T``'s grid that ``x`` itself was not on: ``65520 * (1 - 2**-40)`` is below float16's overflow tie (single
 rounding: 65504), but rounds to 65520.0 in float32, a tie that float16 breaks upwards (inf).
 

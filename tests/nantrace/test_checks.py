@@ -26,7 +26,7 @@ def test_every_kind_the_report_writes_has_one_registered_check() -> None:
     assert sorted(k for check in CHECKS.values() for k in check.kinds) == sorted(kinds)
     for kind in kinds:
         assert level_of(kind) in LEVELS
-    # CONTRACT.md "Levels": NaN/Inf fail, underflow warns; a skipped step is a note.
+    # docs/contract.md "Levels": NaN/Inf fail, underflow warns; a skipped step is a note.
     assert [level_of(k) for k in ("nan", "inf", "underflow", "near_overflow", "skipped_step", "scale_collapse")] == [
         "fail",
         "fail",

