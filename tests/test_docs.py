@@ -81,3 +81,142 @@ def test_relative_links_in_documents_resolve(document: str) -> None:
     assert local, document
     missing = [link for link in local if not (path.parent / link).exists()]
     assert missing == [], f"{document} links to missing files: {missing}"
+
+
+# --- docs/json.md against what the JSON renderer writes -------------------------------------------------------
+
+JSON_DOC = ROOT / "docs" / "json.md"
+DATA_KEYED = frozenset({"casts", "census", "devices", "fraction", "constructors"})
+"""Fields whose keys are data (target and dtype names, devices, checks, constructor calls), not schema words."""
+
+
+def _report_types() -> dict[str, type]:
+    from dtypecheck.info import InfoReport
+    from dtypecheck.info.names import DtypeList
+    from dtypecheck.memory.report import MemoryReport
+    from dtypecheck.nantrace.report import NanTraceReport
+    from dtypecheck.scan.scan_report import ScanReport
+
+    return {cls.SCHEMA: cls for cls in (InfoReport, DtypeList, ScanReport, MemoryReport, NanTraceReport)}
+
+
+def _json_section(schema: str) -> str:
+    text = JSON_DOC.read_text(encoding="utf-8")
+    match = re.search(rf"^## `{re.escape(schema)}`\n(.*?)(?=^## |\Z)", text, re.MULTILINE | re.DOTALL)
+    assert match, f"docs/json.md has no section for {schema}"
+    return match.group(1)
+
+
+def _names_a_key(section: str, key: str) -> bool:
+    return re.search(rf"(?<![\w-]){re.escape(key)}(?![\w-])", section) is not None
+
+
+def _dataclass_fields(cls: type) -> set[str]:
+    """Every field the JSON renderer writes for ``cls``: its own and, through its annotations, those of every
+    dataclass it holds (in optionals, tuples, lists and mapping values)."""
+    import collections.abc
+    import dataclasses
+    import typing
+
+    found: set[str] = set()
+    seen: set[type] = set()
+
+    def inner_types(annotation: object) -> list[type]:
+        if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
+            return [annotation]
+        origin = typing.get_origin(annotation)
+        arguments = typing.get_args(annotation)
+        if isinstance(origin, type) and issubclass(origin, collections.abc.Mapping):
+            arguments = arguments[1:]  # the keys are data
+        return [t for argument in arguments for t in inner_types(argument)]
+
+    def walk(current: type) -> None:
+        if current in seen:
+            return
+        seen.add(current)
+        hints = typing.get_type_hints(current)
+        for field in dataclasses.fields(current):
+            if field.repr:  # what render.json.jsonable writes
+                found.add(field.name)
+                for nested in inner_types(hints[field.name]):
+                    walk(nested)
+
+    walk(cls)
+    return found
+
+
+def _document_keys(value: object, found: set[str]) -> set[str]:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found.add(key)
+            if key in DATA_KEYED and isinstance(item, dict):
+                for nested in item.values():
+                    _document_keys(nested, found)
+            else:
+                _document_keys(item, found)
+    elif isinstance(value, list):
+        for item in value:
+            _document_keys(item, found)
+    return found
+
+
+@pytest.fixture(scope="module")
+def documents(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, object]]:
+    from tests._documents import EXIT_CODES, command_args, run_json
+
+    folder = tmp_path_factory.mktemp("documents")
+    found = {}
+    for command, args in command_args(folder).items():
+        code, document = run_json(args)
+        assert code == EXIT_CODES[command], command
+        found[command] = document
+    return found
+
+
+@pytest.mark.parametrize("schema", sorted(_report_types()))
+def test_json_doc_names_every_field_of_the_report_dataclasses(schema: str) -> None:
+    section = _json_section(schema)
+    fields = _dataclass_fields(_report_types()[schema])
+    assert len(fields) > 5, schema
+    missing = sorted(field for field in fields if not _names_a_key(section, field))
+    assert missing == [], f"docs/json.md's {schema} section does not describe {missing}"
+
+
+def test_json_doc_names_every_key_a_real_document_has(documents: dict[str, dict[str, object]]) -> None:
+    missing = {}
+    for document in documents.values():
+        schema = document["schema"]
+        assert isinstance(schema, str)
+        section = _json_section(schema)
+        keys = _document_keys(document, set()) - {"schema", "dtypecheck_version"}
+        absent = sorted(key for key in keys if not _names_a_key(section, key))
+        if absent:
+            missing[schema] = absent
+    assert set(documents) == {"info", "info-list", "scan-model", "estimate-memory", "nan-trace"}
+    assert missing == {}, f"docs/json.md does not describe these keys: {missing}"
+
+
+def test_json_doc_says_every_document_has_schema_and_version() -> None:
+    preamble = JSON_DOC.read_text(encoding="utf-8").split("\n## ", 1)[0]
+    assert '`"schema"`' in preamble
+    assert '`"dtypecheck_version"`' in preamble
+
+
+@pytest.mark.parametrize("schema", sorted(_report_types()))
+def test_json_doc_skeleton_shows_only_real_fields(schema: str) -> None:
+    # The converse: a field renamed or removed in the code must not live on in the document's outline.
+    outline = re.search(r"^```\n(.*?)^```", _json_section(schema), re.MULTILINE | re.DOTALL)
+    assert outline, f"docs/json.md's {schema} section has no outline"
+    shown = set(re.findall(r'(?:^\s*|[{,]\s*)"(\w+)":', outline.group(1), re.MULTILINE))
+    assert {"schema", "dtypecheck_version"} <= shown
+    fields = _dataclass_fields(_report_types()[schema])
+    assert shown - {"schema", "dtypecheck_version"} - fields == set()
+
+
+def test_json_doc_names_every_checkpoint_format() -> None:
+    from dtypecheck.loaders.formats import FORMATS
+
+    section = _json_section("dtypecheck.scan/1")
+    names = [f.name for f in FORMATS]
+    assert "safetensors" in names
+    assert [name for name in (*names, "folder", "live-model") if f"`{name}`" not in section] == []
