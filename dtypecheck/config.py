@@ -19,6 +19,7 @@ from typing import Any
 
 from dtypecheck.dtypes import lookup_available
 from dtypecheck.errors import UsageError
+from dtypecheck.output import OutputFormat
 from dtypecheck.usercode import python_target
 
 if sys.version_info >= (3, 11):
@@ -197,7 +198,7 @@ def _ignore_rules(where: str, value: Any) -> Any:
 
 COMMON_KEYS: dict[str, Validator] = {
     "fail-on": _one_of(*LEVELS),
-    "format": _one_of("table", "json", "sarif", "github"),
+    "format": _one_of(*(fmt.value for fmt in OutputFormat)),
     "quiet": _boolean,
 }
 SECTION_KEYS: dict[str, dict[str, Validator]] = {

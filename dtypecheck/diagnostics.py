@@ -10,51 +10,26 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
 
-from dtypecheck.findings import CHECK_LEVEL, Check, Level
+from dtypecheck.findings import CHECK_LEVEL, CHECK_RULE, RULE_BY_ID, RULES, Level, Rule, Severity, finding_rule
 from dtypecheck.info import InfoReport
+from dtypecheck.nantrace.checks import check_of
 from dtypecheck.nantrace.report import Event, Location, NanTraceReport
 from dtypecheck.scan.scan_report import GATED_STATES, ScanReport, State, finding_key, gated_checks
 
-Severity = Literal["fail", "warn", "note"]
+__all__ = ["RULES", "RULE_BY_ID", "Diagnostic", "Rule", "Severity", "diagnostics", "report_level"]
 
 
-@dataclass(frozen=True)
-class Rule:
-    id: str
-    name: str
-    summary: str
-    default_level: Severity
-
-
-RULES: tuple[Rule, ...] = (
-    Rule("DTC001", "finfo-mismatch", "torch.finfo disagrees with the dtype's true value", "note"),
-    Rule("DTC101", "nonfinite-values", "The tensor already holds NaN or infinite values", "fail"),
-    Rule("DTC102", "cast-overflow", "Values beyond the target dtype's max: inf (or silent saturation) on cast", "fail"),
-    Rule("DTC103", "cast-underflow", "Nonzero values that round to zero in the target dtype", "warn"),
-    Rule("DTC104", "cast-subnormal", "Values that become subnormal in the target dtype, losing precision", "warn"),
-    Rule("DTC105", "scaled-underflow", "Values lost to zero in float8 even after per-tensor amax scaling", "warn"),
-    Rule(
-        "DTC110", "pickle-global", "The checkpoint's pickle references a global (code it would import or run)", "warn"
-    ),
-    Rule("DTC111", "checkpoint-structure", "The checkpoint's structure is inconsistent (index, shards, sizes)", "warn"),
-    Rule("DTC120", "dtype-consistency", "Mixed or surprising dtypes in the model or its optimizer state", "warn"),
-    Rule("DTC201", "nonfinite-producer", "An operator produced NaN or Inf from finite inputs", "fail"),
-    Rule("DTC202", "near-overflow", "An operator's output came close to its dtype's max", "warn"),
-    Rule("DTC203", "half-precision-underflow", "An operator's half-precision output was mostly lost to zero", "warn"),
-    Rule("DTC204", "float64-promotion", "float64 entered a lower-precision program (memory and time double)", "warn"),
-    Rule("DTC205", "dtype-mismatch", "The traced code died of a dtype mismatch between an op's inputs", "fail"),
-)
-RULE_BY_ID = {rule.id: rule for rule in RULES}
-_CAST_RULES: dict[Check, str] = {
-    "overflow": "DTC102",
-    "underflow": "DTC103",
-    "subnormal": "DTC104",
-    "scaled_underflow": "DTC105",
-}
-_FINDING_RULES = {"pickle-global": "DTC110", "dtype-consistency": "DTC120"}
-_EVENT_RULES = {"nan": "DTC201", "inf": "DTC201", "near_overflow": "DTC202", "underflow": "DTC203"}
+def _event_rule(kind: str) -> str:
+    """The rule of a nan-trace kind, from its check's registry entry; an unregistered kind or one without a rule
+    (a level-``ok`` note) is a bug, never a silent default."""
+    try:
+        rule = check_of(kind).rule
+    except KeyError:
+        raise ValueError(f"nan-trace kind {kind!r} has no registered check (nantrace.checks)") from None
+    if rule is None:
+        raise ValueError(f"nan-trace kind {kind!r} is a note and has no SARIF rule")
+    return rule
 
 
 @dataclass(frozen=True)
@@ -103,10 +78,9 @@ def _scan(report: ScanReport) -> Iterator[Diagnostic]:
                 bad = {"nan": tensor.nan, "posinf": tensor.posinf, "neginf": tensor.neginf}
                 counts = ", ".join(f"{v} {k}" for k, v in bad.items() if v)
                 message = f"{name}: {counts} in {tensor.dtype}"
-                rule_id = "DTC101"
             else:
                 message = f"{name}: {count} of {tensor.numel} values {check} in {target}"
-                rule_id = _CAST_RULES[check]
+            rule_id = CHECK_RULE[check]
             yield Diagnostic(rule_id, _severity(CHECK_LEVEL[check]), message, source, None, name, state)
     for finding in report.findings:
         if finding.level == "ok":
@@ -114,7 +88,7 @@ def _scan(report: ScanReport) -> Iterator[Diagnostic]:
         shown, state = state_of(finding.tensor, finding_key(finding))
         if not shown:
             continue
-        rule_id = _FINDING_RULES.get(finding.kind, "DTC111")
+        rule_id = finding_rule(finding.kind)
         detail = f"{finding.kind}: {finding.detail}"
         yield Diagnostic(rule_id, _severity(finding.level), detail, source, None, finding.tensor, state)
 
@@ -129,7 +103,7 @@ def _event(event: Event, level: Severity) -> Diagnostic:
     message = f"{event.kind} from {event.op} in {event.phase}{cause}"
     if event.module:
         message += f" in module {event.module}"
-    return Diagnostic(_EVENT_RULES.get(event.kind, "DTC201"), level, message, *_at(event.location), where)
+    return Diagnostic(_event_rule(event.kind), level, message, *_at(event.location), where)
 
 
 def _nantrace(report: NanTraceReport) -> Iterator[Diagnostic]:
@@ -145,11 +119,11 @@ def _nantrace(report: NanTraceReport) -> Iterator[Diagnostic]:
         created = promotion.created
         origin = f" (the float64 tensor was made at {created.file}:{created.line})" if created and created.file else ""
         message = f"{promotion.op} computes in float64 in a {promotion.dominant} program{origin}"
-        yield Diagnostic("DTC204", "warn", message, *_at(promotion.location), promotion.module)
+        yield Diagnostic(_event_rule("float64_promotion"), "warn", message, *_at(promotion.location), promotion.module)
     error = report.dtype_error
     if error:
         message = f"{error.exception}; fix: {error.fix}"
-        yield Diagnostic("DTC205", "fail", message, *_at(error.location), error.module or error.op)
+        yield Diagnostic(_event_rule("dtype_mismatch"), "fail", message, *_at(error.location), error.module or error.op)
 
 
 def _info(report: InfoReport) -> Iterator[Diagnostic]:
@@ -159,7 +133,7 @@ def _info(report: InfoReport) -> Iterator[Diagnostic]:
                 f"torch.finfo({dtype.name}).{mismatch.field} is {mismatch.torch}, "
                 f"the format's true value is {mismatch.true}"
             )
-            yield Diagnostic("DTC001", "note", message, None, None, dtype.name)
+            yield Diagnostic(finding_rule("finfo-mismatch"), "note", message, None, None, dtype.name)
 
 
 def diagnostics(report: object) -> list[Diagnostic]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import typer
 from safetensors.torch import save_file
 
 from dtypecheck.cli._app import app
+from dtypecheck.output import format_help
 from dtypecheck.render import OutputFormat, render
 from dtypecheck.render.table import table_renderers
 from tests._memory_fixtures import write_decoder_config
@@ -64,3 +66,83 @@ def test_every_output_format_renders_every_report(command_reports, fmt: OutputFo
     # The scan had a NaN and an underflow: every finding format says so.
     scan = command_reports["scan-model"]
     assert "DTC101" in render(scan, OutputFormat.sarif) + render(scan, OutputFormat.github)
+
+
+# --- OutputFormat: one enum, every per-format decision made through it ----------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+FORMAT_NAMES = "|".join(fmt.value for fmt in OutputFormat)
+
+
+def test_every_format_has_every_decision() -> None:
+    decisions = {fmt: (fmt.for_people, fmt.one_document, fmt.findings_only, fmt.summary) for fmt in OutputFormat}
+    assert decisions == {
+        OutputFormat.table: (True, False, False, "rich"),
+        OutputFormat.json: (False, True, False, "one document"),
+        OutputFormat.sarif: (False, True, True, "SARIF 2.1.0"),
+        OutputFormat.github: (False, False, True, "annotations"),
+    }
+    assert [str(fmt) for fmt in OutputFormat] == ["table", "json", "sarif", "github"]
+
+
+def test_config_help_and_docs_read_the_enum() -> None:
+    from dtypecheck.config import validate
+    from dtypecheck.errors import UsageError
+
+    for fmt in OutputFormat:
+        assert validate({"format": fmt.value}, "pyproject.toml").get("info", "format") == fmt.value
+    with pytest.raises(UsageError) as refused:
+        validate({"format": "xml"}, "pyproject.toml")
+    assert refused.value.message() == (
+        "pyproject.toml: [tool.dtypecheck] format: expected one of 'table', 'json', 'sarif', 'github', got 'xml'"
+    )
+    assert format_help() == "table (rich), json (one document), sarif (SARIF 2.1.0) or github (annotations)."
+    commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    for name, command in commands.items():
+        (option,) = [param for param in command.params if "--format" in param.opts]
+        assert option.help == format_help(), name
+        assert option.type_descriptor.annotation is OutputFormat, name  # Typer's choices are the enum's members
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert f"| `--format {FORMAT_NAMES.replace('|', chr(92) + '|')}`, `-f` |" in readme
+    contract = (ROOT / "docs" / "contract.md").read_text(encoding="utf-8")
+    assert f"`--format {FORMAT_NAMES}`" in contract
+
+
+def _format_decisions_outside_the_enum() -> list[str]:
+    """Places in the package that decide by a format's name or member instead of asking ``OutputFormat``: a
+    comparison with a format's name, or ``OutputFormat.<member>`` other than a parameter's default."""
+    names = {fmt.value for fmt in OutputFormat}
+    found = []
+    exempt = {ROOT / "dtypecheck" / "output.py", ROOT / "dtypecheck" / "render" / "__init__.py"}
+    for path in sorted((ROOT / "dtypecheck").rglob("*.py")):
+        if path in exempt:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        defaults = {
+            id(default)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            for default in (*node.args.defaults, *node.args.kw_defaults)
+            if default is not None
+        }
+        for node in ast.walk(tree):
+            where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.Compare):
+                for operand in (node.left, *node.comparators):
+                    items = operand.elts if isinstance(operand, ast.Tuple | ast.List | ast.Set) else [operand]
+                    if any(isinstance(i, ast.Constant) and i.value in names for i in items):
+                        found.append(f"{where}: compares with a format name")
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "OutputFormat"
+                and node.attr in names
+                and id(node) not in defaults
+            ):
+                found.append(f"{where}: OutputFormat.{node.attr}")
+    return found
+
+
+def test_no_format_decision_bypasses_the_enum() -> None:
+    # Adding a format then needs a decision only in dtypecheck/output.py, where mypy checks each match.
+    assert _format_decisions_outside_the_enum() == []

@@ -14,6 +14,7 @@ import typer
 
 from dtypecheck import __version__
 from dtypecheck.errors import ExitCode, UserCodeError
+from dtypecheck.output import format_help
 from dtypecheck.render import OutputFormat, render, write_atomically
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ FormatOption = Annotated[
     typer.Option(
         "--format",
         "-f",
-        help="table (rich), json (one document), sarif (SARIF 2.1.0) or github (annotations).",
+        help=format_help(),
         callback=_configured_default,
     ),
 ]
@@ -229,7 +230,7 @@ def emit(report: Report, fmt: OutputFormat, output: Path | None, *, quiet: bool)
         if not quiet:
             print(f"wrote {output}", file=sys.stderr)
         return
-    color = fmt is OutputFormat.table and sys.stdout.isatty() and "NO_COLOR" not in os.environ
+    color = fmt.for_people and sys.stdout.isatty() and "NO_COLOR" not in os.environ
     width = None
     if sys.stdout.isatty():
         import shutil

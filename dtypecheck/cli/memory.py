@@ -177,7 +177,7 @@ def estimate_memory(
     from dtypecheck.memory.devices import default_device, parse_fit
     from dtypecheck.render.progress import progress_bar
 
-    if fmt not in (OutputFormat.table, OutputFormat.json):
+    if fmt.findings_only:
         raise UsageError(f"estimate-memory writes a table or json, not {fmt.value} (a memory estimate has no findings)")
     settings = project_config(config)
     command = "estimate-memory"

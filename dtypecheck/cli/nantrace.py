@@ -183,8 +183,8 @@ def nan_trace(
             raise UsageError("--steps applies to file.py:factory; a script runs its own loop")
         # stdout must hold only the document: the script's own output (prints, os.write, subprocesses) goes to
         # stderr. With a table the script's output stays where the user expects it.
-        script_stdout = sys.stderr if fmt is not OutputFormat.table else None
-        with user_code_guard(target, enabled=fmt is not OutputFormat.table, script=True):
+        script_stdout = sys.stderr if not fmt.for_people else None
+        with user_code_guard(target, enabled=not fmt.for_people, script=True):
             report = run_script(path, list(script_args or []), run, stdout=script_stdout)
     emit(report, fmt, output, quiet=quiet)
     if report.dtype_error is not None:
@@ -230,7 +230,7 @@ def _run_rank(
         os._exit(code)
 
     session = Session(info, deliver, end_process)
-    script_stdout = sys.stderr if fmt is not OutputFormat.table or info.rank != 0 else None
+    script_stdout = sys.stderr if not fmt.for_people or info.rank != 0 else None
     try:
         with user_code_guard(str(path), enabled=script_stdout is not None, script=True):
             report = run_script(path, script_args, run, stdout=script_stdout, session=session)
@@ -249,7 +249,7 @@ def _exit_with_dtype_error(report: NanTraceReport, fmt: OutputFormat, output: Pa
 
     error = report.dtype_error
     assert error is not None
-    hidden = fmt is OutputFormat.table and output is not None
+    hidden = fmt.for_people and output is not None
     formatted = error.traceback + ("\n" + explanation_text(error) if hidden else "")
     source = Path(report.source).name if report.source else "the traced code"
     message = error.exception.splitlines()[0] if error.exception else "dtype mismatch"

@@ -140,7 +140,7 @@ def scan_model(
     if no_baseline and (baseline is not None or update_baseline):
         raise UsageError("--no-baseline leaves the baseline out; it cannot go with --baseline or --update-baseline")
     several = len(checkpoints) > 1
-    if several and (fmt in (OutputFormat.json, OutputFormat.sarif) or output is not None or plot is not None):
+    if several and (fmt.one_document or output is not None or plot is not None):
         raise UsageError("one checkpoint per JSON/SARIF document, --output or --plot; scan them one at a time")
     jobs = [_job(checkpoint, config, target, baseline, no_baseline) for checkpoint in checkpoints]
     baselines = Baselines(update=update_baseline)

@@ -41,6 +41,10 @@ class Check(Protocol):
     def title(self) -> str:
         """What the table calls it."""
 
+    @property
+    def rule(self) -> str | None:
+        """Its SARIF rule id (``findings.RULES``); None only for a level-``ok`` note, which is never a result."""
+
 
 class OpCheck(Check, Protocol):
     """A check run at the flush over every checked op, in op order."""
@@ -94,6 +98,7 @@ class NonFiniteProducer(_OpCheckBase):
     kinds: tuple[str, ...] = ("nan", "inf")
     level: Level = CHECK_LEVEL["nonfinite"]
     title: str = "non-finite value"
+    rule: str | None = "DTC201"
 
     def on_op(self, record: OpRecord, judge: Judge, nonfinite: bool) -> None:
         judge.follow_nonfinite(record, nonfinite)
@@ -112,6 +117,7 @@ class NearOverflow(_OpCheckBase):
     kinds: tuple[str, ...] = ("near_overflow",)
     level: Level = "warn"
     title: str = "near overflow"
+    rule: str | None = "DTC202"
 
     def on_op(self, record: OpRecord, judge: Judge, nonfinite: bool) -> None:
         if nonfinite or (judge.scaled_backward and record.phase == "backward"):
@@ -131,6 +137,7 @@ class Underflow(_OpCheckBase):
     kinds: tuple[str, ...] = ("underflow",)
     level: Level = CHECK_LEVEL["underflow"]
     title: str = "half-precision underflow"
+    rule: str | None = "DTC203"
 
     def on_op(self, record: OpRecord, judge: Judge, nonfinite: bool) -> None:
         from dtypecheck.nantrace.rerun import underflows_in_float32
@@ -157,6 +164,7 @@ class Described:
     kinds: tuple[str, ...]
     level: Level
     title: str
+    rule: str | None
 
 
 for _check in (
@@ -164,11 +172,14 @@ for _check in (
     NearOverflow(),
     Underflow(),
     # dtypeflow.DtypeFlow finds it as ops run.
-    Described("float64_promotion", ("float64_promotion",), "warn", "float64 enters a lower-precision program"),
+    Described(
+        "float64_promotion", ("float64_promotion",), "warn", "float64 enters a lower-precision program", "DTC204"
+    ),
     # explain.explain: the traced code died of it.
-    Described("dtype_mismatch", ("dtype_mismatch",), "fail", "dtype mismatch"),
+    Described("dtype_mismatch", ("dtype_mismatch",), "fail", "dtype mismatch", "DTC205"),
     # training.TrainingWatch, at each GradScaler.update.
-    Described("skipped_step", ("skipped_step",), "ok", "step skipped by GradScaler"),
-    Described("scale_collapse", ("scale_collapse",), "fail", "GradScaler's scale collapsed"),
+    Described("skipped_step", ("skipped_step",), "ok", "step skipped by GradScaler", None),
+    # Reported through the last skipped step's first producer (``first``), a DTC201 result.
+    Described("scale_collapse", ("scale_collapse",), "fail", "GradScaler's scale collapsed", "DTC201"),
 ):
     register(_check)

@@ -1,12 +1,13 @@
-"""The output formats every command renders through, mapped exhaustively from one enum."""
+"""The output formats every command renders through, mapped exhaustively from ``dtypecheck.output.OutputFormat``."""
 
 from __future__ import annotations
 
 import os
 import tempfile
-from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
+
+from dtypecheck.output import OutputFormat, assert_never
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -20,37 +21,31 @@ if TYPE_CHECKING:
     Report: TypeAlias = DtypeList | InfoReport | MemoryReport | NanTraceReport | ScanReport
     """What a command renders; ``render.table.table_renderers`` has one entry per member (tests check it)."""
 
-
-class OutputFormat(str, Enum):
-    table = "table"
-    json = "json"
-    sarif = "sarif"
-    github = "github"
-
-
-def _assert_never(value: NoReturn) -> NoReturn:
-    raise AssertionError(f"unhandled output format: {value!r}")
+__all__ = ["OutputFormat", "render", "write_atomically"]
 
 
 def render(report: Report, fmt: OutputFormat, *, color: bool = False, width: int | None = None) -> str:
-    """Render a core result in the given format; the only dispatch on ``OutputFormat``."""
-    if fmt is OutputFormat.table:
-        from dtypecheck.render.table import render_table
+    """Render a core result in the given format; the only dispatch from ``OutputFormat`` to a renderer."""
+    match fmt:
+        case OutputFormat.table:
+            from dtypecheck.render.table import render_table
 
-        return render_table(report, color=color, width=width)
-    if fmt is OutputFormat.json:
-        from dtypecheck.render.json import render_json
+            return render_table(report, color=color, width=width)
+        case OutputFormat.json:
+            from dtypecheck.render.json import render_json
 
-        return render_json(report)
-    if fmt is OutputFormat.sarif:
-        from dtypecheck.render.sarif import render_sarif
+            return render_json(report)
+        case OutputFormat.sarif:
+            from dtypecheck.render.sarif import render_sarif
 
-        return render_sarif(report)
-    if fmt is OutputFormat.github:
-        from dtypecheck.render.github import render_github
+            return render_sarif(report)
+        case OutputFormat.github:
+            from dtypecheck.render.github import render_github
 
-        return render_github(report)
-    _assert_never(fmt)
+            return render_github(report)
+        case _:
+            assert_never(fmt)
+    raise AssertionError(fmt)  # unreachable: tells ruff that assert_never does not return
 
 
 def _mode_for(path: Path) -> int:

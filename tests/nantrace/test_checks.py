@@ -46,6 +46,7 @@ def test_a_kind_cannot_be_registered_twice() -> None:
         kinds: tuple[str, ...] = ("nan",)
         level: Level = "warn"
         title: str = "x"
+        rule: str | None = "DTC201"
 
     with pytest.raises(ValueError, match="registered twice"):
         register(Twice())
