@@ -70,7 +70,7 @@ def test_every_output_format_renders_every_report(command_reports, fmt: OutputFo
 
 # --- OutputFormat: one enum, every per-format decision made through it ----------------------------------------
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FORMAT_NAMES = "|".join(fmt.value for fmt in OutputFormat)
 
 

@@ -19,7 +19,7 @@ from dtypecheck.info import describe_dtypes
 from dtypecheck.render import OutputFormat, render
 from dtypecheck.render.json import jsonable
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CONTRACT_FLOAT_KEYS = (
     "name",
     "kind",
