@@ -42,6 +42,21 @@ def cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., CliResult]:
     return run
 
 
+@pytest.fixture(scope="session")
+def command_documents(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict[str, Any]]]:
+    """One ``--format json`` run of each command on its tiny input (``tests/_documents.py``), once per worker:
+    command -> (the folder holding the inputs, the document)."""
+    from tests._documents import EXIT_CODES, command_args, run_json
+
+    folder = tmp_path_factory.mktemp("documents")
+    found = {}
+    for command, args in command_args(folder).items():
+        code, document = run_json(args)
+        assert code == EXIT_CODES[command], command
+        found[command] = (folder, document)
+    return found
+
+
 @pytest.fixture
 def golden(request: pytest.FixtureRequest) -> Callable[[str, str], None]:
     """Compare text with ``tests/golden/<name>``; ``pytest --overwrite-golden`` regenerates it."""

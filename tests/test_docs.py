@@ -160,17 +160,9 @@ def _document_keys(value: object, found: set[str]) -> set[str]:
     return found
 
 
-@pytest.fixture(scope="module")
-def documents(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, object]]:
-    from tests._documents import EXIT_CODES, command_args, run_json
-
-    folder = tmp_path_factory.mktemp("documents")
-    found = {}
-    for command, args in command_args(folder).items():
-        code, document = run_json(args)
-        assert code == EXIT_CODES[command], command
-        found[command] = document
-    return found
+@pytest.fixture
+def documents(command_documents: dict[str, tuple[Path, dict[str, object]]]) -> dict[str, dict[str, object]]:
+    return {command: document for command, (_folder, document) in command_documents.items()}
 
 
 @pytest.mark.parametrize("schema", sorted(_report_types()))
