@@ -15,7 +15,7 @@ from typing import Literal
 from dtypecheck.findings import CHECK_LEVEL, Check, Level
 from dtypecheck.info import InfoReport
 from dtypecheck.nantrace.report import Event, Location, NanTraceReport
-from dtypecheck.scan.scan_report import GATED_STATES, ScanReport, State, finding_key, gated_checks
+from dtypecheck.scan.report import GATED_STATES, ScanReport, State, finding_key, gated_checks
 
 Severity = Literal["fail", "warn", "note"]
 

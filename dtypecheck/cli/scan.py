@@ -134,7 +134,7 @@ def scan_model(
     from dtypecheck.render.progress import progress_bar
     from dtypecheck.scan.baseline import compare, nothing_before
     from dtypecheck.scan.keep_float32 import DEFAULT_MIN_SQNR_DB
-    from dtypecheck.scan.scan import scan_checkpoint
+    from dtypecheck.scan.run import scan_checkpoint
     from dtypecheck.scan.targets import check_targets
 
     if no_baseline and (baseline is not None or update_baseline):

@@ -21,7 +21,7 @@ from dtypecheck.scan.baseline import BASELINE_SCHEMA, Baseline, checkpoint_key, 
 
 if TYPE_CHECKING:
     from dtypecheck.config import Config
-    from dtypecheck.scan.scan_report import ScanReport
+    from dtypecheck.scan.report import ScanReport
 
 
 def configured_path(settings: Config, key: str) -> Path | None:

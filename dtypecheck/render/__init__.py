@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from dtypecheck.info.names import DtypeList
     from dtypecheck.memory.report import MemoryReport
     from dtypecheck.nantrace.report import NanTraceReport
-    from dtypecheck.scan.scan_report import ScanReport
+    from dtypecheck.scan.report import ScanReport
 
     Report: TypeAlias = DtypeList | InfoReport | MemoryReport | NanTraceReport | ScanReport
     """What a command renders; ``render.table.table_renderers`` has one entry per member (tests check it)."""

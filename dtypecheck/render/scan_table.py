@@ -13,7 +13,7 @@ from rich.text import Text
 from dtypecheck.dtypes import DtypeSpec, lookup
 from dtypecheck.errors import UnknownDtypeError
 from dtypecheck.render.cells import LEVEL_STYLE, fmt_bytes, fmt_float, printable
-from dtypecheck.scan.scan_report import (
+from dtypecheck.scan.report import (
     BaselineComparison,
     CastCounts,
     Float8CastCounts,

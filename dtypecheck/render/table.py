@@ -26,7 +26,7 @@ def table_renderers() -> Mapping[type, Renderer]:
     from dtypecheck.render.memory_table import render_memory
     from dtypecheck.render.nantrace_table import render_nantrace
     from dtypecheck.render.scan_table import render_scan
-    from dtypecheck.scan.scan_report import ScanReport
+    from dtypecheck.scan.report import ScanReport
 
     return {
         InfoReport: render_info,

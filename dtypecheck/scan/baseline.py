@@ -19,8 +19,8 @@ from typing import Any
 
 from dtypecheck.errors import InputError
 from dtypecheck.findings import CHECK_LEVEL, Level, worst
-from dtypecheck.scan.scan_document import read_scan_document
-from dtypecheck.scan.scan_report import (
+from dtypecheck.scan.document import read_scan_document
+from dtypecheck.scan.report import (
     GATED_STATES,
     STATES,
     BaselineComparison,

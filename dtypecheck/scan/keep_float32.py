@@ -20,7 +20,7 @@ import dataclasses
 
 from dtypecheck.dtypes import lookup
 from dtypecheck.errors import UnknownDtypeError
-from dtypecheck.scan.scan_report import CastCounts, Float8CastCounts, KeepFloat32, ScanReport, TensorScan, severity
+from dtypecheck.scan.report import CastCounts, Float8CastCounts, KeepFloat32, ScanReport, TensorScan, severity
 
 DEFAULT_MIN_SQNR_DB = 20.0
 """Below this SQNR a cast is judged to lose too much (quantisation noise above 1% of the signal's energy)."""

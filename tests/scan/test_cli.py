@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 
 from dtypecheck.loaders import Finding, open_checkpoint
 from dtypecheck.render import OutputFormat, render
-from dtypecheck.scan.scan import scan_checkpoint
+from dtypecheck.scan.run import scan_checkpoint
 
 
 def _load_example_module() -> Any:
@@ -144,7 +144,7 @@ def test_loader_findings_count_towards_the_level(cli, clean, monkeypatch) -> Non
         checkpoint.findings.append(Finding("pickle-global", "fail", "os.system"))
         return checkpoint
 
-    monkeypatch.setattr("dtypecheck.scan.scan.open_checkpoint", with_finding)
+    monkeypatch.setattr("dtypecheck.scan.run.open_checkpoint", with_finding)
     result = cli("scan-model", clean, "-f", "json")
     assert result.exit_code == 1
     doc = result.json()

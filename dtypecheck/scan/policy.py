@@ -12,7 +12,7 @@ import dataclasses
 from dtypecheck.config import ScanPolicy
 from dtypecheck.findings import Finding, level_of_counts, worst
 from dtypecheck.scan.consistency import consistency_findings
-from dtypecheck.scan.scan_report import ScanReport, TensorScan, cast_counts, check_key, nonfinite, summarise
+from dtypecheck.scan.report import ScanReport, TensorScan, cast_counts, check_key, nonfinite, summarise
 
 
 def _judge(tensor: TensorScan, policy: ScanPolicy) -> TensorScan:

@@ -12,7 +12,7 @@ from typing import Any
 
 from dtypecheck.errors import InputError
 from dtypecheck.findings import LEVELS, Finding, Level
-from dtypecheck.scan.scan_report import (
+from dtypecheck.scan.report import (
     STATES,
     BaselineComparison,
     CastCounts,

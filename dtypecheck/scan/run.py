@@ -24,11 +24,11 @@ from dtypecheck.dtypes import DtypeSpec, lookup
 from dtypecheck.loaders import Checkpoint, Finding, TensorRecord, open_checkpoint
 from dtypecheck.progress import ProgressCallback, no_progress
 from dtypecheck.scan.keep_float32 import DEFAULT_MIN_SQNR_DB, with_keep_float32
-from dtypecheck.scan.scan_kernel import Kernels, kernels
-from dtypecheck.scan.scan_policy import apply_policy
-from dtypecheck.scan.scan_report import ScanReport, summarise
-from dtypecheck.scan.scan_tensor import TensorScanner
+from dtypecheck.scan.kernel import Kernels, kernels
+from dtypecheck.scan.policy import apply_policy
+from dtypecheck.scan.report import ScanReport, summarise
 from dtypecheck.scan.targets import check_targets
+from dtypecheck.scan.tensor import TensorScanner
 
 if TYPE_CHECKING:
     import torch
@@ -54,7 +54,7 @@ def scan_checkpoint(
 
     ``targets`` default to float16 and bfloat16. ``compiled=False`` forces the numpy kernels (same results).
     ``policy`` (the project's ignore rules and tolerances) sets the levels; the dtype-consistency findings
-    are added either way. ``precision`` adds the precision-loss measures (``scan_measures``) in the second pass;
+    are added either way. ``precision`` adds the precision-loss measures (``measures``) in the second pass;
     ``keep_float32_sqnr_db`` is the SQNR below which a cast loses too much for the summary's ``keep_float32``.
     """
     specs = check_targets(targets) if targets else [lookup(name) for name in DEFAULT_TARGETS]
