@@ -32,12 +32,15 @@ def _assert_never(value: NoReturn) -> NoReturn:
     raise AssertionError(f"unhandled output format: {value!r}")
 
 
-def render(report: Report, fmt: OutputFormat, *, color: bool = False, width: int | None = None) -> str:
-    """Render a core result in the given format; the only dispatch on ``OutputFormat``."""
+def render(
+    report: Report, fmt: OutputFormat, *, color: bool = False, width: int | None = None, limit: int | None = None
+) -> str:
+    """Render a core result in the given format; the only dispatch on ``OutputFormat``. ``limit`` is a table
+    setting: how many of its ranked rows (scan-model's tensors, worst first) a table shows; None for all."""
     if fmt is OutputFormat.table:
         from dtypecheck.render.table import render_table
 
-        return render_table(report, color=color, width=width)
+        return render_table(report, color=color, width=width, limit=limit)
     if fmt is OutputFormat.json:
         from dtypecheck.render.json import render_json
 

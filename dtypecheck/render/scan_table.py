@@ -284,9 +284,9 @@ def _baseline(comparison: BaselineComparison) -> list[RenderableType]:
     return out
 
 
-def render_scan(report: ScanReport) -> list[RenderableType]:
+def render_scan(report: ScanReport, limit: int | None = None) -> list[RenderableType]:
+    """The table, worst tensors first: ``limit`` of them (None: every tensor), then the summary."""
     ordered = sorted(report.tensors, key=severity)
-    limit = report.display_limit
     shown = ordered if limit is None else ordered[:limit]
     histograms = [t.log2_histogram for t in shown if t.log2_histogram is not None]
     start, stop = _axis(histograms) if histograms else (0, 1)

@@ -186,8 +186,6 @@ class ScanReport:
     summary: ScanSummary
     baseline: BaselineComparison | None = None
     """Extra (``--baseline``): each check compared with an earlier report; the exit code follows its level."""
-    display_limit: int | None = field(default=None, repr=False, compare=False)
-    """How many tensors the table shows (None: all); not part of the JSON document."""
 
     @property
     def gate_level(self) -> Level:

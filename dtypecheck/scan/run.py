@@ -18,11 +18,14 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import cache, partial
 from itertools import zip_longest
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dtypecheck.dtypes import DtypeSpec, lookup
+from dtypecheck.errors import ParameterError
 from dtypecheck.loaders import Checkpoint, Finding, TensorRecord, open_checkpoint
 from dtypecheck.progress import ProgressCallback, no_progress
+from dtypecheck.scan.gate import CheckpointPlan, Gate
 from dtypecheck.scan.keep_float32 import DEFAULT_MIN_SQNR_DB, with_keep_float32
 from dtypecheck.scan.kernel import Kernels, kernels
 from dtypecheck.scan.policy import apply_policy
@@ -40,7 +43,7 @@ MAX_WORKERS = 8
 
 
 def scan_checkpoint(
-    target: str,
+    checkpoint: str,
     targets: Sequence[DtypeSpec] | None = None,
     *,
     progress: ProgressCallback = no_progress,
@@ -49,21 +52,35 @@ def scan_checkpoint(
     policy: ScanPolicy | None = None,
     precision: bool = False,
     keep_float32_sqnr_db: float = DEFAULT_MIN_SQNR_DB,
+    baseline: str | os.PathLike[str] | None = None,
+    baseline_key: str | None = None,
+    update_baseline: bool = False,
 ) -> ScanReport:
-    """Scan every tensor of the checkpoint (file, folder or ``file.py:factory``) at ``target``.
+    """Scan every tensor of ``checkpoint`` (file, folder, ``file.py:factory`` or Hub id).
 
     ``targets`` default to float16 and bfloat16. ``compiled=False`` forces the numpy kernels (same results).
     ``policy`` (the project's ignore rules and tolerances) sets the levels; the dtype-consistency findings
     are added either way. ``precision`` adds the precision-loss measures (``measures``) in the second pass;
     ``keep_float32_sqnr_db`` is the SQNR below which a cast loses too much for the summary's ``keep_float32``.
+
+    With a ``baseline`` file (``dtypecheck.baseline/1``, or an earlier JSON report) the report is compared with
+    the checkpoint's entry in it (``baseline_key``; default: its path relative to the working folder) and its
+    ``gate_level`` follows only what is new or worse; with ``update_baseline`` the entry is written instead (the
+    file is created if missing). Several checkpoints against shared baseline files: ``dtypecheck.scan.gate``.
     """
+    if update_baseline and baseline is None:
+        raise ParameterError("update_baseline", "needs the baseline file to write (baseline)")
     specs = check_targets(targets) if targets else [lookup(name) for name in DEFAULT_TARGETS]
-    checkpoint = open_checkpoint(target)
+    plan = CheckpointPlan(checkpoint, baseline=None if baseline is None else Path(baseline), key=baseline_key or "")
+    gate = Gate([plan], update=update_baseline)  # the baseline is read before the scan: a bad one fails fast
+    opened = open_checkpoint(checkpoint)
     try:
-        report = _scan(checkpoint, specs, progress, workers or default_workers(), kernels(compiled), precision)
+        report = _scan(opened, specs, progress, workers or default_workers(), kernels(compiled), precision)
     finally:
-        checkpoint.close()
-    return with_keep_float32(apply_policy(report, policy), keep_float32_sqnr_db)
+        opened.close()
+    result = gate.judge(plan, with_keep_float32(apply_policy(report, policy), keep_float32_sqnr_db))
+    gate.write()
+    return result.report
 
 
 def default_workers() -> int:

@@ -173,7 +173,7 @@ def test_table_shows_worst_first_and_hides_the_rest(cli, example) -> None:
 
 def test_table_golden(example, golden) -> None:
     report = scan_checkpoint(example)
-    report = dataclasses.replace(report, source="tiny_model.safetensors", display_limit=None)
+    report = dataclasses.replace(report, source="tiny_model.safetensors")
     golden("scan_tiny_model.txt", render(report, OutputFormat.table, color=False, width=120))
 
 
