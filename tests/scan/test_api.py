@@ -33,7 +33,8 @@ def _fp16_underflows(values: list[float]) -> int:
 
 def test_the_public_function_takes_the_checkpoint_by_that_name(tmp_path: Path) -> None:
     path = _ckpt(tmp_path, "m.safetensors", [1.0, 2.0])
-    report = dtypecheck.scan_checkpoint(checkpoint=path, targets=[lookup("fp16")])
+    assert dtypecheck.scan_checkpoint is scan_checkpoint
+    report = scan_checkpoint(checkpoint=path, targets=[lookup("fp16")])
     assert report.targets == ("float16",)
     assert [t.name for t in report.tensors] == ["w"]
 
