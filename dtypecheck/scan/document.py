@@ -24,6 +24,7 @@ from dtypecheck.scan.report import (
     TensorScan,
     summarise,
 )
+from dtypecheck.scan.roles import ROLES, Role
 
 
 class _MalformedError(ValueError):
@@ -86,6 +87,13 @@ def _state(value: Any, what: str) -> State:
     raise _MalformedError(f"{what} is not one of {', '.join(STATES)}")
 
 
+def _role(value: Any, what: str) -> Role:
+    for role in ROLES:
+        if value == role:
+            return role
+    raise _MalformedError(f"{what} is not one of {', '.join(ROLES)}")
+
+
 def _strings(value: Any, what: str) -> tuple[str, ...]:
     return tuple(_str(item, what) for item in _list(value, what))
 
@@ -135,6 +143,8 @@ def _tensor(doc: Mapping[str, Any]) -> TensorScan:
         note=_optional_str(doc.get("note"), f"{what}.note"),
         policy=_strings(doc.get("policy"), f"{what}.policy"),
         passed=_strings(doc.get("passed"), f"{what}.passed"),
+        role=_role(doc.get("role", "model"), f"{what}.role"),
+        not_judged=_optional_str(doc.get("not_judged"), f"{what}.not_judged"),
     )
 
 
