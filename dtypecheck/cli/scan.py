@@ -29,6 +29,7 @@ from dtypecheck.render import OutputFormat
 
 if TYPE_CHECKING:
     from dtypecheck.scan.gate import CheckpointPlan
+    from dtypecheck.scan.select import Selection
 
 DEFAULT_TOP = 20
 CONFIG_NEAR["scan-model"] = "checkpoints"  # [tool.dtypecheck] is found from the first checkpoint's folder upwards
@@ -55,6 +56,26 @@ def scan_model(
             "integer dtype). Default: float16,bfloat16.",
         ),
     ] = None,
+    include: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--include",
+            metavar="GLOB",
+            help="Scan only tensors whose key path matches GLOB (repeatable; fnmatch as the config's ignore rules: "
+            "'*' crosses dots, case matters). Tensors left out are not read.",
+        ),
+    ] = None,
+    exclude: Annotated[
+        list[str] | None,
+        typer.Option("--exclude", metavar="GLOB", help="Leave out tensors whose key path matches GLOB (repeatable)."),
+    ] = None,
+    weights_only: Annotated[
+        bool,
+        typer.Option(
+            "--weights-only",
+            help="Scan only the model's parameters and buffers: no optimizer, scheduler, RNG or trainer state.",
+        ),
+    ] = False,
     show_all: Annotated[
         bool | None, typer.Option("--all", help="Show every tensor in the table, not only the worst.")
     ] = None,
@@ -132,6 +153,7 @@ def scan_model(
         options = resolve_scan_options(
             checkpoints,
             target=target,
+            selection=(tuple(include or ()), tuple(exclude or ()), weights_only),
             show_all=show_all,
             baseline=baseline,
             update_baseline=update_baseline,
@@ -181,6 +203,7 @@ def resolve_scan_options(
     checkpoints: list[str],
     *,
     target: list[str] | None,
+    selection: tuple[tuple[str, ...], tuple[str, ...], bool],
     show_all: bool | None,
     baseline: Path | None,
     update_baseline: bool,
@@ -204,8 +227,12 @@ def resolve_scan_options(
         fmt in (OutputFormat.json, OutputFormat.sarif) or output is not None or plot is not None
     ):
         raise UsageError("one checkpoint per JSON/SARIF document, --output or --plot; scan them one at a time")
+    from dtypecheck.scan.select import Selection
+
+    chosen = Selection(*selection)
     planned = [
-        _plan(c, config, target, baseline, no_baseline, keep_float32_sqnr, fail_on, show_all) for c in checkpoints
+        _plan(c, config, target, chosen, baseline, no_baseline, keep_float32_sqnr, fail_on, show_all)
+        for c in checkpoints
     ]
     plans = tuple(plan for plan, _ in planned)
     limits = tuple(None if everything else top for _, everything in planned)
@@ -242,6 +269,7 @@ def execute_scan(options: ScanOptions) -> int:
                 policy=plan.policy,
                 precision=options.precision,
                 keep_float32_sqnr_db=plan.keep_float32_sqnr_db,
+                selection=plan.selection,
             )
         result = gate.judge(plan, report)
         if result.missing_entry and not options.quiet:
@@ -273,6 +301,7 @@ def _plan(
     checkpoint: str,
     config: Path | None,
     target: list[str] | None,
+    selection: Selection,
     baseline: Path | None,
     off: bool,
     keep_float32_sqnr: float | None,
@@ -298,11 +327,14 @@ def _plan(
     plan = CheckpointPlan(
         checkpoint,
         targets,
-        settings.scan_policy,
-        float(pick(keep_float32_sqnr, settings, "scan-model", "keep-float32-sqnr-db", DEFAULT_MIN_SQNR_DB)),
-        as_level(FailOn(pick(fail_on, settings, "scan-model", "fail-on", FailOn.fail)).value),
-        path,
-        where,
-        entry_key(checkpoint, settings),
+        policy=settings.scan_policy,
+        keep_float32_sqnr_db=float(
+            pick(keep_float32_sqnr, settings, "scan-model", "keep-float32-sqnr-db", DEFAULT_MIN_SQNR_DB)
+        ),
+        selection=selection,
+        fail_on=as_level(FailOn(pick(fail_on, settings, "scan-model", "fail-on", FailOn.fail)).value),
+        baseline=path,
+        where=where,
+        key=entry_key(checkpoint, settings),
     )
     return plan, bool(pick(show_all, settings, "scan-model", "all", False))

@@ -206,6 +206,16 @@ def _summary(report: ScanReport) -> Panel:
             for dtype, row in s.census.items()
         )
         lines.append(Text(f"dtypes: {shares}", style="dim"))
+    if s.left_out:
+        lines.append(Text(f"{s.left_out:,} tensor(s) left out by --include/--exclude/--weights-only", style="dim"))
+    if s.not_judged:
+        groups = ", ".join(f"{group.rule} {len(group.tensors):,}" for group in s.not_judged)
+        total = sum(len(group.tensors) for group in s.not_judged)
+        lines.append(
+            Text(
+                f"not judged ({total:,}): {groups}: kept in their own dtype by design (summary.not_judged)", style="dim"
+            )
+        )
     policy_notes = sum(len(t.policy) for t in report.tensors)
     if policy_notes:
         lines.append(

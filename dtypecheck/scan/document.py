@@ -179,6 +179,11 @@ def _baseline(value: Any) -> BaselineComparison | None:
     )
 
 
+def _left_out(doc: Mapping[str, Any]) -> Any:
+    summary = doc.get("summary")
+    return summary.get("left_out", 0) if isinstance(summary, Mapping) else 0
+
+
 def _report(doc: Mapping[str, Any]) -> ScanReport:
     tensors = tuple(_tensor(_mapping(t, "a tensor")) for t in _list(doc.get("tensors"), "tensors"))
     findings = tuple(_finding(_mapping(f, "a finding"), "a finding") for f in _list(doc.get("findings"), "findings"))
@@ -188,7 +193,7 @@ def _report(doc: Mapping[str, Any]) -> ScanReport:
         targets=_strings(doc.get("targets"), "targets"),
         tensors=tensors,
         findings=findings,
-        summary=summarise(tensors, findings),
+        summary=summarise(tensors, findings, _count(_left_out(doc), "summary.left_out") or 0),
         baseline=_baseline(doc.get("baseline")),
     )
 

@@ -21,6 +21,7 @@ from dtypecheck.render import write_atomically
 from dtypecheck.render.json import document
 from dtypecheck.scan.baseline import BASELINE_SCHEMA, Baseline, checkpoint_key, compare, load_baseline, nothing_before
 from dtypecheck.scan.keep_float32 import DEFAULT_MIN_SQNR_DB
+from dtypecheck.scan.select import EVERYTHING, Selection
 
 if TYPE_CHECKING:
     from dtypecheck.config import Config, ScanPolicy
@@ -63,6 +64,8 @@ class CheckpointPlan:
     """The project's ignore rules and tolerances."""
     keep_float32_sqnr_db: float = DEFAULT_MIN_SQNR_DB
     """The SQNR below which a cast loses too much for ``keep_float32``."""
+    selection: Selection = EVERYTHING
+    """Which tensors are read (include/exclude globs, weights only)."""
     fail_on: Level = "fail"
     """The lowest gate level that counts as findings (``fail`` or ``warn``)."""
     baseline: Path | None = None

@@ -73,4 +73,6 @@ def apply_policy(report: ScanReport, policy: ScanPolicy | None = None) -> ScanRe
         for f in consistency_findings(tensors)
     ]
     findings = (*report.findings, *extra)
-    return dataclasses.replace(report, tensors=tensors, findings=findings, summary=summarise(tensors, findings))
+    return dataclasses.replace(
+        report, tensors=tensors, findings=findings, summary=summarise(tensors, findings, report.summary.left_out)
+    )

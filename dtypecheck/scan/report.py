@@ -167,6 +167,8 @@ class ScanSummary:
     (see ``dtypecheck.scan.keep_float32``), the worst first; empty when no such target was requested."""
     not_judged: tuple[NotJudged, ...] = ()
     """Extra: the tensors whose casts are not judged against the targets, by role rule (``TensorScan.not_judged``)."""
+    left_out: int = 0
+    """Extra: tensors of the checkpoint not scanned, left out by ``include``/``exclude``/``weights_only``."""
 
 
 @dataclass(frozen=True)
@@ -214,7 +216,7 @@ class ScanReport:
         return self.baseline.level
 
 
-def summarise(tensors: tuple[TensorScan, ...], findings: tuple[Finding, ...]) -> ScanSummary:
+def summarise(tensors: tuple[TensorScan, ...], findings: tuple[Finding, ...], left_out: int = 0) -> ScanSummary:
     counts = {"ok": 0, "warn": 0, "fail": 0}
     for tensor in tensors:
         counts[tensor.level] += 1
@@ -234,6 +236,7 @@ def summarise(tensors: tuple[TensorScan, ...], findings: tuple[Finding, ...]) ->
         level=worst([*(t.level for t in tensors), *finding_levels]),
         census=dtypes,
         not_judged=tuple(_not_judged(reason, group) for reason, group in unjudged.items()),
+        left_out=left_out,
     )
 
 

@@ -38,10 +38,12 @@ class RoleRule:
     role: Role
     not_judged: str | None
     """Why their casts are not judged against the targets; None when they are."""
+    model_buffer: bool = False
+    """A buffer of the model itself (kept by ``--weights-only``), though bookkeeping."""
 
 
-def _rule(name: str, pattern: str, role: Role, not_judged: str | None) -> RoleRule:
-    return RoleRule(name, re.compile(pattern), role, not_judged)
+def _rule(name: str, pattern: str, role: Role, not_judged: str | None, *, model_buffer: bool = False) -> RoleRule:
+    return RoleRule(name, re.compile(pattern), role, not_judged, model_buffer)
 
 
 _OPTIMIZER_MOMENTS = (
@@ -60,6 +62,7 @@ ROLE_RULES: tuple[RoleRule, ...] = (
         r"(?:^|\.)num_batches_tracked$",
         "bookkeeping",
         "BatchNorm counts batches in an int64 buffer that no cast of the model touches",
+        model_buffer=True,
     ),
     _rule(
         "RNG state",
