@@ -16,7 +16,7 @@ from dtypecheck.nantrace import NanTraceReport, trace  # torch-free until a trac
 # scan (numba) and memory (torch) load heavy modules: imported on first use so `dtypecheck --help` stays instant.
 _LAZY = {
     "scan_checkpoint": "dtypecheck.scan",
-    "ScanReport": "dtypecheck.scan.scan_report",
+    "ScanReport": "dtypecheck.scan.report",
     "ScanPolicy": "dtypecheck.config",
     "load_config": "dtypecheck.config",
     "estimate_memory": "dtypecheck.memory",

@@ -15,7 +15,7 @@ from dtypecheck.findings import CHECK_LEVEL, CHECK_RULE, RULE_BY_ID, RULES, Leve
 from dtypecheck.info import InfoReport
 from dtypecheck.nantrace.checks import check_of
 from dtypecheck.nantrace.report import Event, Location, NanTraceReport
-from dtypecheck.scan.scan_report import GATED_STATES, ScanReport, State, finding_key, gated_checks
+from dtypecheck.scan.report import GATED_STATES, ScanReport, State, finding_key, gated_checks
 
 __all__ = ["RULES", "RULE_BY_ID", "Diagnostic", "Rule", "Severity", "diagnostics", "report_level"]
 

@@ -222,10 +222,11 @@ def _refuse_os_exit(code: int) -> None:
     raise _OsExit(code)
 
 
-def emit(report: Report, fmt: OutputFormat, output: Path | None, *, quiet: bool) -> None:
-    """Render a finished report to stdout, or atomically to ``output``; nothing is written on failure."""
+def emit(report: Report, fmt: OutputFormat, output: Path | None, *, quiet: bool, limit: int | None = None) -> None:
+    """Render a finished report to stdout, or atomically to ``output``; nothing is written on failure. ``limit``:
+    how many ranked rows a table shows (``render``)."""
     if output is not None:
-        text = render(report, fmt, color=False, width=120)
+        text = render(report, fmt, color=False, width=120, limit=limit)
         write_atomically(output, text)
         if not quiet:
             print(f"wrote {output}", file=sys.stderr)
@@ -236,7 +237,7 @@ def emit(report: Report, fmt: OutputFormat, output: Path | None, *, quiet: bool)
         import shutil
 
         width = shutil.get_terminal_size((120, 24)).columns
-    text = render(report, fmt, color=color, width=width)
+    text = render(report, fmt, color=color, width=width, limit=limit)
     # a lone surrogate (a tensor name from a pickle) cannot be encoded: write it as a backslash escape instead
     sys.stdout.write(text.encode("utf-8", errors="backslashreplace").decode("utf-8"))
     sys.stdout.flush()

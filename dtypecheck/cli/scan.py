@@ -19,18 +19,17 @@ from dtypecheck.cli._app import (
     TracebackOption,
     app,
     emit,
-    level_exit_code,
     pick,
     project_config,
     user_code_guard,
 )
-from dtypecheck.cli.scan_baseline import Baselines, configured_path, entry_key, shown
-from dtypecheck.errors import ExitCode, UsageError
+from dtypecheck.errors import ExitCode, ParameterError, UsageError
 from dtypecheck.loaders.formats import describe_formats
 from dtypecheck.render import OutputFormat
 
 if TYPE_CHECKING:
-    from dtypecheck.config import Config
+    from dtypecheck.scan.gate import CheckpointPlan
+    from dtypecheck.scan.select import Selection
 
 DEFAULT_TOP = 20
 CONFIG_NEAR["scan-model"] = "checkpoints"  # [tool.dtypecheck] is found from the first checkpoint's folder upwards
@@ -57,6 +56,26 @@ def scan_model(
             "integer dtype). Default: float16,bfloat16.",
         ),
     ] = None,
+    include: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--include",
+            metavar="GLOB",
+            help="Scan only tensors whose key path matches GLOB (repeatable; fnmatch as the config's ignore rules: "
+            "'*' crosses dots, case matters). Tensors left out are not read.",
+        ),
+    ] = None,
+    exclude: Annotated[
+        list[str] | None,
+        typer.Option("--exclude", metavar="GLOB", help="Leave out tensors whose key path matches GLOB (repeatable)."),
+    ] = None,
+    weights_only: Annotated[
+        bool,
+        typer.Option(
+            "--weights-only",
+            help="Scan only the model's parameters and buffers: no optimizer, scheduler, RNG or trainer state.",
+        ),
+    ] = False,
     show_all: Annotated[
         bool | None, typer.Option("--all", help="Show every tensor in the table, not only the worst.")
     ] = None,
@@ -130,101 +149,190 @@ def scan_model(
 
     Exit codes: 0 ok, 1 a tensor or finding at or above --fail-on, 2 usage error, 3 unreadable checkpoint.
     """
-    from dtypecheck.dtypes import parse_dtype_list
-    from dtypecheck.render.progress import progress_bar
-    from dtypecheck.scan.baseline import compare, nothing_before
-    from dtypecheck.scan.keep_float32 import DEFAULT_MIN_SQNR_DB
-    from dtypecheck.scan.scan import scan_checkpoint
-    from dtypecheck.scan.targets import check_targets
+    try:
+        options = resolve_scan_options(
+            checkpoints,
+            target=target,
+            selection=(tuple(include or ()), tuple(exclude or ()), weights_only),
+            show_all=show_all,
+            baseline=baseline,
+            update_baseline=update_baseline,
+            no_baseline=no_baseline,
+            top=top,
+            plot=plot,
+            workers=workers,
+            precision=precision,
+            keep_float32_sqnr=keep_float32_sqnr,
+            fail_on=fail_on,
+            config=config,
+            fmt=fmt,
+            output=output,
+            quiet=quiet,
+        )
+        return execute_scan(options)
+    except ParameterError as exc:
+        raise exc.flagged(FLAGS) from None
 
+
+FLAGS = {"targets": "--target", "baseline": "--baseline", "update_baseline": "--update-baseline"}
+"""The command-line flag of each ``scan_checkpoint`` parameter a core error may name."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ScanOptions:
+    """What ``dtypecheck scan-model`` was asked, with conflicts already rejected."""
+
+    plans: tuple[CheckpointPlan, ...]
+    """Each checkpoint with its own targets, policy, thresholds and baseline (command line, else its config)."""
+    limits: tuple[int | None, ...]
+    """How many tensors each one's table shows (None: every tensor)."""
+    update_baseline: bool
+    """Write the reports into the baseline files instead of comparing (exit 0 unless a scan cannot run)."""
+    workers: int | None
+    """Threads scanning chunks (None: the CPU count, at most 8)."""
+    precision: bool
+    """Also measure the precision each cast loses (a second pass)."""
+    plot: Path | None
+    """Where to draw the log2-magnitude plot (PNG), if anywhere."""
+    fmt: OutputFormat
+    output: Path | None
+    quiet: bool
+
+
+def resolve_scan_options(
+    checkpoints: list[str],
+    *,
+    target: list[str] | None,
+    selection: tuple[tuple[str, ...], tuple[str, ...], bool],
+    show_all: bool | None,
+    baseline: Path | None,
+    update_baseline: bool,
+    no_baseline: bool,
+    top: int,
+    plot: Path | None,
+    workers: int | None,
+    precision: bool,
+    keep_float32_sqnr: float | None,
+    fail_on: FailOn | None,
+    config: Path | None,
+    fmt: OutputFormat,
+    output: Path | None,
+    quiet: bool,
+) -> ScanOptions:
+    """Read each checkpoint's configuration, parse the targets and reject conflicting flags with a UsageError
+    naming them; scans nothing."""
     if no_baseline and (baseline is not None or update_baseline):
         raise UsageError("--no-baseline leaves the baseline out; it cannot go with --baseline or --update-baseline")
-    several = len(checkpoints) > 1
-    if several and (fmt.one_document or output is not None or plot is not None):
+    if len(checkpoints) > 1 and (fmt.one_document or output is not None or plot is not None):
         raise UsageError("one checkpoint per JSON/SARIF document, --output or --plot; scan them one at a time")
-    jobs = [_job(checkpoint, config, target, baseline, no_baseline) for checkpoint in checkpoints]
-    baselines = Baselines(update=update_baseline)
-    for job in jobs:
-        if job.baseline is None and update_baseline:
+    from dtypecheck.scan.select import Selection
+
+    chosen = Selection(*selection)
+    planned = [
+        _plan(c, config, target, chosen, baseline, no_baseline, keep_float32_sqnr, fail_on, show_all)
+        for c in checkpoints
+    ]
+    plans = tuple(plan for plan, _ in planned)
+    limits = tuple(None if everything else top for _, everything in planned)
+    for plan in plans:
+        if plan.baseline is None and update_baseline:
             raise UsageError(
-                f"--update-baseline: no baseline file for {job.checkpoint}; give --baseline FILE or set "
+                f"--update-baseline: no baseline file for {plan.checkpoint}; give --baseline FILE or set "
                 "baseline in [tool.dtypecheck.scan-model]"
             )
-        if job.baseline is not None:
-            baselines.open(job.baseline, job.where)
     if plot is not None:
         from dtypecheck.render.scan_plot import require_matplotlib
 
         require_matplotlib()
         if plot.suffix.lower() != ".png":
             raise UsageError(f"--plot {plot}: the plot is written as PNG; name the file *.png")
+    return ScanOptions(plans, limits, update_baseline, workers, precision, plot, fmt, output, quiet)
+
+
+def execute_scan(options: ScanOptions) -> int:
+    """Open the baselines, scan each checkpoint, render its report through ``emit``, return the exit code."""
+    from dtypecheck.render.progress import progress_bar
+    from dtypecheck.scan.gate import Gate, shown
+    from dtypecheck.scan.run import scan_checkpoint
+
+    gate = Gate(options.plans, update=options.update_baseline, missing_hint="write it with --update-baseline")
     code = ExitCode.OK
-    for job in jobs:
-        checkpoint, settings = job.checkpoint, job.settings
-        targets = check_targets(parse_dtype_list(job.targets)) if job.targets else None
-        min_sqnr = float(pick(keep_float32_sqnr, settings, "scan-model", "keep-float32-sqnr-db", DEFAULT_MIN_SQNR_DB))
-        with user_code_guard(checkpoint), progress_bar("scanning", quiet=quiet, unit="bytes") as progress:
+    for plan, limit in zip(options.plans, options.limits, strict=True):
+        with user_code_guard(plan.checkpoint), progress_bar("scanning", quiet=options.quiet, unit="bytes") as bar:
             report = scan_checkpoint(
-                checkpoint,
-                targets,
-                progress=progress,
-                workers=workers,
-                policy=settings.scan_policy,
-                precision=precision,
-                keep_float32_sqnr_db=min_sqnr,
+                plan.checkpoint,
+                plan.targets,
+                progress=bar,
+                workers=options.workers,
+                policy=plan.policy,
+                precision=options.precision,
+                keep_float32_sqnr_db=plan.keep_float32_sqnr_db,
+                selection=plan.selection,
             )
-        everything = pick(show_all, settings, "scan-model", "all", False)
-        report = dataclasses.replace(report, display_limit=None if everything else top)
-        if job.baseline is not None and update_baseline:
-            baselines.record(job.baseline, job.key, report)
-        elif job.baseline is not None:
-            earlier = baselines.earlier(job.baseline, job.key, alone=not several)
-            if earlier is None and not quiet:
-                typer.echo(
-                    f"note: {job.where} has no entry for {job.key}: everything it finds counts as new "
-                    "(add it with --update-baseline)",
-                    err=True,
-                )
-            comparison = compare(report, earlier or nothing_before(job.key), str(job.baseline))
-            report = dataclasses.replace(report, baseline=comparison)
-        if plot is not None:
+        result = gate.judge(plan, report)
+        if result.missing_entry and not options.quiet:
+            typer.echo(
+                f"note: {plan.where} has no entry for {plan.key}: everything it finds counts as new "
+                "(add it with --update-baseline)",
+                err=True,
+            )
+        if options.plot is not None:
             from dtypecheck.render.scan_plot import write_plot
 
-            write_plot(report, plot)
-        emit(report, fmt, output, quiet=quiet)
-        if plot is not None and not quiet:
-            typer.echo(f"wrote {plot}", err=True)
-        threshold = FailOn(pick(fail_on, settings, "scan-model", "fail-on", FailOn.fail))
-        if not update_baseline:
-            code = max(code, level_exit_code(report.gate_level, threshold))
-    baselines.write(quiet=quiet)
+            write_plot(result.report, options.plot)
+        emit(result.report, options.fmt, options.output, quiet=options.quiet, limit=limit)
+        if options.plot is not None and not options.quiet:
+            typer.echo(f"wrote {options.plot}", err=True)
+        code = max(code, ExitCode.FINDINGS if result.findings else ExitCode.OK)
+    for written in gate.write():
+        if not options.quiet:
+            names = ", ".join(written.updated)
+            typer.echo(
+                f"wrote baseline {shown(written.path)}: {len(written.updated)} checkpoint(s) updated ({names}), "
+                f"{written.kept} kept",
+                err=True,
+            )
     return int(code)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Job:
-    """One checkpoint of the run, with what its own configuration (or the command line) says about it."""
+def _plan(
+    checkpoint: str,
+    config: Path | None,
+    target: list[str] | None,
+    selection: Selection,
+    baseline: Path | None,
+    off: bool,
+    keep_float32_sqnr: float | None,
+    fail_on: FailOn | None,
+    show_all: bool | None,
+) -> tuple[CheckpointPlan, bool]:
+    """One checkpoint's plan, and whether its table shows every tensor: the command line wins, else its own
+    configuration (``--config``, else the nearest above its folder, else above the working folder)."""
+    from dtypecheck.dtypes import parse_dtype_list
+    from dtypecheck.findings import as_level
+    from dtypecheck.scan.gate import CheckpointPlan, configured_path, entry_key, shown
+    from dtypecheck.scan.keep_float32 import DEFAULT_MIN_SQNR_DB
+    from dtypecheck.scan.targets import check_targets
 
-    checkpoint: str
-    """As typed."""
-    settings: Config
-    """Its own configuration (``--config``, else the nearest above its folder, else above the working folder)."""
-    targets: list[str]
-    """Dtype names from ``--target`` or the configuration; empty for the default targets."""
-    baseline: Path | None
-    """The baseline file it is compared with (or, with ``--update-baseline``, written into); None without one."""
-    where: str
-    """How errors and notes name the baseline file."""
-    key: str
-    """The checkpoint's entry in the baseline file."""
-
-
-def _job(checkpoint: str, config: Path | None, target: list[str] | None, baseline: Path | None, off: bool) -> _Job:
     settings = project_config(config, checkpoint)
     names = target or pick(None, settings, "scan-model", "targets", [])
+    targets = tuple(check_targets(parse_dtype_list(list(names)))) if names else None
     configured = None if off or baseline is not None else configured_path(settings, "baseline")
     path = baseline or configured
     where = f"--baseline {path}"
     if configured is not None and settings.path is not None:
         where = f"baseline {shown(configured)} (from {shown(settings.path)})"
-    return _Job(checkpoint, settings, list(names), path, where, entry_key(checkpoint, settings))
+    plan = CheckpointPlan(
+        checkpoint,
+        targets,
+        policy=settings.scan_policy,
+        keep_float32_sqnr_db=float(
+            pick(keep_float32_sqnr, settings, "scan-model", "keep-float32-sqnr-db", DEFAULT_MIN_SQNR_DB)
+        ),
+        selection=selection,
+        fail_on=as_level(FailOn(pick(fail_on, settings, "scan-model", "fail-on", FailOn.fail)).value),
+        baseline=path,
+        where=where,
+        key=entry_key(checkpoint, settings),
+    )
+    return plan, bool(pick(show_all, settings, "scan-model", "all", False))

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from dtypecheck.info.names import DtypeList
     from dtypecheck.memory.report import MemoryReport
     from dtypecheck.nantrace.report import NanTraceReport
-    from dtypecheck.scan.scan_report import ScanReport
+    from dtypecheck.scan.report import ScanReport
 
     Report: TypeAlias = DtypeList | InfoReport | MemoryReport | NanTraceReport | ScanReport
     """What a command renders; ``render.table.table_renderers`` has one entry per member (tests check it)."""
@@ -24,13 +24,16 @@ if TYPE_CHECKING:
 __all__ = ["OutputFormat", "render", "write_atomically"]
 
 
-def render(report: Report, fmt: OutputFormat, *, color: bool = False, width: int | None = None) -> str:
-    """Render a core result in the given format; the only dispatch from ``OutputFormat`` to a renderer."""
+def render(
+    report: Report, fmt: OutputFormat, *, color: bool = False, width: int | None = None, limit: int | None = None
+) -> str:
+    """Render a core result in the given format; the only dispatch from ``OutputFormat`` to a renderer. ``limit`` is
+    a table setting: how many of its ranked rows (scan-model's tensors, worst first) a table shows; None for all."""
     match fmt:
         case OutputFormat.table:
             from dtypecheck.render.table import render_table
 
-            return render_table(report, color=color, width=width)
+            return render_table(report, color=color, width=width, limit=limit)
         case OutputFormat.json:
             from dtypecheck.render.json import render_json
 

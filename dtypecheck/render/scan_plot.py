@@ -10,7 +10,7 @@ from pathlib import Path
 
 from dtypecheck.dtypes import lookup
 from dtypecheck.errors import UsageError
-from dtypecheck.scan.scan_report import ScanReport
+from dtypecheck.scan.report import ScanReport
 
 
 def require_matplotlib() -> None:

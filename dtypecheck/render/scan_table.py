@@ -13,7 +13,7 @@ from rich.text import Text
 from dtypecheck.dtypes import DtypeSpec, lookup
 from dtypecheck.errors import UnknownDtypeError
 from dtypecheck.render.cells import LEVEL_STYLE, fmt_bytes, fmt_float, printable
-from dtypecheck.scan.scan_report import (
+from dtypecheck.scan.report import (
     BaselineComparison,
     CastCounts,
     Float8CastCounts,
@@ -206,6 +206,16 @@ def _summary(report: ScanReport) -> Panel:
             for dtype, row in s.census.items()
         )
         lines.append(Text(f"dtypes: {shares}", style="dim"))
+    if s.left_out:
+        lines.append(Text(f"{s.left_out:,} tensor(s) left out by --include/--exclude/--weights-only", style="dim"))
+    if s.not_judged:
+        groups = ", ".join(f"{group.rule} {len(group.tensors):,}" for group in s.not_judged)
+        total = sum(len(group.tensors) for group in s.not_judged)
+        lines.append(
+            Text(
+                f"not judged ({total:,}): {groups}: kept in their own dtype by design (summary.not_judged)", style="dim"
+            )
+        )
     policy_notes = sum(len(t.policy) for t in report.tensors)
     if policy_notes:
         lines.append(
@@ -284,9 +294,9 @@ def _baseline(comparison: BaselineComparison) -> list[RenderableType]:
     return out
 
 
-def render_scan(report: ScanReport) -> list[RenderableType]:
+def render_scan(report: ScanReport, limit: int | None = None) -> list[RenderableType]:
+    """The table, worst tensors first: ``limit`` of them (None: every tensor), then the summary."""
     ordered = sorted(report.tensors, key=severity)
-    limit = report.display_limit
     shown = ordered if limit is None else ordered[:limit]
     histograms = [t.log2_histogram for t in shown if t.log2_histogram is not None]
     start, stop = _axis(histograms) if histograms else (0, 1)

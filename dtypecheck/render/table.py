@@ -5,11 +5,11 @@ from __future__ import annotations
 import io
 from collections.abc import Callable, Mapping
 from functools import cache
-from typing import Any
 
 from rich.console import Console, RenderableType
 
-Renderer = Callable[[Any], list[RenderableType]]
+Renderer = Callable[..., list[RenderableType]]
+"""Called with the report; renderers of ranked rows (scan-model's tensors) also take ``limit``."""
 
 
 @cache
@@ -26,7 +26,7 @@ def table_renderers() -> Mapping[type, Renderer]:
     from dtypecheck.render.memory_table import render_memory
     from dtypecheck.render.nantrace_table import render_nantrace
     from dtypecheck.render.scan_table import render_scan
-    from dtypecheck.scan.scan_report import ScanReport
+    from dtypecheck.scan.report import ScanReport
 
     return {
         InfoReport: render_info,
@@ -37,7 +37,8 @@ def table_renderers() -> Mapping[type, Renderer]:
     }
 
 
-def render_table(report: object, *, color: bool = False, width: int | None = None) -> str:
+def render_table(report: object, *, color: bool = False, width: int | None = None, limit: int | None = None) -> str:
+    """``limit``: how many rows a report whose rows are ranked shows (None: all)."""
     renderer = table_renderers().get(type(report))
     if renderer is None:
         raise TypeError(f"no table renderer for {type(report).__name__}")
@@ -52,6 +53,6 @@ def render_table(report: object, *, color: bool = False, width: int | None = Non
         emoji=False,
         legacy_windows=False,
     )
-    for renderable in renderer(report):
+    for renderable in renderer(report) if limit is None else renderer(report, limit):
         console.print(renderable)
     return buffer.getvalue()

@@ -1,11 +1,11 @@
 """``dtypecheck scan-model``: one module per concern.
 
-``scan`` (the pipeline: chunks, threads, shards), ``scan_tensor`` (one tensor's statistics and casts),
-``scan_kernel`` (the numba kernel), ``scan_thresholds`` (bit-pattern edges of each target), ``scan_values``
-(exact value paths the kernel does not take), ``scan_report`` (the report dataclasses), ``scan_policy`` (the
-project's tolerance policy), ``consistency`` (dtype census and mixed-dtype findings) and ``baseline`` (a
-previous report, compared). The engine loads numba, so it is imported only when ``scan_checkpoint`` is used:
-the report types stay cheap to import for the renderers.
+``run`` (the pipeline: chunks, threads, shards), ``tensor`` (one tensor's statistics and casts),
+``kernel`` (the numba kernel), ``thresholds`` (bit-pattern edges of each target), ``values``
+(exact value paths the kernel does not take), ``report`` (the report dataclasses), ``policy`` (the
+project's tolerance policy), ``document`` (a JSON report read back), ``consistency`` (dtype census and
+mixed-dtype findings) and ``baseline`` (a previous report, compared). The engine loads numba, so it is
+imported only when ``scan_checkpoint`` is used: the report types stay cheap to import for the renderers.
 """
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ from typing import TYPE_CHECKING
 from dtypecheck.scan.targets import check_targets
 
 if TYPE_CHECKING:
-    from dtypecheck.scan.scan import scan_checkpoint
+    from dtypecheck.scan.run import scan_checkpoint
 
 _ENGINE = ("scan_checkpoint",)
 
 
 def __getattr__(name: str) -> object:
     if name in _ENGINE:
-        from dtypecheck.scan import scan
+        from dtypecheck.scan import run
 
-        return getattr(scan, name)
+        return getattr(run, name)
     raise AttributeError(f"module 'dtypecheck.scan' has no attribute {name!r}")
 
 

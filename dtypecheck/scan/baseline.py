@@ -1,7 +1,8 @@
 """Compare a scan with an earlier one and gate only on what is new or worse.
 
-A checkpoint that always had 3 subnormals should not fail CI forever: with ``--baseline report.json`` the exit
-code follows the checks that appeared or grew since the baseline, while the report still shows everything.
+A checkpoint that always had 3 subnormals should not fail CI forever: with a baseline (``--baseline report.json``,
+``scan_checkpoint(..., baseline="report.json")``) the exit code follows the checks that appeared or grew since
+the baseline, while the report still shows everything.
 A baseline file is a ``dtypecheck.baseline/1`` document holding the reports of several checkpoints (so that
 pre-commit can pass any number of changed files), each under its path relative to the project's configuration;
 an earlier single scan JSON document (the contract) still works as the baseline of one checkpoint. Either is read
@@ -19,8 +20,8 @@ from typing import Any
 
 from dtypecheck.errors import InputError
 from dtypecheck.findings import CHECK_LEVEL, Level, worst
-from dtypecheck.scan.scan_document import read_scan_document
-from dtypecheck.scan.scan_report import (
+from dtypecheck.scan.document import read_scan_document
+from dtypecheck.scan.report import (
     GATED_STATES,
     STATES,
     BaselineComparison,
@@ -125,11 +126,13 @@ MAX_BASELINE_BYTES = 1 << 30
 """A scan report of a million tensors is well under this."""
 
 
-def load_baseline(path: Path, where: str | None = None) -> Baseline:
+def load_baseline(
+    path: Path, where: str | None = None, *, missing_hint: str = "write it with update_baseline"
+) -> Baseline:
     """Read a baseline file: a ``dtypecheck.baseline/1`` document, or an earlier ``scan-model --format json`` one.
 
-    ``where`` names it in errors (default ``--baseline PATH``)."""
-    where = where or f"--baseline {path}"
+    ``where`` names it in errors (default ``baseline PATH``); ``missing_hint`` says how to create a missing one."""
+    where = where or f"baseline {path}"
     try:
         if path.exists() and not path.is_file():  # /dev/zero, a FIFO: reading would never end
             raise InputError(f"{where}: not a regular file")
@@ -137,7 +140,7 @@ def load_baseline(path: Path, where: str | None = None) -> Baseline:
             raise InputError(f"{where}: larger than {MAX_BASELINE_BYTES} bytes; not a scan report")
         doc = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise InputError(f"{where}: no such file (write it with --update-baseline)") from None
+        raise InputError(f"{where}: no such file ({missing_hint})") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
         raise InputError(f"{where}: not a JSON report ({exc})") from None
     except RecursionError:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from dtypecheck.dtypes import lookup
+from dtypecheck.scan.roles import role_rule
 
 # Optimizer state as torch, Lightning, DeepSpeed and HF Trainer name it.
 _OPTIMIZER_STATE = re.compile(
@@ -58,7 +59,11 @@ class ConsistencyFinding:
 
 
 def is_optimizer_state(name: str) -> bool:
-    return bool(_OPTIMIZER_STATE.search(name))
+    """Optimizer or trainer state, not the model's own tensors (the names above, or a non-model ``roles`` rule)."""
+    if _OPTIMIZER_STATE.search(name):
+        return True
+    rule = role_rule(name)
+    return rule is not None and rule.role != "model"
 
 
 def census(tensors: Iterable[TensorSummary]) -> tuple[CensusRow, ...]:

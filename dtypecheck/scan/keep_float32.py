@@ -20,7 +20,7 @@ import dataclasses
 
 from dtypecheck.dtypes import lookup
 from dtypecheck.errors import UnknownDtypeError
-from dtypecheck.scan.scan_report import CastCounts, Float8CastCounts, KeepFloat32, ScanReport, TensorScan, severity
+from dtypecheck.scan.report import CastCounts, Float8CastCounts, KeepFloat32, ScanReport, TensorScan, severity
 
 DEFAULT_MIN_SQNR_DB = 20.0
 """Below this SQNR a cast is judged to lose too much (quantisation noise above 1% of the signal's energy)."""
@@ -65,7 +65,7 @@ def keep_float32(report: ScanReport, min_sqnr_db: float = DEFAULT_MIN_SQNR_DB) -
         return ()
     found = []
     for tensor in sorted(report.tensors, key=severity):
-        if not _wide(tensor) or not tensor.numel:
+        if not _wide(tensor) or not tensor.numel or tensor.not_judged is not None:
             continue
         reasons = []
         for target in narrow:

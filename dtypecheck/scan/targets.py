@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dtypecheck.dtypes import DtypeSpec
-from dtypecheck.errors import UsageError
+from dtypecheck.errors import ParameterError
 
 
 def target_problem(spec: DtypeSpec) -> str | None:
@@ -21,15 +21,15 @@ def target_problem(spec: DtypeSpec) -> str | None:
     if spec.kind == "float" and (not spec.fmt.has_zero or not spec.fmt.signed):
         return (
             f"{spec.name} holds only positive powers of two (MX block scales: no zero, no sign), so it cannot hold "
-            "a tensor's values; the block-scaled (MX) verdict of an fp8/fp4 target uses it (--target e4m3 --precision)"
+            "a tensor's values; the block-scaled (MX) verdict of an fp8/fp4 target uses it (target e4m3 with precision)"
         )
     return None
 
 
 def check_targets(targets: Sequence[DtypeSpec]) -> list[DtypeSpec]:
-    """``targets`` as a list, or a ``UsageError`` (exit 2) naming the first that cannot be one."""
+    """``targets`` as a list, or a ``ParameterError`` (exit 2) naming the first that cannot be one."""
     for spec in targets:
         problem = target_problem(spec)
         if problem is not None:
-            raise UsageError(f"--target {problem}")
+            raise ParameterError("targets", problem)
     return list(targets)

@@ -19,7 +19,7 @@ import numpy as np
 
 from dtypecheck.dtypes import DtypeSpec, FloatFormat
 from dtypecheck.scan.quantize import round_magnitudes
-from dtypecheck.scan.scan_thresholds import (
+from dtypecheck.scan.thresholds import (
     FLOAT32,
     FLOAT64,
     KernelFormat,

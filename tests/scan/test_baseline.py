@@ -10,8 +10,8 @@ import pytest
 
 from dtypecheck.errors import InputError
 from dtypecheck.scan.baseline import compare, load_baseline
-from dtypecheck.scan.scan_document import read_scan_document
-from dtypecheck.scan.scan_report import ScanReport
+from dtypecheck.scan.document import read_scan_document
+from dtypecheck.scan.report import ScanReport
 
 PICKLE_FAIL = {"kind": "pickle-global", "level": "fail", "detail": "os.system"}
 

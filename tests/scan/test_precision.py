@@ -17,9 +17,9 @@ import torch
 from safetensors.torch import save_file
 
 from dtypecheck.dtypes import lookup
-from dtypecheck.scan import scan_tensor
-from dtypecheck.scan.scan import scan_checkpoint
-from dtypecheck.scan.scan_report import CastCounts, Float8CastCounts, SchemeVerdict, TensorScan
+from dtypecheck.scan import tensor as scan_tensor
+from dtypecheck.scan.report import CastCounts, Float8CastCounts, SchemeVerdict, TensorScan
+from dtypecheck.scan.run import scan_checkpoint
 from tests._references import ML_DTYPES_SCALAR
 
 SCALED = {

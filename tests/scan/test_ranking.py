@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import save_file
 
 from dtypecheck.dtypes import lookup
-from dtypecheck.scan.scan import scan_checkpoint
-from dtypecheck.scan.scan_report import severity
+from dtypecheck.scan.report import severity
+from dtypecheck.scan.run import scan_checkpoint
 
 N = 10_000
 

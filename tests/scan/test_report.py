@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dtypecheck.scan.scan_report import CastCounts, Float8CastCounts, TensorScan, severity, tensor_checks
+from dtypecheck.scan.report import CastCounts, Float8CastCounts, TensorScan, severity, tensor_checks
 
 
 def _tensor(name: str, cast: CastCounts, level: str = "warn", nan: int = 0) -> TensorScan:

@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 
 from dtypecheck.dtypes import REGISTRY, lookup
 from dtypecheck.errors import UsageError
-from dtypecheck.scan.scan import scan_checkpoint
+from dtypecheck.scan.run import scan_checkpoint
 from dtypecheck.scan.targets import check_targets, target_problem
 
 

@@ -17,8 +17,8 @@ from safetensors.torch import save_file
 
 from dtypecheck.dtypes import FloatFormat, lookup
 from dtypecheck.scan.quantize import round_magnitudes
-from dtypecheck.scan.scan import scan_checkpoint
-from dtypecheck.scan.scan_report import TensorScan
+from dtypecheck.scan.report import TensorScan
+from dtypecheck.scan.run import scan_checkpoint
 
 NARROW = ["float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"]
 

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from dtypecheck.scan.scan_tensor import TensorScanner
+from dtypecheck.scan.tensor import TensorScanner
 from tests.conftest import CliResult
 from tests.security import corpus
 from tests.security.harness import handled, run_hostile

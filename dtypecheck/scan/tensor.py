@@ -1,7 +1,7 @@
 """One tensor's statistics, accumulated chunk by chunk (chunks may be processed in any order, on any thread).
 
 Floating tensors of every width are converted chunk-wise to float32 (float64 stays float64; both conversions
-are exact) and their bit patterns go through the fused kernel (``scan_kernel``); complex tensors are scanned
+are exact) and their bit patterns go through the fused kernel (``kernel``); complex tensors are scanned
 as their real and imaginary parts; float4 is decoded through a 16-entry table. Integer and bool tensors get
 min/max and counts from numpy, and casts only to integer targets.
 """
@@ -18,9 +18,9 @@ import numpy as np
 from dtypecheck.dtypes import DtypeSpec, lookup
 from dtypecheck.findings import Level, level_of_counts, worst
 from dtypecheck.loaders.base import TensorRecord
-from dtypecheck.scan.scan_kernel import Kernels
-from dtypecheck.scan.scan_measures import Losses, MeasurePlan
-from dtypecheck.scan.scan_report import (
+from dtypecheck.scan.kernel import Kernels
+from dtypecheck.scan.measures import Losses, MeasurePlan
+from dtypecheck.scan.report import (
     CastCounts,
     Float8CastCounts,
     Log2Histogram,
@@ -28,8 +28,8 @@ from dtypecheck.scan.scan_report import (
     fractions,
     without_scaled,
 )
-from dtypecheck.scan.scan_thresholds import FLOAT32, FLOAT64, KernelFormat, normal_threshold, scaled_survive_pattern
-from dtypecheck.scan.scan_values import ChunkResult, float4_table, float_to_int_overflow, float_values, integer_chunk
+from dtypecheck.scan.thresholds import FLOAT32, FLOAT64, KernelFormat, normal_threshold, scaled_survive_pattern
+from dtypecheck.scan.values import ChunkResult, float4_table, float_to_int_overflow, float_values, integer_chunk
 from dtypecheck.scan.via_float32 import double_rounding_count, goes_via_float32, torch_patterns
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 KERNEL_CHUNK_BYTES = 32 * 1024 * 1024
 """Bytes of converted values per chunk: bounds the private memory of each chunk in flight."""
 EXACT_HISTOGRAM_VALUES = 1 << 20
-"""Tensors up to this many values get an exact histogram; larger ones a sample (see ``scan_kernel``)."""
+"""Tensors up to this many values get an exact histogram; larger ones a sample (see ``kernel``)."""
 HISTOGRAM_STRIDE = 16
 
 INT_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")

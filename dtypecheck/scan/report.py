@@ -8,6 +8,7 @@ from typing import ClassVar, Literal
 
 from dtypecheck.findings import CAST_CHECKS, CHECK_LEVEL, Check, Finding, Level, rank, worst
 from dtypecheck.scan.consistency import census
+from dtypecheck.scan.roles import ROLE_RULES, Role
 
 Number = float | int
 
@@ -116,6 +117,12 @@ class TensorScan:
     """Extra: checks the project's policy ignored or tolerated for this tensor, with the reason."""
     passed: tuple[str, ...] = ()
     """Extra: the keys (``check_key``) of the checks in ``policy``: they are neither gated nor annotated."""
+    role: Role = "model"
+    """Extra: what the tensor is in a training checkpoint (``dtypecheck.scan.roles``): ``model`` (parameters and
+    buffers), ``optimizer`` (moments, master partitions) or ``bookkeeping`` (step counters, RNG, scaler...)."""
+    not_judged: str | None = None
+    """Extra: why its casts are not judged against the targets (its role keeps it in its own dtype by design: the
+    counts are reported, their checks are in ``passed``); null when they are judged."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +142,16 @@ class KeepFloat32:
 
 
 @dataclass(frozen=True)
+class NotJudged:
+    """Tensors of one role rule whose casts are reported but not judged against the targets."""
+
+    rule: str
+    """The rule's name in ``dtypecheck.scan.roles.ROLE_RULES`` (``optimizer step counter``)."""
+    reason: str
+    tensors: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class ScanSummary:
     tensors: int
     numel: int
@@ -148,6 +165,10 @@ class ScanSummary:
     keep_float32: tuple[KeepFloat32, ...] = ()
     """Extra: float32/float64 tensors that fail or lose too much in every requested target narrower than 32 bits
     (see ``dtypecheck.scan.keep_float32``), the worst first; empty when no such target was requested."""
+    not_judged: tuple[NotJudged, ...] = ()
+    """Extra: the tensors whose casts are not judged against the targets, by role rule (``TensorScan.not_judged``)."""
+    left_out: int = 0
+    """Extra: tensors of the checkpoint not scanned, left out by ``include``/``exclude``/``weights_only``."""
 
 
 @dataclass(frozen=True)
@@ -186,8 +207,6 @@ class ScanReport:
     summary: ScanSummary
     baseline: BaselineComparison | None = None
     """Extra (``--baseline``): each check compared with an earlier report; the exit code follows its level."""
-    display_limit: int | None = field(default=None, repr=False, compare=False)
-    """How many tensors the table shows (None: all); not part of the JSON document."""
 
     @property
     def gate_level(self) -> Level:
@@ -197,12 +216,16 @@ class ScanReport:
         return self.baseline.level
 
 
-def summarise(tensors: tuple[TensorScan, ...], findings: tuple[Finding, ...]) -> ScanSummary:
+def summarise(tensors: tuple[TensorScan, ...], findings: tuple[Finding, ...], left_out: int = 0) -> ScanSummary:
     counts = {"ok": 0, "warn": 0, "fail": 0}
     for tensor in tensors:
         counts[tensor.level] += 1
     dtypes = {row.dtype: CensusEntry(row.tensors, row.numel, row.bytes) for row in census(tensors)}
     finding_levels: list[Level] = [f.level for f in findings]
+    unjudged: dict[str, list[TensorScan]] = {}
+    for tensor in tensors:
+        if tensor.not_judged is not None:
+            unjudged.setdefault(tensor.not_judged, []).append(tensor)
     return ScanSummary(
         tensors=len(tensors),
         numel=sum(t.numel for t in tensors),
@@ -212,7 +235,14 @@ def summarise(tensors: tuple[TensorScan, ...], findings: tuple[Finding, ...]) ->
         fail=counts["fail"],
         level=worst([*(t.level for t in tensors), *finding_levels]),
         census=dtypes,
+        not_judged=tuple(_not_judged(reason, group) for reason, group in unjudged.items()),
+        left_out=left_out,
     )
+
+
+def _not_judged(reason: str, tensors: list[TensorScan]) -> NotJudged:
+    rule = next((r.name for r in ROLE_RULES if r.not_judged == reason), tensors[0].role)
+    return NotJudged(rule, reason, tuple(t.name for t in tensors))
 
 
 def cast_counts(cast: CastCounts) -> dict[Check, int | None]:

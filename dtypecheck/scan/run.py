@@ -18,17 +18,21 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import cache, partial
 from itertools import zip_longest
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dtypecheck.dtypes import DtypeSpec, lookup
+from dtypecheck.errors import ParameterError
 from dtypecheck.loaders import Checkpoint, Finding, TensorRecord, open_checkpoint
 from dtypecheck.progress import ProgressCallback, no_progress
+from dtypecheck.scan.gate import CheckpointPlan, Gate
 from dtypecheck.scan.keep_float32 import DEFAULT_MIN_SQNR_DB, with_keep_float32
-from dtypecheck.scan.scan_kernel import Kernels, kernels
-from dtypecheck.scan.scan_policy import apply_policy
-from dtypecheck.scan.scan_report import ScanReport, summarise
-from dtypecheck.scan.scan_tensor import TensorScanner
+from dtypecheck.scan.kernel import Kernels, kernels
+from dtypecheck.scan.policy import apply_policy
+from dtypecheck.scan.report import ScanReport, summarise
+from dtypecheck.scan.select import EVERYTHING, Selection
 from dtypecheck.scan.targets import check_targets
+from dtypecheck.scan.tensor import TensorScanner
 
 if TYPE_CHECKING:
     import torch
@@ -40,7 +44,7 @@ MAX_WORKERS = 8
 
 
 def scan_checkpoint(
-    target: str,
+    checkpoint: str,
     targets: Sequence[DtypeSpec] | None = None,
     *,
     progress: ProgressCallback = no_progress,
@@ -49,21 +53,38 @@ def scan_checkpoint(
     policy: ScanPolicy | None = None,
     precision: bool = False,
     keep_float32_sqnr_db: float = DEFAULT_MIN_SQNR_DB,
+    baseline: str | os.PathLike[str] | None = None,
+    baseline_key: str | None = None,
+    update_baseline: bool = False,
+    selection: Selection = EVERYTHING,
 ) -> ScanReport:
-    """Scan every tensor of the checkpoint (file, folder or ``file.py:factory``) at ``target``.
+    """Scan every tensor of ``checkpoint`` (file, folder, ``file.py:factory`` or Hub id).
 
     ``targets`` default to float16 and bfloat16. ``compiled=False`` forces the numpy kernels (same results).
     ``policy`` (the project's ignore rules and tolerances) sets the levels; the dtype-consistency findings
-    are added either way. ``precision`` adds the precision-loss measures (``scan_measures``) in the second pass;
+    are added either way. ``precision`` adds the precision-loss measures (``measures``) in the second pass;
     ``keep_float32_sqnr_db`` is the SQNR below which a cast loses too much for the summary's ``keep_float32``.
+    ``selection`` (include/exclude globs, weights only) says which tensors are read; the others are counted in the
+    summary's ``left_out``, and a selection that leaves none is a ``no-tensors`` finding (fail).
+
+    With a ``baseline`` file (``dtypecheck.baseline/1``, or an earlier JSON report) the report is compared with
+    the checkpoint's entry in it (``baseline_key``; default: its path relative to the working folder) and its
+    ``gate_level`` follows only what is new or worse; with ``update_baseline`` the entry is written instead (the
+    file is created if missing). Several checkpoints against shared baseline files: ``dtypecheck.scan.gate``.
     """
+    if update_baseline and baseline is None:
+        raise ParameterError("update_baseline", "needs the baseline file to write (baseline)")
     specs = check_targets(targets) if targets else [lookup(name) for name in DEFAULT_TARGETS]
-    checkpoint = open_checkpoint(target)
+    plan = CheckpointPlan(checkpoint, baseline=None if baseline is None else Path(baseline), key=baseline_key or "")
+    gate = Gate([plan], update=update_baseline)  # the baseline is read before the scan: a bad one fails fast
+    opened = open_checkpoint(checkpoint)
     try:
-        report = _scan(checkpoint, specs, progress, workers or default_workers(), kernels(compiled), precision)
+        report = _scan(opened, specs, progress, workers or default_workers(), kernels(compiled), precision, selection)
     finally:
-        checkpoint.close()
-    return with_keep_float32(apply_policy(report, policy), keep_float32_sqnr_db)
+        opened.close()
+    result = gate.judge(plan, with_keep_float32(apply_policy(report, policy), keep_float32_sqnr_db))
+    gate.write()
+    return result.report
 
 
 def default_workers() -> int:
@@ -83,12 +104,14 @@ def _scan(
     workers: int,
     k: Kernels,
     precision: bool = False,
+    selection: Selection = EVERYTHING,
 ) -> ScanReport:
     parts = _parts(checkpoint)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dtypecheck-scan") as pool:
-        listed = (
+        every = (
             list(pool.map(lambda part: list(part.records()), parts)) if len(parts) > 1 else [list(parts[0].records())]
         )
+        listed = [[r for r in records if selection.keeps(r.name)] for records in every]
         # Records that view the same data (tied weights, aliases) are scanned once and reported under each name.
         first_of: dict[object, TensorRecord] = {}
         copies: list[tuple[TensorRecord, TensorRecord]] = []
@@ -111,14 +134,18 @@ def _scan(
     for copy, original in copies:
         results[id(copy)] = dataclasses.replace(results[id(original)], name=copy.name, shape=tuple(copy.shape))
     tensors = tuple(results[id(record)] for records in listed for record in records)
-    findings = _dedupe(list(checkpoint.findings))
+    found = list(checkpoint.findings)
+    left_out = sum(map(len, every)) - len(tensors)
+    if left_out and not tensors:
+        found.insert(0, Finding("no-tensors", "fail", f"{selection.describe()} left none of the {left_out} tensors"))
+    findings = _dedupe(found)
     return ScanReport(
         source=checkpoint.source,
         format=checkpoint.format,
         targets=tuple(t.name for t in targets),
         tensors=tensors,
         findings=findings,
-        summary=summarise(tensors, findings),
+        summary=summarise(tensors, findings, left_out),
     )
 
 

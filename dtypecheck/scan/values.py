@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dtypecheck.dtypes import DtypeSpec, FloatFormat, spec_of
-from dtypecheck.scan.scan_thresholds import FLOAT64, KernelFormat
+from dtypecheck.scan.thresholds import FLOAT64, KernelFormat
 
 if TYPE_CHECKING:
     import torch

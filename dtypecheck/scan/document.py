@@ -12,7 +12,7 @@ from typing import Any
 
 from dtypecheck.errors import InputError
 from dtypecheck.findings import LEVELS, Finding, Level
-from dtypecheck.scan.scan_report import (
+from dtypecheck.scan.report import (
     STATES,
     BaselineComparison,
     CastCounts,
@@ -24,6 +24,7 @@ from dtypecheck.scan.scan_report import (
     TensorScan,
     summarise,
 )
+from dtypecheck.scan.roles import ROLES, Role
 
 
 class _MalformedError(ValueError):
@@ -86,6 +87,13 @@ def _state(value: Any, what: str) -> State:
     raise _MalformedError(f"{what} is not one of {', '.join(STATES)}")
 
 
+def _role(value: Any, what: str) -> Role:
+    for role in ROLES:
+        if value == role:
+            return role
+    raise _MalformedError(f"{what} is not one of {', '.join(ROLES)}")
+
+
 def _strings(value: Any, what: str) -> tuple[str, ...]:
     return tuple(_str(item, what) for item in _list(value, what))
 
@@ -135,6 +143,8 @@ def _tensor(doc: Mapping[str, Any]) -> TensorScan:
         note=_optional_str(doc.get("note"), f"{what}.note"),
         policy=_strings(doc.get("policy"), f"{what}.policy"),
         passed=_strings(doc.get("passed"), f"{what}.passed"),
+        role=_role(doc.get("role", "model"), f"{what}.role"),
+        not_judged=_optional_str(doc.get("not_judged"), f"{what}.not_judged"),
     )
 
 
@@ -169,6 +179,11 @@ def _baseline(value: Any) -> BaselineComparison | None:
     )
 
 
+def _left_out(doc: Mapping[str, Any]) -> Any:
+    summary = doc.get("summary")
+    return summary.get("left_out", 0) if isinstance(summary, Mapping) else 0
+
+
 def _report(doc: Mapping[str, Any]) -> ScanReport:
     tensors = tuple(_tensor(_mapping(t, "a tensor")) for t in _list(doc.get("tensors"), "tensors"))
     findings = tuple(_finding(_mapping(f, "a finding"), "a finding") for f in _list(doc.get("findings"), "findings"))
@@ -178,7 +193,7 @@ def _report(doc: Mapping[str, Any]) -> ScanReport:
         targets=_strings(doc.get("targets"), "targets"),
         tensors=tensors,
         findings=findings,
-        summary=summarise(tensors, findings),
+        summary=summarise(tensors, findings, _count(_left_out(doc), "summary.left_out") or 0),
         baseline=_baseline(doc.get("baseline")),
     )
 

@@ -11,7 +11,7 @@ import numpy as np
 from dtypecheck.dtypes import DtypeSpec
 from dtypecheck.scan.blockscale import chunk_unit, mx_loss, per_channel_loss, regroup
 from dtypecheck.scan.precision import Loss, plain_or_tensor_scaled
-from dtypecheck.scan.scan_report import SchemeVerdict
+from dtypecheck.scan.report import SchemeVerdict
 
 if TYPE_CHECKING:
     import torch

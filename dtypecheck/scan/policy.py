@@ -1,8 +1,9 @@
-"""The project's policy applied to a finished scan: ignore rules and tolerated underflow, with reasons kept.
+"""The project's policy applied to a finished scan: roles, ignore rules and tolerated underflow, with reasons kept.
 
 Counts are never changed, only the levels they carry: a report still shows the 3 values that flush to zero in
-float16, and says which rule let them pass. The dtype-consistency findings are added here too, since they judge
-the checkpoint as a whole after every tensor's statistics are known.
+float16, and says which rule let them pass. A tensor whose role keeps it in its own dtype (``roles``: step
+counters, RNG state...) has its casts reported and not judged. The dtype-consistency findings are added here too,
+since they judge the checkpoint as a whole after every tensor's statistics are known.
 """
 
 from __future__ import annotations
@@ -12,7 +13,16 @@ import dataclasses
 from dtypecheck.config import ScanPolicy
 from dtypecheck.findings import Finding, level_of_counts, worst
 from dtypecheck.scan.consistency import consistency_findings
-from dtypecheck.scan.scan_report import ScanReport, TensorScan, cast_counts, check_key, nonfinite, summarise
+from dtypecheck.scan.report import ScanReport, TensorScan, cast_counts, check_key, nonfinite, summarise
+from dtypecheck.scan.roles import role_rule
+
+
+def with_role(tensor: TensorScan) -> TensorScan:
+    """The tensor with its role (``roles.ROLE_RULES``) and, where the role is not judged, why."""
+    rule = role_rule(tensor.name)
+    if rule is None:
+        return tensor
+    return dataclasses.replace(tensor, role=rule.role, not_judged=rule.not_judged)
 
 
 def _judge(tensor: TensorScan, policy: ScanPolicy) -> TensorScan:
@@ -30,6 +40,9 @@ def _judge(tensor: TensorScan, policy: ScanPolicy) -> TensorScan:
         gated: dict[str, int] = {}
         for check, count in cast_counts(cast).items():
             if not count:
+                continue
+            if tensor.not_judged is not None:
+                passed.append(check_key(target, check))
                 continue
             rule = policy.ignored(tensor.name, check, target)
             if rule is not None:
@@ -51,13 +64,15 @@ def _judge(tensor: TensorScan, policy: ScanPolicy) -> TensorScan:
 
 
 def apply_policy(report: ScanReport, policy: ScanPolicy | None = None) -> ScanReport:
-    """Re-judge every tensor under ``policy`` and add the dtype-consistency findings."""
-    tensors = (
-        report.tensors if policy is None or policy == ScanPolicy() else tuple(_judge(t, policy) for t in report.tensors)
-    )
+    """Give every tensor its role, re-judge it under its role and ``policy``, add the dtype-consistency findings."""
+    plain = policy is None or policy == ScanPolicy()
+    roled = (with_role(t) for t in report.tensors)
+    tensors = tuple(t if plain and t.not_judged is None else _judge(t, policy or ScanPolicy()) for t in roled)
     extra = [
         Finding(f.kind, "warn", f"{f.pattern}: {f.detail}", f.tensors[0] if len(f.tensors) == 1 else None)
         for f in consistency_findings(tensors)
     ]
     findings = (*report.findings, *extra)
-    return dataclasses.replace(report, tensors=tensors, findings=findings, summary=summarise(tensors, findings))
+    return dataclasses.replace(
+        report, tensors=tensors, findings=findings, summary=summarise(tensors, findings, report.summary.left_out)
+    )
