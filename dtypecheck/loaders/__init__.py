@@ -33,7 +33,7 @@ def open_checkpoint(target: str) -> Checkpoint:
 def _open(target: str) -> Checkpoint:
     live = python_target(target)
     if live is not None and live[0].is_file():
-        from dtypecheck.loaders.live_model import open_live_model
+        from dtypecheck.loaders.formats.live_model import open_live_model
 
         return open_live_model(target)
     path = Path(target)
@@ -48,7 +48,7 @@ def _open(target: str) -> Checkpoint:
         folder_format = detect_folder(path)
         if folder_format is not None:
             return folder_format.open(path)
-        from dtypecheck.loaders.folders import open_folder
+        from dtypecheck.loaders.formats.folders import open_folder
 
         return open_folder(path, open_file, lambda p: detect(p) is not None)
     return open_file(path)
@@ -64,7 +64,7 @@ def open_file(path: Path) -> Checkpoint:
     found = detect(path)
     if found is not None:
         return found.open(path)
-    from dtypecheck.loaders.safetensors_format import truncated_safetensors_header
+    from dtypecheck.loaders.formats.safetensors_format import truncated_safetensors_header
 
     with path.open("rb") as handle:
         head = handle.read(SNIFF_BYTES)

@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dtypecheck.errors import InputError
-from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord, TensorSource
-from dtypecheck.loaders.mapped import (
+from dtypecheck.loaders._io.mapped import (
     EMPTY_SOURCE,
     FileMap,
     MappedSource,
@@ -25,9 +24,9 @@ from dtypecheck.loaders.mapped import (
     itemsize_of,
     read_range,
 )
-from dtypecheck.loaders.pickle_globals import global_findings, worst_first
-from dtypecheck.loaders.pickle_vm import unpickle
-from dtypecheck.loaders.torch_objects import (
+from dtypecheck.loaders._io.pickle_globals import global_findings, worst_first
+from dtypecheck.loaders._io.pickle_vm import unpickle
+from dtypecheck.loaders._io.torch_objects import (
     StorageRef,
     TensorRef,
     collect_tensors,
@@ -36,6 +35,7 @@ from dtypecheck.loaders.torch_objects import (
     torch_call,
     torch_dtype_available,
 )
+from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord, TensorSource
 
 LOCAL_HEADER = struct.Struct("<4s22xHH")
 MAX_PICKLE_BYTES = 1 << 30

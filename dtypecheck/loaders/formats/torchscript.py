@@ -17,18 +17,18 @@ from pathlib import Path
 from typing import Any
 
 from dtypecheck.errors import InputError
-from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord
-from dtypecheck.loaders.mapped import FileMap, read_range
-from dtypecheck.loaders.pickle_globals import global_findings, worst_first
-from dtypecheck.loaders.pickle_vm import GlobalRef, unpickle
-from dtypecheck.loaders.torch_objects import (
+from dtypecheck.loaders._io.mapped import FileMap, read_range
+from dtypecheck.loaders._io.pickle_globals import global_findings, worst_first
+from dtypecheck.loaders._io.pickle_vm import GlobalRef, unpickle
+from dtypecheck.loaders._io.torch_objects import (
     StorageRef,
     collect_tensors,
     require_tensors,
     storage_from_pid,
     torch_call,
 )
-from dtypecheck.loaders.torch_zip import (
+from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord
+from dtypecheck.loaders.formats.torch_zip import (
     MAX_PICKLE_BYTES,
     ZipEntry,
     archive_prefix,

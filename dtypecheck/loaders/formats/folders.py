@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from dtypecheck.errors import InputError
+from dtypecheck.loaders._io.pickle_globals import worst_first
 from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord
 from dtypecheck.loaders.formats import checkpoint_suffixes
-from dtypecheck.loaders.pickle_globals import worst_first
 
 MAX_INDEX_BYTES = 64 * 1024 * 1024
 INDEX_PREFERENCE = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
@@ -109,7 +109,7 @@ def side_findings(folder: Path, scanned: set[Path]) -> list[Finding]:
     """Every pickle-bearing file of ``folder`` that is not scanned for tensors (``training_args.bin`` beside an
     index, the ``pytorch_model.bin`` twin of ``model.safetensors``, a raw pickle) still has its globals judged:
     whoever loads the folder with ``torch.load`` runs them."""
-    from dtypecheck.loaders.pickle_files import looks_like_pickle, side_file_findings
+    from dtypecheck.loaders._io.pickle_files import looks_like_pickle, side_file_findings
 
     findings: list[Finding] = []
     for path in sorted(folder.iterdir()):

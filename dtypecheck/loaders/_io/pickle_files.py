@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from dtypecheck.errors import InputError
+from dtypecheck.loaders._io.mapped import FileMap, Window, read_range
+from dtypecheck.loaders._io.pickle_globals import judge, worst_first
+from dtypecheck.loaders._io.pickle_vm import GlobalRef, SafeUnpickler
 from dtypecheck.loaders.base import Finding
-from dtypecheck.loaders.mapped import FileMap, Window, read_range
-from dtypecheck.loaders.pickle_globals import judge, worst_first
-from dtypecheck.loaders.pickle_vm import GlobalRef, SafeUnpickler
 
 MAX_STREAM_PICKLES = 5
 """A legacy torch file holds five pickles back to back; ``torch.load`` of a raw pickle runs the first."""
@@ -68,7 +68,7 @@ def file_globals(path: Path) -> PickleReport:
 
 def _globals_in(buffer: mmap.mmap, size: int, where: str) -> PickleReport:
     if bytes(read_range(buffer, 0, min(4, size))) == b"PK\x03\x04":
-        from dtypecheck.loaders.torch_zip import read_zip_entries
+        from dtypecheck.loaders.formats.torch_zip import read_zip_entries
 
         seen: dict[GlobalRef, None] = {}
         problem = None
