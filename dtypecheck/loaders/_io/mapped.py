@@ -47,6 +47,21 @@ class FileMap:
             raise
         _FILES[id(self.buffer)] = self
 
+    @classmethod
+    @contextlib.contextmanager
+    def kept_if_parsed(cls, path: Path) -> Iterator[FileMap]:
+        """A map of ``path`` for a loader to parse in the ``with`` block: closed again if the block raises (a
+        file that fails to parse leaks no map or descriptor), left open for the loader's ``close()`` otherwise.
+
+        ``with FileMap.kept_if_parsed(path) as self._map: self._parse()``
+        """
+        mapped = cls(path)
+        try:
+            yield mapped
+        except BaseException:
+            mapped.close()
+            raise
+
     def pread(self, offset: int, nbytes: int, into: memoryview | None = None) -> memoryview:
         """``nbytes`` of the file from ``offset``, read now (not mapped), into ``into`` (a reusable buffer of at
         least ``nbytes``) or a new one; a file that shrank is an InputError."""

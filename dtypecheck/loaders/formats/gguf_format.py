@@ -139,12 +139,8 @@ class GgufCheckpoint:
     def __init__(self, path: Path) -> None:
         self.source = str(path)
         self.findings: list[Finding] = []
-        self._map = FileMap(path)
-        try:
+        with FileMap.kept_if_parsed(path) as self._map:
             self._records = self._parse()
-        except BaseException:
-            self._map.close()
-            raise
 
     def _parse(self) -> list[TensorRecord]:
         reader = _Reader(self._map.buffer, self._map.size, self.source)

@@ -41,12 +41,8 @@ class LegacyTorchCheckpoint:
 
     def __init__(self, path: Path) -> None:
         self.source = str(path)
-        self._map = FileMap(path)
-        try:
+        with FileMap.kept_if_parsed(path) as self._map:
             self._parse()
-        except BaseException:
-            self._map.close()
-            raise
 
     def _parse(self) -> None:
         where = self.source

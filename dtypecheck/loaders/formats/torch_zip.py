@@ -238,12 +238,8 @@ class TorchZipCheckpoint:
 
     def __init__(self, path: Path) -> None:
         self.source = str(path)
-        self._map = FileMap(path)
-        try:
+        with FileMap.kept_if_parsed(path) as self._map:
             self._archive = TorchArchive(self._map.buffer, 0, self._map.size, self.source, self._map.size)
-        except BaseException:
-            self._map.close()
-            raise
         self.findings: list[Finding] = self._archive.findings
 
     def records(self) -> Iterator[TensorRecord]:

@@ -66,12 +66,8 @@ class TorchScriptCheckpoint:
 
     def __init__(self, path: Path) -> None:
         self.source = str(path)
-        self._map = FileMap(path)
-        try:
+        with FileMap.kept_if_parsed(path) as self._map:
             self._parse()
-        except BaseException:
-            self._map.close()
-            raise
 
     def _parse(self) -> None:
         where, buffer, size = self.source, self._map.buffer, self._map.size
