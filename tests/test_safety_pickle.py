@@ -249,7 +249,7 @@ def test_plain_data_matches_the_real_unpickler_in_every_protocol(protocol: int) 
 
 def test_zip_listing_too_many_entries_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The real limit is 2 million entries; lowered here so the test file stays tiny.
-    monkeypatch.setattr("dtypecheck.loaders.formats.torch_zip.MAX_ZIP_ENTRIES", 3)
+    monkeypatch.setattr("dtypecheck.loaders._io.zip_records.MAX_ZIP_ENTRIES", 3)
     path = write_torch_zip(tmp_path / "many.pt", b"\x80\x02}.", {"0": b"", "1": b""})  # 5 entries
     with pytest.raises(InputError, match=r"many\.pt: zip archive lists 5 entries, over the 3 limit"):
         open_checkpoint(str(path))

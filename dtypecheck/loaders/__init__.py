@@ -71,7 +71,34 @@ def open_file(path: Path) -> Checkpoint:
     declared = truncated_safetensors_header(head, size)
     if declared is not None:
         raise InputError(f"{path}: truncated safetensors file (header of {declared} bytes, file of {size})")
+    from dtypecheck.loaders._io.pickle_files import side_file_findings
+
+    # torch.load unpickles any file that is not a zip (a raw pickle of any protocol, a legacy tar): what it would
+    # run there is judged, so such a file is a report of findings, not a "not a checkpoint" that hides them.
+    runs = [f for f in side_file_findings(path, path.name) if f.kind != "unreadable-file" or f.level == "fail"]
+    if runs:
+        return PickleOnly(str(path), runs)
     raise InputError(f"{path}: not a checkpoint: expected one of {describe_formats()}")
+
+
+class PickleOnly:
+    """A file dtypecheck reads no tensor from but whose pickles ``torch.load`` would run (a raw pickle, a legacy
+    tar): its findings say what they reference."""
+
+    format = "pickle"
+
+    def __init__(self, source: str, findings: list[Finding]) -> None:
+        self.source = source
+        self.findings = findings
+
+    def records(self) -> Iterator[TensorRecord]:
+        return iter(())
+
+    def parts(self) -> list[Checkpoint]:
+        return [self]
+
+    def close(self) -> None:
+        pass
 
 
 class NoTensors:

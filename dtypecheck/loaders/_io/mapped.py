@@ -35,8 +35,10 @@ class FileMap:
     """
 
     def __init__(self, path: Path) -> None:
+        from dtypecheck.loaders._io.regular import open_regular
+
         self.path = path
-        self.fd = os.open(path, os.O_RDONLY)
+        self.fd = open_regular(path)  # a FIFO or a device is refused before anything is read
         try:
             self.size = os.fstat(self.fd).st_size
             if self.size == 0:
