@@ -12,8 +12,8 @@ import torch
 
 from dtypecheck.errors import ExitCode, InputError, describe
 from dtypecheck.loaders import open_checkpoint
-from dtypecheck.loaders.pickle_globals import classify
-from dtypecheck.loaders.pickle_vm import GlobalRef, PickleObject, unpickle
+from dtypecheck.loaders._io.pickle_globals import classify
+from dtypecheck.loaders._io.pickle_vm import GlobalRef, PickleObject, unpickle
 from tests._ckpt_factory import load_all, opened, same, write_torch_zip
 
 
@@ -165,7 +165,7 @@ def test_shared_references_do_not_blow_up() -> None:
     value, globals_seen = unpickle(body + b"h\x28.", where="laughs")
     assert isinstance(value, list)
     assert globals_seen == []
-    from dtypecheck.loaders.torch_objects import collect_tensors
+    from dtypecheck.loaders._io.torch_objects import collect_tensors
 
     tensors, findings = collect_tensors(value, "laughs")
     assert tensors == []
@@ -238,7 +238,7 @@ def test_plain_data_matches_the_real_unpickler_in_every_protocol(protocol: int) 
         "nested": {"a": shared, "b": shared, ("t", 1): {}},
         "empty": ((), [], {}),
     }
-    from dtypecheck.loaders.torch_objects import torch_call
+    from dtypecheck.loaders._io.torch_objects import torch_call
 
     value, globals_seen = unpickle(pickle.dumps(data, protocol=protocol), where="p", call=torch_call)
     assert value == pickle.loads(pickle.dumps(data, protocol=protocol))  # our own trusted data
@@ -249,7 +249,7 @@ def test_plain_data_matches_the_real_unpickler_in_every_protocol(protocol: int) 
 
 def test_zip_listing_too_many_entries_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The real limit is 2 million entries; lowered here so the test file stays tiny.
-    monkeypatch.setattr("dtypecheck.loaders.torch_zip.MAX_ZIP_ENTRIES", 3)
+    monkeypatch.setattr("dtypecheck.loaders._io.zip_records.MAX_ZIP_ENTRIES", 3)
     path = write_torch_zip(tmp_path / "many.pt", b"\x80\x02}.", {"0": b"", "1": b""})  # 5 entries
     with pytest.raises(InputError, match=r"many\.pt: zip archive lists 5 entries, over the 3 limit"):
         open_checkpoint(str(path))

@@ -33,7 +33,7 @@ def open_checkpoint(target: str) -> Checkpoint:
 def _open(target: str) -> Checkpoint:
     live = python_target(target)
     if live is not None and live[0].is_file():
-        from dtypecheck.loaders.live_model import open_live_model
+        from dtypecheck.loaders.formats.live_model import open_live_model
 
         return open_live_model(target)
     path = Path(target)
@@ -48,7 +48,7 @@ def _open(target: str) -> Checkpoint:
         folder_format = detect_folder(path)
         if folder_format is not None:
             return folder_format.open(path)
-        from dtypecheck.loaders.folders import open_folder
+        from dtypecheck.loaders.formats.folders import open_folder
 
         return open_folder(path, open_file, lambda p: detect(p) is not None)
     return open_file(path)
@@ -64,14 +64,41 @@ def open_file(path: Path) -> Checkpoint:
     found = detect(path)
     if found is not None:
         return found.open(path)
-    from dtypecheck.loaders.safetensors_format import truncated_safetensors_header
+    from dtypecheck.loaders.formats.safetensors_format import truncated_safetensors_header
 
     with path.open("rb") as handle:
         head = handle.read(SNIFF_BYTES)
     declared = truncated_safetensors_header(head, size)
     if declared is not None:
         raise InputError(f"{path}: truncated safetensors file (header of {declared} bytes, file of {size})")
+    from dtypecheck.loaders._io.pickle_files import side_file_findings
+
+    # torch.load unpickles any file that is not a zip (a raw pickle of any protocol, a legacy tar): what it would
+    # run there is judged, so such a file is a report of findings, not a "not a checkpoint" that hides them.
+    runs = [f for f in side_file_findings(path, path.name) if f.kind != "unreadable-file" or f.level == "fail"]
+    if runs:
+        return PickleOnly(str(path), runs)
     raise InputError(f"{path}: not a checkpoint: expected one of {describe_formats()}")
+
+
+class PickleOnly:
+    """A file dtypecheck reads no tensor from but whose pickles ``torch.load`` would run (a raw pickle, a legacy
+    tar): its findings say what they reference."""
+
+    format = "pickle"
+
+    def __init__(self, source: str, findings: list[Finding]) -> None:
+        self.source = source
+        self.findings = findings
+
+    def records(self) -> Iterator[TensorRecord]:
+        return iter(())
+
+    def parts(self) -> list[Checkpoint]:
+        return [self]
+
+    def close(self) -> None:
+        pass
 
 
 class NoTensors:

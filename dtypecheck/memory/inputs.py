@@ -34,9 +34,9 @@ def open_subject(
     if not path.exists():
         raise InputError(f"no such file or directory: {target}")
     if path.is_dir() and (path / "config.json").is_file():
-        return load_config(path / "config.json", batch_size=batch_size, seq_len=seq_len, loss=loss)
+        return open_hf_config(path / "config.json", batch_size=batch_size, seq_len=seq_len, loss=loss)
     if path.is_file() and path.name.endswith(".json") and not path.name.endswith(".index.json"):
-        return load_config(path, batch_size=batch_size, seq_len=seq_len, loss=loss)
+        return open_hf_config(path, batch_size=batch_size, seq_len=seq_len, loss=loss)
     if batch_size is not None or seq_len is not None or loss is not None:
         raise UsageError(
             "--batch-size, --seq-len and --loss need a factory or a config: a checkpoint has no forward pass"
@@ -167,7 +167,7 @@ def load_checkpoint(target: str) -> Subject:
 # --- config.json -------------------------------------------------------------------------------------------
 
 
-def read_config(path: Path) -> dict[str, Any]:
+def read_hf_config(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
@@ -179,12 +179,14 @@ def read_config(path: Path) -> dict[str, Any]:
     return data
 
 
-def load_config(
+def open_hf_config(
     path: Path, *, batch_size: int | None = None, seq_len: int | None = None, loss: LossName | None = None
 ) -> Subject:
+    """A model built from a Hugging Face ``config.json`` (not ``dtypecheck.config.load_config``, which reads
+    ``[tool.dtypecheck]``)."""
     from dtypecheck.memory.config_models import build_from_config
 
-    data = read_config(path)
+    data = read_hf_config(path)
     return build_from_config(
         path, data, batch_size=batch_size or 1, seq_len=seq_len or DEFAULT_SEQ_LEN, loss=step_loss(None, loss, None)
     )

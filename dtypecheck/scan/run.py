@@ -158,7 +158,7 @@ Reader = tuple[Callable[..., "torch.Tensor"], int]
 
 def _data_key(record: TensorRecord) -> object | None:
     """What identifies a record's data: equal keys mean equal values (same source, same dtype)."""
-    from dtypecheck.loaders.mapped import MappedSource, StridedSource
+    from dtypecheck.loaders._io.mapped import MappedSource, StridedSource
 
     source = record.source
     # byte ranges of a mapped file compare by value (offsets, shapes, strides); other sources are never shared

@@ -129,3 +129,45 @@ def test_safetensors_dtype_that_is_not_a_string_is_an_input_error(tmp_path: Path
         tmp_path / "m.safetensors", {"w": {"dtype": ["F32"], "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4
     )
     _input_error(path, "unknown safetensors dtype")
+
+
+def _open_descriptors() -> int:
+    return sum(1 for _ in Path("/proc/self/fd").iterdir())
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to count open descriptors")
+@pytest.mark.parametrize(
+    ("name", "content", "match"),
+    [
+        ("bad.gguf", b"GGUF" + struct.pack("<IQQ", 9, 0, 0), "GGUF version 9"),
+        ("bad-legacy.pt", b"\x80\x02\x8a\x0a" + (0x1950A86A20F9469CFC6C).to_bytes(10, "little") + b"\xff", "malformed"),
+        ("bad-zip.pt", b"PK\x03\x04" + b"\x00" * 60, "corrupt zip archive"),
+    ],
+)
+def test_a_file_that_fails_to_parse_leaks_no_map(tmp_path: Path, name: str, content: bytes, match: str) -> None:
+    """``FileMap.kept_if_parsed`` closes the map and its descriptor when the loader's parse raises."""
+    path = tmp_path / name
+    path.write_bytes(content)
+    before = _open_descriptors()
+    for _ in range(5):
+        with pytest.raises(InputError, match=match):
+            open_checkpoint(str(path))
+    assert _open_descriptors() == before
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to count open descriptors")
+def test_a_torchscript_archive_that_fails_to_parse_leaks_no_map(tmp_path: Path) -> None:
+    module = torch.jit.script(torch.nn.Linear(2, 2))
+    good = tmp_path / "good.pt"
+    torch.jit.save(module, str(good))
+    data = bytearray(good.read_bytes())
+    start = data.index(b"constants.pkl")  # the local header's name: its data follows; spoil the pickle
+    offset = data.index(b"\x80", start)
+    data[offset : offset + 2] = b"\xff\xff"
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(bytes(data))
+    before = _open_descriptors()
+    for _ in range(5):
+        with pytest.raises(InputError, match="malformed pickle"):
+            open_checkpoint(str(bad))
+    assert _open_descriptors() == before

@@ -15,7 +15,6 @@ from safetensors.torch import save_file
 from dtypecheck.cli import app
 from dtypecheck.errors import InputError
 from dtypecheck.loaders import open_checkpoint
-from dtypecheck.loaders.folders import CHECKPOINT_SUFFIXES
 from dtypecheck.loaders.formats import (
     FORMATS,
     describe_formats,
@@ -24,6 +23,7 @@ from dtypecheck.loaders.formats import (
     pre_commit_exclude,
     pre_commit_pattern,
 )
+from dtypecheck.loaders.formats.folders import CHECKPOINT_SUFFIXES
 
 ROOT = Path(__file__).resolve().parents[2]
 

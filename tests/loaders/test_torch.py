@@ -159,7 +159,7 @@ def test_records_read_headers_only(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     def no_data(*_args: object) -> None:
         raise AssertionError("tensor data was read")
 
-    monkeypatch.setattr("dtypecheck.loaders.mapped._frombuffer", no_data)
+    monkeypatch.setattr("dtypecheck.loaders._io.mapped._frombuffer", no_data)
     with opened(path) as checkpoint:
         assert [(r.name, r.dtype, r.shape) for r in checkpoint.records()] == [
             ("a", "float32", (3, 2)),

@@ -20,7 +20,8 @@ TRUNCATE_AFTER_FIRST_CHUNK = textwrap.dedent(
     """
     import os, sys
     from dtypecheck.errors import InputError
-    from dtypecheck.loaders import mapped, open_checkpoint
+    from dtypecheck.loaders import open_checkpoint
+    from dtypecheck.loaders._io import mapped
     path = sys.argv[1]
     mapped.STRIDED_COPY_LIMIT = int(sys.argv[2])  # 0: gather a strided view from the map, checking the size first
     checkpoint = open_checkpoint(path)
@@ -69,8 +70,8 @@ TRUNCATE_BEFORE_PARSING = textwrap.dedent(
     """
     import os, sys
     from dtypecheck.errors import InputError
-    from dtypecheck.loaders.mapped import FileMap
-    from dtypecheck.loaders.torch_zip import TorchArchive
+    from dtypecheck.loaders._io.mapped import FileMap
+    from dtypecheck.loaders.formats.torch_zip import TorchArchive
     path = sys.argv[1]
     mapped = FileMap(path)  # mapped at its full size, as when a scan opens it
     os.truncate(path, 100)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from dtypecheck.loaders.pickle_globals import ALLOWED, classify, judge
-from dtypecheck.loaders.pickle_vm import GlobalRef
+from dtypecheck.loaders._io.pickle_globals import ALLOWED, classify, judge
+from dtypecheck.loaders._io.pickle_vm import GlobalRef
 from tests.conftest import CliResult
 from tests.security import corpus
 from tests.security.harness import torch_load_all

@@ -17,25 +17,26 @@ from pathlib import Path
 from typing import Any
 
 from dtypecheck.errors import InputError
-from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord
-from dtypecheck.loaders.mapped import FileMap, read_range
-from dtypecheck.loaders.pickle_globals import global_findings, worst_first
-from dtypecheck.loaders.pickle_vm import GlobalRef, unpickle
-from dtypecheck.loaders.torch_objects import (
+from dtypecheck.loaders._io.mapped import FileMap
+from dtypecheck.loaders._io.pickle_globals import global_findings, worst_first
+from dtypecheck.loaders._io.pickle_vm import GlobalRef, unpickle
+from dtypecheck.loaders._io.torch_objects import (
     StorageRef,
     collect_tensors,
     require_tensors,
     storage_from_pid,
     torch_call,
 )
-from dtypecheck.loaders.torch_zip import (
-    MAX_PICKLE_BYTES,
+from dtypecheck.loaders._io.zip_records import (
     ZipEntry,
-    archive_prefix,
+    differential_findings,
     last_copies,
-    make_record,
+    read_entry,
     read_zip_entries,
+    torch_view,
 )
+from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord
+from dtypecheck.loaders.formats.torch_zip import archive_prefix, make_record
 
 PICKLES = (("data.pkl", "data/", ""), ("constants.pkl", "constants/", "constants."))
 """(pickle, folder of its storages, prefix of its tensors' names)."""
@@ -66,12 +67,8 @@ class TorchScriptCheckpoint:
 
     def __init__(self, path: Path) -> None:
         self.source = str(path)
-        self._map = FileMap(path)
-        try:
+        with FileMap.kept_if_parsed(path) as self._map:
             self._parse()
-        except BaseException:
-            self._map.close()
-            raise
 
     def _parse(self) -> None:
         where, buffer, size = self.source, self._map.buffer, self._map.size
@@ -83,13 +80,11 @@ class TorchScriptCheckpoint:
             raise InputError(f"{where}: big-endian checkpoints are not supported")
         records: list[TensorRecord] = []
         globals_seen: list[GlobalRef] = []
-        findings: list[Finding] = list(duplicates)
+        findings: list[Finding] = [*duplicates, *differential_findings(copies, torch_view(buffer, 0, size), where)]
         for pickle_name, folder, name_prefix in PICKLES:
             entry = entries.get(prefix + pickle_name)
             if entry is None:
                 continue
-            if entry.size > MAX_PICKLE_BYTES:
-                raise InputError(f"{where}: {pickle_name} is {entry.size} bytes, over the {MAX_PICKLE_BYTES} limit")
             storages = _StorageLookup(entries, prefix + folder, where)
             root, seen = unpickle(self._read(entry, pickle_name), where=where, call=jit_call, persistent_load=storages)
             globals_seen.extend(ref for ref in seen if ref not in globals_seen)
@@ -106,9 +101,7 @@ class TorchScriptCheckpoint:
         self._records = records
 
     def _read(self, entry: ZipEntry, what: str) -> bytes:
-        if entry.offset < 0:
-            raise InputError(f"{self.source}: {what} is compressed; torch writes it stored")
-        return bytes(read_range(self._map.buffer, entry.offset, entry.size))
+        return read_entry(self._map.buffer, entry, self.source, what)
 
     def records(self) -> Iterator[TensorRecord]:
         return iter(self._records)
@@ -137,6 +130,6 @@ class _StorageLookup:
         entry = self._entries.get(self._folder + storage.key)
         if entry is None:
             raise InputError(f"{self._where}: storage {self._folder}{storage.key} is missing from the archive")
-        if entry.offset < 0:
+        if not entry.stored:
             raise InputError(f"{self._where}: storage {self._folder}{storage.key} is compressed; it cannot be mapped")
         return entry

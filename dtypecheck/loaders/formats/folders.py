@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from dtypecheck.errors import InputError
+from dtypecheck.loaders._io.pickle_globals import worst_first
 from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord
 from dtypecheck.loaders.formats import checkpoint_suffixes
-from dtypecheck.loaders.pickle_globals import worst_first
 
 MAX_INDEX_BYTES = 64 * 1024 * 1024
 INDEX_PREFERENCE = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
@@ -106,22 +106,20 @@ def open_folder(folder: Path, open_file: OpenFile, sniff: Callable[[Path], bool]
 
 
 def side_findings(folder: Path, scanned: set[Path]) -> list[Finding]:
-    """Every pickle-bearing file of ``folder`` that is not scanned for tensors (``training_args.bin`` beside an
-    index, the ``pytorch_model.bin`` twin of ``model.safetensors``, a raw pickle) still has its globals judged:
-    whoever loads the folder with ``torch.load`` runs them."""
-    from dtypecheck.loaders.pickle_files import looks_like_pickle, side_file_findings
+    """Every file of ``folder`` that is not scanned for tensors (``training_args.bin`` beside an index, the
+    ``pytorch_model.bin`` twin of ``model.safetensors``, a raw pickle of any protocol, a legacy tar) has judged what
+    ``torch.load`` of it would run: whoever loads the folder with ``torch.load`` runs it. ``torch.load`` accepts any
+    file (it unpickles whatever is not a zip or a tar), so every file is read as it would, not only those that look
+    like a pickle. A FIFO, socket or device among them is refused (``InputError``) before it is opened."""
+    from dtypecheck.loaders._io.pickle_files import side_file_findings
+    from dtypecheck.loaders._io.regular import require_regular
 
     findings: list[Finding] = []
     for path in sorted(folder.iterdir()):
-        if path in scanned or not path.is_file():
+        if path in scanned or path.is_dir():
             continue
-        try:
-            with path.open("rb") as handle:
-                head = handle.read(4)
-        except OSError:
-            continue
-        if head.startswith(b"PK\x03\x04") or looks_like_pickle(head):
-            findings.extend(side_file_findings(path, path.name))
+        require_regular(path)
+        findings.extend(side_file_findings(path, path.name))
     return findings
 
 
@@ -162,10 +160,11 @@ def _open_all(paths: list[Path], open_file: OpenFile) -> list[Checkpoint]:
 
 
 def _read_index(index: Path) -> tuple[dict[str, str], Any]:
-    if index.stat().st_size > MAX_INDEX_BYTES:
-        raise InputError(f"{index}: index file larger than {MAX_INDEX_BYTES} bytes")
+    from dtypecheck.loaders._io.regular import read_regular_file
+
+    raw = read_regular_file(index, MAX_INDEX_BYTES, "index file")
     try:
-        document = json.loads(index.read_bytes())
+        document = json.loads(raw)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise InputError(f"{index}: malformed index JSON ({exc})") from None
     weight_map = document.get("weight_map") if isinstance(document, dict) else None

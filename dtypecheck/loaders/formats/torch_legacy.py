@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from dtypecheck.errors import InputError
-from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord
-from dtypecheck.loaders.mapped import FileMap, Window, itemsize_of, read_range
-from dtypecheck.loaders.pickle_globals import global_findings, worst_first
-from dtypecheck.loaders.pickle_vm import SafeUnpickler
-from dtypecheck.loaders.torch_objects import (
+from dtypecheck.loaders._io.mapped import FileMap, Window, itemsize_of, read_range
+from dtypecheck.loaders._io.pickle_globals import global_findings, worst_first
+from dtypecheck.loaders._io.pickle_vm import SafeUnpickler
+from dtypecheck.loaders._io.torch_objects import (
     StorageRef,
     TensorRef,
     collect_tensors,
@@ -25,7 +24,8 @@ from dtypecheck.loaders.torch_objects import (
     storage_from_pid,
     torch_call,
 )
-from dtypecheck.loaders.torch_zip import check_total_work, make_record
+from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord
+from dtypecheck.loaders.formats.torch_zip import check_total_work, make_record
 
 MAGIC_NUMBER = 0x1950A86A20F9469CFC6C
 PROTOCOL_VERSION = 1001
@@ -41,12 +41,8 @@ class LegacyTorchCheckpoint:
 
     def __init__(self, path: Path) -> None:
         self.source = str(path)
-        self._map = FileMap(path)
-        try:
+        with FileMap.kept_if_parsed(path) as self._map:
             self._parse()
-        except BaseException:
-            self._map.close()
-            raise
 
     def _parse(self) -> None:
         where = self.source

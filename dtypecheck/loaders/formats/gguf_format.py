@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from dtypecheck.dtypes import GGUF_PLAIN_TYPES
 from dtypecheck.errors import InputError
+from dtypecheck.loaders._io.mapped import EMPTY_SOURCE, FileMap, MappedSource, read_range
 from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord, TensorSource, check_count
-from dtypecheck.loaders.mapped import EMPTY_SOURCE, FileMap, MappedSource, read_range
 
 if TYPE_CHECKING:
     import mmap
@@ -139,12 +139,8 @@ class GgufCheckpoint:
     def __init__(self, path: Path) -> None:
         self.source = str(path)
         self.findings: list[Finding] = []
-        self._map = FileMap(path)
-        try:
+        with FileMap.kept_if_parsed(path) as self._map:
             self._records = self._parse()
-        except BaseException:
-            self._map.close()
-            raise
 
     def _parse(self) -> list[TensorRecord]:
         reader = _Reader(self._map.buffer, self._map.size, self.source)
@@ -181,7 +177,7 @@ class GgufCheckpoint:
         source: TensorSource | None
         if info.ggml_type in PLAIN_TYPES:
             dtype = PLAIN_TYPES[info.ggml_type]
-            from dtypecheck.loaders.mapped import itemsize_of
+            from dtypecheck.loaders._io.mapped import itemsize_of
 
             stored = nbytes = numel * itemsize_of(dtype)
             source = MappedSource(self._map.buffer, start, nbytes, dtype) if nbytes else EMPTY_SOURCE

@@ -35,8 +35,10 @@ class FileMap:
     """
 
     def __init__(self, path: Path) -> None:
+        from dtypecheck.loaders._io.regular import open_regular
+
         self.path = path
-        self.fd = os.open(path, os.O_RDONLY)
+        self.fd = open_regular(path)  # a FIFO or a device is refused before anything is read
         try:
             self.size = os.fstat(self.fd).st_size
             if self.size == 0:
@@ -46,6 +48,21 @@ class FileMap:
             os.close(self.fd)
             raise
         _FILES[id(self.buffer)] = self
+
+    @classmethod
+    @contextlib.contextmanager
+    def kept_if_parsed(cls, path: Path) -> Iterator[FileMap]:
+        """A map of ``path`` for a loader to parse in the ``with`` block: closed again if the block raises (a
+        file that fails to parse leaks no map or descriptor), left open for the loader's ``close()`` otherwise.
+
+        ``with FileMap.kept_if_parsed(path) as self._map: self._parse()``
+        """
+        mapped = cls(path)
+        try:
+            yield mapped
+        except BaseException:
+            mapped.close()
+            raise
 
     def pread(self, offset: int, nbytes: int, into: memoryview | None = None) -> memoryview:
         """``nbytes`` of the file from ``offset``, read now (not mapped), into ``into`` (a reusable buffer of at

@@ -14,8 +14,8 @@ from functools import cache
 from typing import Any
 
 from dtypecheck.errors import InputError
+from dtypecheck.loaders._io.pickle_vm import GlobalRef, IdentityKey, PickleObject, _safe_key
 from dtypecheck.loaders.base import Finding, check_count
-from dtypecheck.loaders.pickle_vm import GlobalRef, IdentityKey, PickleObject, _safe_key
 
 MAX_WALK_DEPTH = 1000
 """Deepest nesting of containers a checkpoint may have; deeper is a hostile file (names would grow quadratically)."""

@@ -30,8 +30,8 @@ import sys
 from typing import Any
 
 from dtypecheck.findings import rank
+from dtypecheck.loaders._io.pickle_vm import GlobalRef
 from dtypecheck.loaders.base import Finding, Level
-from dtypecheck.loaders.pickle_vm import GlobalRef
 
 _STORAGE_NAMES = (
     "DoubleStorage", "FloatStorage", "HalfStorage", "BFloat16Storage", "LongStorage", "IntStorage", "ShortStorage",

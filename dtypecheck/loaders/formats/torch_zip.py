@@ -2,32 +2,28 @@
 entry ``<prefix>/data/<key>`` per storage.
 
 ``zipfile`` reads only the central directory; each storage's data offset is computed from its local file header
-and checked against the archive's bounds, then the storage is read through the file's memory map.
+and checked against the archive's bounds, then the storage is read through the file's memory map. Every entry is
+also checked against torch's own reader (``zip_records``): where they disagree, the scan fails.
 """
 
 from __future__ import annotations
 
 import mmap
-import struct
-import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dtypecheck.errors import InputError
-from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord, TensorSource
-from dtypecheck.loaders.mapped import (
+from dtypecheck.loaders._io.mapped import (
     EMPTY_SOURCE,
     FileMap,
     MappedSource,
     StridedSource,
-    Window,
     itemsize_of,
-    read_range,
 )
-from dtypecheck.loaders.pickle_globals import global_findings, worst_first
-from dtypecheck.loaders.pickle_vm import unpickle
-from dtypecheck.loaders.torch_objects import (
+from dtypecheck.loaders._io.pickle_globals import global_findings, worst_first
+from dtypecheck.loaders._io.pickle_vm import unpickle
+from dtypecheck.loaders._io.torch_objects import (
     StorageRef,
     TensorRef,
     collect_tensors,
@@ -36,89 +32,18 @@ from dtypecheck.loaders.torch_objects import (
     torch_call,
     torch_dtype_available,
 )
+from dtypecheck.loaders._io.zip_records import (
+    ZipEntry,
+    differential_findings,
+    last_copies,
+    read_entry,
+    read_zip_entries,
+    torch_view,
+)
+from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord, TensorSource
 
-LOCAL_HEADER = struct.Struct("<4s22xHH")
-MAX_PICKLE_BYTES = 1 << 30
-"""A checkpoint's pickle describes tensors in ~40 bytes each; a gigabyte of it is not a real checkpoint."""
-MAX_ZIP_ENTRIES = 2_000_000
-"""One entry per storage; ``zipfile`` keeps ~0.5 KB per entry, so this bounds its memory near 1 GB."""
 EXPANSION_LIMIT = 64
 """A view may show more elements than its storage holds (stride 0), but not this many times the file's bytes."""
-
-
-@dataclass(frozen=True)
-class ZipEntry:
-    offset: int
-    """Absolute offset of the entry's data in the mapped buffer."""
-    size: int
-
-
-def read_zip_entries(buffer: mmap.mmap, start: int, length: int, where: str) -> dict[str, list[ZipEntry]]:
-    """Names -> data ranges of a zip held in ``buffer[start:start+length]``, each range checked to lie inside, in
-    the central directory's order. A name listed twice has two ranges (torch reads one of them, see
-    ``TorchArchive``)."""
-    try:
-        _check_entry_count(Window(buffer, start, length), where)
-        with zipfile.ZipFile(Window(buffer, start, length)) as archive:
-            infos = archive.infolist()
-    except (
-        zipfile.BadZipFile,
-        zipfile.LargeZipFile,
-        NotImplementedError,  # "zip file version 22.1": a corrupt version field
-        OSError,
-        ValueError,
-        OverflowError,
-        IndexError,
-        KeyError,
-        struct.error,
-        EOFError,
-    ) as exc:
-        raise InputError(f"{where}: corrupt zip archive ({exc})") from None
-    entries: dict[str, list[ZipEntry]] = {}
-    for info in infos:
-        if info.flag_bits & 0x1:
-            raise InputError(f"{where}: zip entry {info.filename!r} is encrypted")
-        header_at = info.header_offset
-        if not 0 <= header_at <= length - LOCAL_HEADER.size:
-            raise InputError(f"{where}: zip entry {info.filename!r} points outside the archive")
-        signature, name_length, extra_length = LOCAL_HEADER.unpack(
-            read_range(buffer, start + header_at, LOCAL_HEADER.size)
-        )
-        if signature != b"PK\x03\x04":
-            raise InputError(f"{where}: zip entry {info.filename!r} has no local header (corrupt zip)")
-        data_at = header_at + LOCAL_HEADER.size + name_length + extra_length
-        if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
-            entries.setdefault(info.filename, []).append(ZipEntry(-1, info.file_size))  # compressed: never read
-            continue
-        if data_at + info.file_size > length:
-            raise InputError(f"{where}: zip entry {info.filename!r} runs past the end of the file (truncated?)")
-        entries.setdefault(info.filename, []).append(ZipEntry(start + data_at, info.file_size))
-    return entries
-
-
-def _check_entry_count(window: Window, where: str) -> None:
-    """Refuse a central directory listing millions of entries before ``zipfile`` builds an object for each."""
-    end_record = getattr(zipfile, "_EndRecData", None)  # private, but stable since Python 2; skip if it goes
-    if end_record is None:
-        return
-    record = end_record(window)
-    if record is None:
-        raise zipfile.BadZipFile("File is not a zip file")
-    entries = record[zipfile._ECD_ENTRIES_TOTAL]  # type: ignore[attr-defined]
-    if entries > MAX_ZIP_ENTRIES:
-        raise InputError(f"{where}: zip archive lists {entries} entries, over the {MAX_ZIP_ENTRIES} limit")
-
-
-def last_copies(copies: dict[str, list[ZipEntry]]) -> tuple[dict[str, ZipEntry], list[Finding]]:
-    """One entry per name (the last copy) and a ``duplicate-entry`` ``fail`` finding per name listed twice: torch's
-    reader finds a name by a binary search over an unstably sorted directory, so which copy it reads depends on the
-    archive's layout, and the copy scanned may not be the one loaded."""
-    duplicates = [
-        Finding("duplicate-entry", "fail", f"{name} appears {len(ranges)} times: torch reads one of them")
-        for name, ranges in copies.items()
-        if len(ranges) > 1
-    ]
-    return {name: ranges[-1] for name, ranges in copies.items()}, duplicates
 
 
 def archive_prefix(entries: dict[str, list[ZipEntry]], where: str) -> str:
@@ -152,6 +77,14 @@ class TorchArchive:
         copies = read_zip_entries(self.buffer, self.start, self.length, self.where)
         self.entries, duplicates = last_copies(copies)
         self.findings.extend(duplicates)
+        view = torch_view(self.buffer, self.start, self.length)
+        differential = differential_findings(copies, view, self.where)
+        if differential and view is not None and view.pickle is not None:
+            from dtypecheck.loaders._io.pickle_files import bytes_globals
+
+            # The scan reads zipfile's bytes; the data.pkl torch would run instead is judged too.
+            differential += global_findings(list(bytes_globals(view.pickle, self.where).globals))
+        self.findings.extend(differential)
         self.prefix = archive_prefix(copies, self.where)
         order = self.entries.get(self.prefix + "byteorder")
         if order is not None and self._read(order, "byteorder") not in {b"little", b""}:
@@ -159,10 +92,6 @@ class TorchArchive:
         # Every copy of a duplicated data.pkl is judged (see ``last_copies``); the last one is scanned.
         root = None
         for pickle_entry in copies[self.prefix + "data.pkl"]:
-            if pickle_entry.size > MAX_PICKLE_BYTES:
-                raise InputError(
-                    f"{self.where}: data.pkl is {pickle_entry.size} bytes, over the {MAX_PICKLE_BYTES} limit"
-                )
             pickled = self._read(pickle_entry, "data.pkl")
             root, globals_seen = unpickle(pickled, where=self.where, call=torch_call, persistent_load=self._storage)
             self.findings.extend(f for f in global_findings(globals_seen) if f not in self.findings)
@@ -173,16 +102,14 @@ class TorchArchive:
         check_total_work(self._records, self.file_size, self.where)
 
     def _read(self, entry: ZipEntry, what: str) -> bytes:
-        if entry.offset < 0:
-            raise InputError(f"{self.where}: {what} is compressed; torch writes it stored")
-        return bytes(read_range(self.buffer, entry.offset, entry.size))
+        return read_entry(self.buffer, entry, self.where, what)
 
     def _storage(self, pid: object) -> StorageRef:
         storage = storage_from_pid(pid)
         entry = self.entries.get(f"{self.prefix}data/{storage.key}")
         if entry is None:
             raise InputError(f"{self.where}: storage data/{storage.key} is missing from the archive")
-        if entry.offset < 0:
+        if not entry.stored:
             raise InputError(f"{self.where}: storage data/{storage.key} is compressed; it cannot be mapped")
         return storage
 
@@ -238,12 +165,8 @@ class TorchZipCheckpoint:
 
     def __init__(self, path: Path) -> None:
         self.source = str(path)
-        self._map = FileMap(path)
-        try:
+        with FileMap.kept_if_parsed(path) as self._map:
             self._archive = TorchArchive(self._map.buffer, 0, self._map.size, self.source, self._map.size)
-        except BaseException:
-            self._map.close()
-            raise
         self.findings: list[Finding] = self._archive.findings
 
     def records(self) -> Iterator[TensorRecord]:

@@ -29,6 +29,11 @@ MAX_KEY_TUPLE_DEPTH = 16
 """Tuples used as dict keys deeper than this are keyed by identity: hashing a deep tuple recurses in C."""
 
 
+class PickleLimitError(InputError):
+    """The stream stopped at one of this machine's own limits (or an opcode it refuses), not at a malformation: a
+    real unpickler might go on, running what comes next."""
+
+
 @dataclass(frozen=True)
 class GlobalRef:
     """An inert reference to ``module.name``, standing where the real unpickler would import it."""
@@ -128,6 +133,9 @@ class SafeUnpickler:
     def _error(self, what: str) -> InputError:
         return InputError(f"{self.where}: malformed pickle ({what})")
 
+    def _limit(self, what: str) -> PickleLimitError:
+        return PickleLimitError(f"{self.where}: malformed pickle ({what})")
+
     def _global(self, module: Any, name: Any) -> GlobalRef:
         if not isinstance(module, str) or not isinstance(name, str):
             raise self._error("a global named by something other than strings")
@@ -148,7 +156,9 @@ class SafeUnpickler:
             return self._run(self.stream)
         except InputError:
             raise
-        except (ValueError, IndexError, KeyError, TypeError, AttributeError, RecursionError, UnicodeError) as exc:
+        except RecursionError as exc:
+            raise self._limit(f"{type(exc).__name__}: {exc}") from None
+        except (ValueError, IndexError, KeyError, TypeError, AttributeError, UnicodeError) as exc:
             raise self._error(f"{type(exc).__name__}: {exc}") from None
 
     def _run(self, stream: io.RawIOBase | io.BytesIO) -> Any:
@@ -183,7 +193,7 @@ class SafeUnpickler:
             op = opcode.name
             operations += 1
             if operations > MAX_OPERATIONS:
-                raise self._error(f"more than {MAX_OPERATIONS} operations")
+                raise self._limit(f"more than {MAX_OPERATIONS} operations")
             # The most frequent opcodes of torch pickles come first: this loop is the cost of opening a checkpoint.
             if op in _MEMO_PUT:
                 memo[len(memo) if op == "MEMOIZE" else _memo_key(arg)] = top()
@@ -205,7 +215,7 @@ class SafeUnpickler:
                 return stack[0]
             if op == "MARK":
                 if len(marks) >= MAX_MARK_DEPTH:
-                    raise self._error("nesting too deep")
+                    raise self._limit("nesting too deep")
                 marks.append(len(stack))
             elif op == "POP":
                 if len(stack) > floor():
@@ -293,7 +303,7 @@ class SafeUnpickler:
             elif op in {"EXT1", "EXT2", "EXT4"}:
                 stack.append(self._global("copyreg.extension", str(arg)))
             elif op in {"NEXT_BUFFER", "READONLY_BUFFER"}:
-                raise self._error("out-of-band buffers are not part of a checkpoint")
+                raise self._limit("out-of-band buffers are not part of a checkpoint")
             else:
                 raise self._error(f"unsupported opcode {op}")
         raise self._error("no STOP opcode (truncated)")

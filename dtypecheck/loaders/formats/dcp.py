@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from dtypecheck.errors import InputError
+from dtypecheck.loaders._io.mapped import ChainSource, FileMap, itemsize_of
+from dtypecheck.loaders._io.pickle_globals import global_findings, worst_first
+from dtypecheck.loaders._io.pickle_vm import PickleObject, SafeUnpickler
+from dtypecheck.loaders._io.regular import read_regular_file
+from dtypecheck.loaders._io.torch_objects import dtype_from_global, torch_call
 from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord
-from dtypecheck.loaders.mapped import ChainSource, FileMap, itemsize_of
-from dtypecheck.loaders.pickle_globals import global_findings, worst_first
-from dtypecheck.loaders.pickle_vm import PickleObject, SafeUnpickler
-from dtypecheck.loaders.torch_objects import dtype_from_global, torch_call
-from dtypecheck.loaders.torch_zip import TorchArchive
+from dtypecheck.loaders.formats.torch_zip import TorchArchive
 
 MAX_METADATA_BYTES = 256 * 1024 * 1024
 
@@ -86,9 +87,7 @@ class DcpCheckpoint:
     def _parse(self) -> list[TensorRecord]:
         meta_path = self.folder / ".metadata"
         where = str(meta_path)
-        if meta_path.stat().st_size > MAX_METADATA_BYTES:
-            raise InputError(f"{where}: larger than {MAX_METADATA_BYTES} bytes")
-        machine = SafeUnpickler(meta_path.read_bytes(), where=where, call=torch_call)
+        machine = SafeUnpickler(read_regular_file(meta_path, MAX_METADATA_BYTES), where=where, call=torch_call)
         root = machine.load()
         self._add_findings(global_findings(machine.globals_seen))
         fields = _fields(root)
@@ -114,7 +113,7 @@ class DcpCheckpoint:
         for (fqn, offset), info in locations.items():
             if (fqn, offset) not in self._chunks_read:
                 self._add_findings(self._archive(info, fqn).findings)
-        from dtypecheck.loaders.folders import side_findings
+        from dtypecheck.loaders.formats.folders import side_findings
 
         self._add_findings(side_findings(self.folder, {self.folder / name for name in (".metadata", *self._maps)}))
         self.findings[:] = worst_first(self.findings)

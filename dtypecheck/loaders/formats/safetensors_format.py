@@ -16,9 +16,9 @@ from typing import Any
 
 from dtypecheck.dtypes import SAFETENSORS_DTYPES
 from dtypecheck.errors import InputError
+from dtypecheck.loaders._io.mapped import EMPTY_SOURCE, FileMap, MappedSource
+from dtypecheck.loaders._io.pickle_files import polyglot_findings
 from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord, check_count
-from dtypecheck.loaders.mapped import EMPTY_SOURCE, FileMap, MappedSource
-from dtypecheck.loaders.pickle_files import polyglot_findings
 
 MAX_HEADER_BYTES = 100_000_000  # the reference reader's limit (``safetensors`` MAX_HEADER_SIZE)
 

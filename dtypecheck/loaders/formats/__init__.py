@@ -63,7 +63,7 @@ class Format:
 
 
 def _safetensors(s: Sniffed) -> bool:
-    from dtypecheck.loaders.safetensors_format import looks_like_safetensors
+    from dtypecheck.loaders.formats.safetensors_format import looks_like_safetensors
 
     return looks_like_safetensors(s.head, s.size)
 
@@ -87,7 +87,7 @@ def _torchscript(s: Sniffed) -> bool:
 
 
 def _legacy_torch(s: Sniffed) -> bool:
-    from dtypecheck.loaders.torch_legacy import looks_like_legacy_torch
+    from dtypecheck.loaders.formats.torch_legacy import looks_like_legacy_torch
 
     return looks_like_legacy_torch(s.head)
 
@@ -109,7 +109,7 @@ FORMATS: tuple[Format, ...] = (
         (".safetensors",),
         "safetensors",
         _safetensors,
-        "dtypecheck.loaders.safetensors_format:SafetensorsCheckpoint",
+        "dtypecheck.loaders.formats.safetensors_format:SafetensorsCheckpoint",
     ),
     Format(
         "torchscript",
@@ -117,7 +117,7 @@ FORMATS: tuple[Format, ...] = (
         TORCH_SUFFIXES,
         "TorchScript archive",
         _torchscript,
-        "dtypecheck.loaders.torchscript:TorchScriptCheckpoint",
+        "dtypecheck.loaders.formats.torchscript:TorchScriptCheckpoint",
     ),
     Format(
         "torch-zip",
@@ -125,7 +125,7 @@ FORMATS: tuple[Format, ...] = (
         TORCH_SUFFIXES,
         "torch.save zip",
         _zip,
-        "dtypecheck.loaders.torch_zip:TorchZipCheckpoint",
+        "dtypecheck.loaders.formats.torch_zip:TorchZipCheckpoint",
     ),
     Format(
         "torch-legacy",
@@ -133,16 +133,16 @@ FORMATS: tuple[Format, ...] = (
         TORCH_SUFFIXES,
         "legacy torch.save (Python 2 era too)",
         _legacy_torch,
-        "dtypecheck.loaders.torch_legacy:LegacyTorchCheckpoint",
+        "dtypecheck.loaders.formats.torch_legacy:LegacyTorchCheckpoint",
     ),
-    Format("gguf", "file", (".gguf",), "GGUF", _gguf, "dtypecheck.loaders.gguf_format:GgufCheckpoint"),
+    Format("gguf", "file", (".gguf",), "GGUF", _gguf, "dtypecheck.loaders.formats.gguf_format:GgufCheckpoint"),
     Format(
         "torch-dcp",
         "folder",
         (".distcp",),
         "torch.distributed.checkpoint folder",
         _has_file(".metadata"),
-        "dtypecheck.loaders.dcp:DcpCheckpoint",
+        "dtypecheck.loaders.formats.dcp:DcpCheckpoint",
         file_names=(".metadata",),
     ),
     Format(
@@ -151,7 +151,7 @@ FORMATS: tuple[Format, ...] = (
         (),
         "Hugging Face sharded folder",
         _has_file("*.index.json"),
-        "dtypecheck.loaders.folders:open_index_folder",
+        "dtypecheck.loaders.formats.folders:open_index_folder",
         file_names=("*.index.json",),
     ),
 )

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from dtypecheck.loaders._io.mapped import EMPTY_SOURCE, LiveSource
 from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord
-from dtypecheck.loaders.mapped import EMPTY_SOURCE, LiveSource
 from dtypecheck.usercode import load_factory
 
 

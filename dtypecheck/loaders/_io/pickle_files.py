@@ -1,0 +1,170 @@
+"""Which globals would ``torch.load(weights_only=False)`` reach in a file, whatever else the file is?
+
+A scan judges the globals of the pickles it reads for tensors; this module covers the pickles it would otherwise
+never read: files beside a sharded index (``training_args.bin``, ``optimizer.pt``), a ``pytorch_model.bin`` next to
+the ``model.safetensors`` that is scanned instead, raw pickles (``torch.load`` of a non-zip file runs its first
+pickle before it checks the magic number), and safetensors files whose first bytes also parse as a pickle (a
+polyglot: ``torch.load`` of it runs that pickle). Globals are collected while the pickle is interpreted, so a
+stream that breaks after its payload still reports it.
+"""
+
+from __future__ import annotations
+
+import mmap
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from dtypecheck.errors import InputError
+from dtypecheck.loaders._io.mapped import FileMap, Window, read_range
+from dtypecheck.loaders._io.pickle_globals import judge, worst_first
+from dtypecheck.loaders._io.pickle_vm import GlobalRef, PickleLimitError, SafeUnpickler
+from dtypecheck.loaders.base import Finding
+
+MAX_STREAM_PICKLES = 5
+"""A legacy torch file holds five pickles back to back; ``torch.load`` of a raw pickle runs the first."""
+MAX_ZIP_PICKLE_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class PickleReport:
+    """What the pickles of one file reference."""
+
+    globals: tuple[GlobalRef, ...]
+    problem: str | None
+    """Why reading stopped early (a malformed pickle), or None."""
+    limited: bool = False
+    """Reading stopped at one of dtypecheck's own limits (or a reader disagreed) where ``torch.load`` might go on:
+    what the rest would run is unknown, which a scan reports instead of passing in silence."""
+    differential: tuple[Finding, ...] = ()
+    """``zip-differential`` findings (``zip_records``)."""
+
+
+def _lenient_pid(pid: Any) -> Any:
+    return pid
+
+
+def _stream_globals(stream: Window, where: str, count: int) -> PickleReport:
+    seen: dict[GlobalRef, None] = {}
+    problem = None
+    limited = False
+    for _ in range(count):
+        if stream.tell() >= stream.length:
+            break
+        machine = SafeUnpickler(stream, where=where, persistent_load=_lenient_pid)
+        try:
+            machine.load()
+        except InputError as exc:
+            problem, limited = str(exc), isinstance(exc, PickleLimitError)
+        seen.update(dict.fromkeys(machine.globals_seen))
+        if problem is not None:
+            break
+    return PickleReport(tuple(seen), problem, limited)
+
+
+def bytes_globals(data: bytes, where: str) -> PickleReport:
+    """Globals of the one pickle ``data`` holds."""
+    return _stream_globals(Window(data, 0, len(data)), where, 1)
+
+
+def file_globals(path: Path) -> PickleReport:
+    """Globals of every pickle ``torch.load`` would run in ``path``, found as ``torch.load`` finds them: each
+    ``data.pkl`` of a zip (the one torch's reader returns and every copy ``zipfile`` lists, inflated if deflated),
+    the pickles of a legacy tar's members, or up to five pickles from the start of any other file."""
+    mapped = FileMap(path)
+    try:
+        return _globals_in(mapped.buffer, mapped.size, str(path))
+    finally:
+        mapped.close()
+
+
+def _globals_in(buffer: mmap.mmap, size: int, where: str) -> PickleReport:
+    if bytes(read_range(buffer, 0, min(4, size))) == b"PK\x03\x04":
+        return _zip_globals(buffer, size, where)
+    from dtypecheck.loaders._io.legacy_tar import tar_globals
+
+    in_tar = tar_globals(buffer, size, where)
+    if in_tar is not None:
+        return in_tar
+    return _stream_globals(Window(buffer, 0, size), where, MAX_STREAM_PICKLES)
+
+
+def _zip_globals(buffer: mmap.mmap, size: int, where: str) -> PickleReport:
+    from dtypecheck.loaders._io.zip_records import differential_findings, read_entry, read_zip_entries, torch_view
+
+    seen: dict[GlobalRef, None] = {}
+    problems: list[str] = []
+    view = torch_view(buffer, 0, size)
+    if view is not None and view.pickle is not None:
+        report = bytes_globals(view.pickle, where)
+        seen.update(dict.fromkeys(report.globals))
+        problems += [report.problem] if report.problem else []
+    elif view is not None and "data.pkl" in view.records:
+        problems.append(f"{where}: torch would read a data.pkl of {view.records['data.pkl'][1]} bytes (not read)")
+    try:
+        entries = read_zip_entries(buffer, 0, size, where)
+    except InputError as exc:
+        if view is None:
+            return PickleReport(tuple(seen), str(exc))
+        detail = f"torch's zip reader reads this archive, Python's zipfile cannot ({exc}): a smuggling attempt"
+        return PickleReport(tuple(seen), str(exc), differential=(Finding("zip-differential", "fail", detail),))
+    differential = differential_findings(entries, view, where)
+    for name, copies in entries.items():
+        if not name.endswith("data.pkl"):
+            continue
+        for entry in copies:
+            try:
+                data = read_entry(buffer, entry, where, name, MAX_ZIP_PICKLE_BYTES)
+            except InputError as exc:
+                problems.append(str(exc))
+                continue
+            report = bytes_globals(data, where)
+            seen.update(dict.fromkeys(report.globals))
+            problems += [report.problem] if report.problem else []
+    return PickleReport(tuple(seen), problems[0] if problems else None, differential=tuple(differential))
+
+
+def looks_like_pickle(head: bytes) -> bool:
+    """A pickle of protocol 2 or later (what ``torch.save``, ``pickle.dump`` and ``joblib`` write)."""
+    return len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5
+
+
+def importable(ref: GlobalRef) -> bool:
+    """Whether the real unpickler could import ``ref`` at all (a name made of Python identifiers)."""
+    return all(part.isidentifier() for part in (*ref.module.split("."), *ref.name.split(".")))
+
+
+def side_file_findings(path: Path, label: str) -> list[Finding]:
+    """What ``torch.load`` of a file that is not scanned for tensors would run: a ``pickle-global`` finding per
+    global (detail ``module.name (in LABEL)``), any ``zip-differential``, an ``unreadable-file`` ``fail`` when a
+    pickle torch would go on running stopped at one of dtypecheck's limits, and an ``unreadable-file`` warning when
+    a pickle breaks off after referencing globals (what it referenced until then is reported)."""
+    try:
+        report = file_globals(path)
+    except (InputError, OSError, ValueError) as exc:
+        return [Finding("unreadable-file", "warn", f"{label}: cannot be read for pickle globals ({exc})")]
+    findings = [Finding("pickle-global", judge(ref)[0], f"{ref.qualname} (in {label})") for ref in report.globals]
+    findings += [replace(f, detail=f"{label}: {f.detail}") for f in report.differential]
+    if report.limited:
+        detail = f"{label}: torch.load would run a pickle that dtypecheck stopped reading ({report.problem})"
+        findings.append(Finding("unreadable-file", "fail", detail))
+    elif report.problem is not None and report.globals:
+        findings.append(Finding("unreadable-file", "warn", f"{label}: pickle breaks off ({report.problem})"))
+    return worst_first(findings)
+
+
+def polyglot_findings(buffer: mmap.mmap, size: int, where: str) -> list[Finding]:
+    """A ``fail`` finding when the start of a (safetensors) file also runs as a pickle referencing importable
+    globals: ``torch.load`` of the file would run it."""
+    report = _stream_globals(Window(buffer, 0, size), where, 1)
+    refs = [ref for ref in report.globals if importable(ref)]
+    if not refs:
+        return []
+    names = ", ".join(ref.qualname for ref in refs[:5])
+    detail = f"the file's first bytes also parse as a pickle that torch.load would run, referencing {names}"
+    return worst_first(
+        [
+            Finding("pickle-polyglot", "fail", detail),
+            *(Finding("pickle-global", judge(ref)[0], ref.qualname) for ref in refs),
+        ]
+    )
