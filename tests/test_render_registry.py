@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 from dtypecheck.cli._app import app
 from dtypecheck.render import OutputFormat, render
 from dtypecheck.render.table import table_renderers
-from tests._memory_fixtures import write_decoder_config
+from tests.memory._fixtures import write_decoder_config
 
 
 @pytest.fixture

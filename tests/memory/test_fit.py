@@ -7,7 +7,7 @@ import pytest
 from dtypecheck.errors import UsageError
 from dtypecheck.memory.devices import DEVICES, parse_fit, parse_reserve, parse_size
 from dtypecheck.memory.fit import largest_fitting
-from tests._memory_fixtures import write_decoder_config
+from tests.memory._fixtures import write_decoder_config
 
 GIB = 2**30
 
