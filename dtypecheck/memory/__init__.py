@@ -4,8 +4,8 @@ sharding, from model states computed exactly and activations traced on fake tens
 from __future__ import annotations
 
 from dtypecheck.memory.estimate import DEFAULT_DTYPES, EstimateOptions, estimate_memory
-from dtypecheck.memory.inputs import open_subject
 from dtypecheck.memory.report import MemoryBytes, MemoryEstimate, MemoryReport, ModelInfo, Sharding
+from dtypecheck.memory.subject import open_subject
 
 __all__ = [
     "DEFAULT_DTYPES",
