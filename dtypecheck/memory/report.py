@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import ClassVar
 
-Mode = Literal["inference", "training"]
-MODES: tuple[Mode, ...] = ("inference", "training")
-Strategy = Literal["none", "ddp", "zero1", "zero2", "zero3", "fsdp"]
-STRATEGIES: tuple[Strategy, ...] = ("none", "ddp", "zero1", "zero2", "zero3", "fsdp")
+from dtypecheck.memory.names import Mode, Strategy
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dtypecheck.errors import InputError, UsageError
+from dtypecheck.errors import InputError, ParameterError
 from dtypecheck.memory.inventory import Inventory, inventory_of_module, inventory_of_records
 from dtypecheck.memory.report import ModelInfo
-from dtypecheck.memory.step import DEFAULT_LOSS, NAMED_LOSSES, LossName, StepLoss, user_loss
+from dtypecheck.training_step import DEFAULT_LOSS, LossName, StepLoss, step_loss
 from dtypecheck.usercode import load_factory, python_target
 
 if TYPE_CHECKING:
@@ -108,12 +108,12 @@ CHECKPOINT_NOTE = (
 
 
 def open_subject(
-    target: str, *, batch_size: int | None = None, seq_len: int | None = None, loss: LossName | None = None
+    target: str, *, batch_size: int | None = None, seq_len: int | None = None, loss: LossName | str | None = None
 ) -> Subject:
     """Dispatch on what ``target`` is: a factory spec, a config, or a checkpoint."""
     if python_target(target) is not None:
         if seq_len is not None:
-            raise UsageError("--seq-len applies to a config's inputs; a factory gives its own example inputs")
+            raise ParameterError("{seq_len} applies to a config's inputs; a factory gives its own example inputs")
         return open_factory(target, batch_size=batch_size, loss=loss)
     path = Path(target)
     if not path.exists():
@@ -123,8 +123,8 @@ def open_subject(
     if path.is_file() and path.name.endswith(".json") and not path.name.endswith(".index.json"):
         return load_config(path, batch_size=batch_size, seq_len=seq_len, loss=loss)
     if batch_size is not None or seq_len is not None or loss is not None:
-        raise UsageError(
-            "--batch-size, --seq-len and --loss need a factory or a config: a checkpoint has no forward pass"
+        raise ParameterError(
+            "{batch_size}, {seq_len} and {loss} need a factory or a config: a checkpoint has no forward pass"
         )
     return load_checkpoint(target)
 
@@ -161,19 +161,7 @@ def _resize_batch(inputs: Any, old: int | None, new: int | None, *, real: bool) 
     return tree_map(resize, inputs)
 
 
-def step_loss(factory_loss: Any, loss: LossName | None, user_file: Path | None) -> StepLoss:
-    """The factory's ``loss_fn``, else the ``--loss`` named, else the model's own loss (or its outputs' sum)."""
-    if factory_loss is not None:
-        if loss is not None:
-            raise UsageError("the factory returns its own loss_fn; leave out --loss")
-        assert user_file is not None
-        return StepLoss(user_loss(factory_loss, user_file), "loss_fn")
-    if loss is not None:
-        return StepLoss(NAMED_LOSSES[loss], loss)
-    return DEFAULT_LOSS
-
-
-def open_factory(target: str, *, batch_size: int | None = None, loss: LossName | None = None) -> Subject:
+def open_factory(target: str, *, batch_size: int | None = None, loss: LossName | str | None = None) -> Subject:
     from dtypecheck.memory.fakes import fake_inputs, fakify_module, new_fake_mode
     from dtypecheck.memory.tracing import Traceable
 
@@ -188,7 +176,7 @@ def open_factory(target: str, *, batch_size: int | None = None, loss: LossName |
     batch = batch_size or original_batch
     if inputs is None:
         if batch_size is not None:
-            raise UsageError("--batch-size needs example inputs: have the factory return (module, example_inputs)")
+            raise ParameterError("{batch_size} needs example inputs: have the factory return (module, example_inputs)")
         notes.append("the factory gave no example inputs: activations are not included")
     else:
         mode = new_fake_mode()
@@ -265,7 +253,7 @@ def read_config(path: Path) -> dict[str, Any]:
 
 
 def load_config(
-    path: Path, *, batch_size: int | None = None, seq_len: int | None = None, loss: LossName | None = None
+    path: Path, *, batch_size: int | None = None, seq_len: int | None = None, loss: LossName | str | None = None
 ) -> Subject:
     from dtypecheck.memory.config_models import build_from_config
 

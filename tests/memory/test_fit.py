@@ -34,7 +34,7 @@ def wide(tmp_path):
     [("80GiB", 80 * 2**30), ("24GB", 24 * 10**9), ("1.5TiB", 3 * 2**39), ("4096", 4096), ("512 mib", 512 * 2**20)],
 )
 def test_sizes(text, expected):
-    assert parse_size(text, "--fit") == expected
+    assert parse_size(text, "fit") == expected
 
 
 def test_reserve_by_hand():

@@ -1,5 +1,14 @@
-"""The training step the estimate traces and ``--measure`` runs: the user's own loss, with the model's output
-still referenced until the step ends, as in ``logits = model(x); loss = F.cross_entropy(logits, y)``.
+"""The training step of a ``file.py:factory``, shared by every command that runs one (estimate-memory's trace and
+``--measure``, nan-trace's factory mode): how the model is called with its inputs, moving the inputs to a device,
+and which loss is taken, with the model's output still referenced until the step ends, as in
+``logits = model(x); loss = F.cross_entropy(logits, y)``.
+
+A command runs a step as::
+
+    loss = step_loss(factory.loss_fn, loss_name, factory.file)   # the factory's, the one named, or the default
+    inputs = to_device(factory.inputs, device)
+    output, value = forward_and_loss(model, inputs, loss, autocast)
+    value.backward()
 
 One function, ``forward_and_loss``, is shared by the fake-tensor trace and the real measured step, so both see
 exactly the same ops.
@@ -11,15 +20,23 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from dtypecheck.errors import InputError
+from dtypecheck.choices import StrChoice
+from dtypecheck.errors import InputError, ParameterError
 
 if TYPE_CHECKING:
     import torch
 
-LossName = Literal["cross-entropy", "mse", "sum"]
-LOSS_NAMES: tuple[LossName, ...] = ("cross-entropy", "mse", "sum")
+
+class LossName(StrChoice):
+    """A loss a step can be told to take of the model's output (``--loss``)."""
+
+    cross_entropy = "cross-entropy"
+    mse = "mse"
+    sum = "sum"
+
+
 LossFn = Callable[[Any, Any], "torch.Tensor"]
 """``loss(output, inputs) -> scalar``: ``inputs`` are the example inputs as the factory returned them."""
 
@@ -31,6 +48,14 @@ def as_call(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     if isinstance(inputs, tuple | list):
         return tuple(inputs), {}
     return (inputs,), {}
+
+
+def to_device(inputs: Any, device: torch.device | str) -> Any:
+    """Every tensor of ``inputs`` (nested in tuples, lists and dicts) moved to ``device``; the rest as it is."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda v: v.to(device) if isinstance(v, torch.Tensor) else v, inputs)
 
 
 def primary_output(output: Any) -> torch.Tensor:
@@ -119,7 +144,11 @@ def mse_loss(output: Any, _inputs: Any) -> torch.Tensor:
     return F.mse_loss(prediction, torch.zeros_like(prediction))
 
 
-NAMED_LOSSES: dict[str, LossFn] = {"cross-entropy": cross_entropy_loss, "mse": mse_loss, "sum": sum_loss}
+NAMED_LOSSES: dict[LossName, LossFn] = {
+    LossName.cross_entropy: cross_entropy_loss,
+    LossName.mse: mse_loss,
+    LossName.sum: sum_loss,
+}
 
 
 def user_loss(loss_fn: Callable[..., Any], user_file: Path) -> LossFn:
@@ -156,6 +185,20 @@ class StepLoss:
 
 
 DEFAULT_LOSS = StepLoss(model_loss, "model")
+
+
+def step_loss(loss_fn: Callable[..., Any] | None, loss: LossName | str | None, user_file: Path | None) -> StepLoss:
+    """The loss a factory's step takes: its own ``loss_fn``, else the ``loss`` named, else the default."""
+    if loss_fn is not None:
+        if loss is not None:
+            raise ParameterError("the factory returns its own loss_fn; leave out {loss}")
+        if user_file is None:
+            raise ValueError("a factory's loss_fn needs the factory's file, to report its exceptions")
+        return StepLoss(user_loss(loss_fn, user_file), "loss_fn")
+    if loss is not None:
+        name = LossName(loss)
+        return StepLoss(NAMED_LOSSES[name], name.value)
+    return DEFAULT_LOSS
 
 
 def forward_and_loss(
