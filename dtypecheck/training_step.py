@@ -112,16 +112,23 @@ def model_loss(output: Any, inputs: Any = None) -> torch.Tensor:
     return sum_loss(output, inputs)
 
 
-def _class_targets(logits: torch.Tensor, inputs: Any) -> torch.Tensor:
-    """The batch's own integer tensor of the targets' shape (a language model's token ids), else zeros."""
+def _batch_ids(inputs: Any, shape: torch.Size) -> torch.Tensor | None:
+    """The batch's own int64 tensor of ``shape`` (a language model's token ids), if it has one."""
     import torch
     from torch.utils._pytree import tree_flatten
 
-    shape = logits.shape[:1] + logits.shape[2:] if logits.dim() >= 4 else logits.shape[:-1]
     for value in tree_flatten(inputs)[0]:
         if isinstance(value, torch.Tensor) and value.dtype == torch.long and value.shape == shape:
             return value
-    return torch.zeros(shape, dtype=torch.long, device=logits.device)
+    return None
+
+
+def _class_targets(logits: torch.Tensor, inputs: Any, shape: torch.Size) -> torch.Tensor:
+    """The batch's own integer tensor of the targets' ``shape``, else zeros."""
+    import torch
+
+    ids = _batch_ids(inputs, shape)
+    return ids if ids is not None else torch.zeros(shape, dtype=torch.long, device=logits.device)
 
 
 def cross_entropy_loss(output: Any, inputs: Any) -> torch.Tensor:
@@ -129,7 +136,8 @@ def cross_entropy_loss(output: Any, inputs: Any) -> torch.Tensor:
     import torch.nn.functional as F  # noqa: N812
 
     logits = primary_output(output)
-    targets = _class_targets(logits, inputs)
+    shape = logits.shape[:1] + logits.shape[2:] if logits.dim() >= 4 else logits.shape[:-1]
+    targets = _class_targets(logits, inputs, shape)
     if logits.dim() >= 4 or logits.dim() <= 2:
         return F.cross_entropy(logits, targets)
     return F.cross_entropy(logits.flatten(0, -2), targets.flatten())
@@ -181,14 +189,107 @@ class StepLoss:
 
     fn: LossFn
     name: str
-    """``loss_fn`` (the factory's), ``cross-entropy``, ``mse``, ``sum`` or ``model`` (its own loss, else the sum)."""
+    """``loss_fn`` (the factory's), ``cross-entropy``, ``mse``, ``sum``, or ``model`` (the default before a step
+    has run; see ``DefaultLoss``)."""
+
+    @property
+    def chosen(self) -> str:
+        """The loss the step took: for the default, what ``DefaultLoss`` chose from the output."""
+        return (self.fn.chosen or self.name) if isinstance(self.fn, DefaultLoss) else self.name
+
+    @property
+    def note(self) -> str | None:
+        """What the report says about a loss it assumed (None when the user chose it)."""
+        return self.fn.note if isinstance(self.fn, DefaultLoss) else None
+
+
+DEFAULT_LOSS_NOTES = {
+    "cross-entropy": "no loss given: assumed cross-entropy over the last dimension; --loss to change",
+    "mse": "no loss given: assumed MSE against a target of the output's shape; --loss to change",
+}
+
+
+def _integer_tensors(inputs: Any) -> bool:
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    return any(
+        isinstance(v, torch.Tensor) and not (v.is_floating_point() or v.is_complex() or v.dtype == torch.bool)
+        for v in tree_flatten(inputs)[0]
+    )
+
+
+def last_dim_cross_entropy(output: Any, inputs: Any) -> torch.Tensor:
+    """``F.cross_entropy`` with the classes on the last dimension, against the batch's own integer tensor of the
+    targets' shape (a language model's token ids), else zeros."""
+    import torch
+    import torch.nn.functional as F  # noqa: N812
+
+    logits = primary_output(output)
+    ids = _batch_ids(inputs, logits.shape[:-1])
+    # The batch's ids as labels, folded into the classes (a head can be narrower than the vocabulary).
+    targets = (
+        ids.remainder(logits.shape[-1])
+        if ids is not None
+        else torch.zeros(logits.shape[:-1], dtype=torch.long, device=logits.device)
+    )
+    return F.cross_entropy(logits.flatten(0, -2), targets.flatten())
+
+
+class DefaultLoss:
+    """The loss a step takes when none is given, chosen from the first output it sees:
+
+    1. the model's own ``loss`` when it computed one (a Hugging Face model given ``labels``, or a scalar output);
+    2. cross-entropy over the last dimension when the inputs hold integers and the output is float logits over
+       a vocabulary or classes (at least 2-D): a language model or a text classifier;
+    3. otherwise MSE against a target of the output's shape (regression, images, embeddings).
+
+    The same rule for every command that runs a factory's step. One instance per model: it keeps its choice, so
+    that the traced and the measured steps take the same loss and the report can name it."""
+
+    def __init__(self) -> None:
+        self.chosen: str | None = None
+
+    @property
+    def note(self) -> str | None:
+        return DEFAULT_LOSS_NOTES.get(self.chosen or "")
+
+    def choose(self, output: Any, inputs: Any) -> str:
+        import torch
+
+        own = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+        if isinstance(own, torch.Tensor) and own.requires_grad:
+            return "model"
+        logits = primary_output(output)
+        if logits.dim() == 0:  # the model returned its loss itself
+            return "model"
+        if _integer_tensors(inputs) and logits.is_floating_point() and logits.dim() >= 2:
+            return "cross-entropy"
+        return "mse"
+
+    def __call__(self, output: Any, inputs: Any) -> torch.Tensor:
+        if self.chosen is None:
+            self.chosen = self.choose(output, inputs)
+        if self.chosen == "model":
+            return model_loss(output, inputs)
+        if self.chosen == "cross-entropy":
+            return last_dim_cross_entropy(output, inputs)
+        return mse_loss(output, inputs)
+
+
+def default_loss() -> StepLoss:
+    """A fresh default (``DefaultLoss``): the loss of a step that was given none."""
+    return StepLoss(DefaultLoss(), "model")
 
 
 DEFAULT_LOSS = StepLoss(model_loss, "model")
+"""What a subject with no forward pass (a checkpoint) names as its loss."""
 
 
 def step_loss(loss_fn: Callable[..., Any] | None, loss: LossName | str | None, user_file: Path | None) -> StepLoss:
-    """The loss a factory's step takes: its own ``loss_fn``, else the ``loss`` named, else the default."""
+    """The loss a factory's step takes: its own ``loss_fn``, else the ``loss`` named, else ``default_loss()``.
+
+    nan-trace's factory mode and estimate-memory both call this, then ``forward_and_loss`` with what it returns."""
     if loss_fn is not None:
         if loss is not None:
             raise ParameterError("the factory returns its own loss_fn; leave out {loss}")
@@ -198,7 +299,7 @@ def step_loss(loss_fn: Callable[..., Any] | None, loss: LossName | str | None, u
     if loss is not None:
         name = LossName(loss)
         return StepLoss(NAMED_LOSSES[name], name.value)
-    return DEFAULT_LOSS
+    return default_loss()
 
 
 def forward_and_loss(

@@ -89,7 +89,8 @@ def estimate_memory(
         LossName | None,
         typer.Option(
             help="The training step's loss, taken of the output (logits) [default: the factory's loss_fn, else the "
-            "model's own loss output, else the sum of its outputs]."
+            "model's own loss output, else cross-entropy over the last dimension for integer inputs and float "
+            "logits, else MSE against a target of the output's shape]."
         ),
     ] = None,
     device: Annotated[

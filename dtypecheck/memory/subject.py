@@ -94,8 +94,8 @@ class Subject:
             kind=self.kind,
             architecture=self.architecture,
             parameter_bytes=self.parameter_bytes,
-            notes=self.notes,
-            loss=self.loss.name,
+            notes=(*self.notes, self.loss.note) if self.loss.note else self.notes,
+            loss=self.loss.chosen,
         )
 
 

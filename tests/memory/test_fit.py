@@ -86,7 +86,9 @@ def test_fit_inference_by_hand(cli, wide):
     assert training["fit"]["fits"] is False
     assert training["fit"]["max_batch_size"] == 0
     # With 4 MiB: 1,572,868 + 2,048 b + 4 (the loss) <= 4,194,304 -> b <= 1279.
-    doc = cli("estimate-memory", wide, "-d", "fp32", "-m", "training", "--fit", "4MiB", "--reserve", "0", "-f", "json")
+    # The loss is the sum of the output, which keeps nothing for backward (the default, MSE, would keep more).
+    args = ("-d", "fp32", "-m", "training", "--loss", "sum", "--fit", "4MiB", "--reserve", "0", "-f", "json")
+    doc = cli("estimate-memory", wide, *args)
     assert doc.json()["estimates"][0]["fit"]["max_batch_size"] == 1279
 
 
