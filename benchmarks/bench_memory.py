@@ -111,7 +111,7 @@ def accuracy(folder: Path) -> list[tuple[str, str, int, int, float, str]]:
     from dtypecheck.dtypes import lookup
     from dtypecheck.memory import EstimateOptions, estimate_memory, open_subject
     from dtypecheck.memory.measure import measure_row
-    from dtypecheck.memory.states import Precision
+    from dtypecheck.memory.names import Mode, Precision
 
     config = folder / "decoder" / "config.json"
     config.parent.mkdir(exist_ok=True)
@@ -126,10 +126,10 @@ def accuracy(folder: Path) -> list[tuple[str, str, int, int, float, str]]:
     ]
     rows = []
     for model, batch, target, kwargs in cases:
-        configurations: tuple[tuple[str, Precision], ...] = (("float32", "pure"), ("bfloat16", "amp"))
+        configurations: tuple[tuple[str, Precision], ...] = (("float32", Precision.pure), ("bfloat16", Precision.amp))
         for dtype, precision in configurations:
             subject = open_subject(target, **kwargs)
-            options = EstimateOptions(dtypes=(lookup(dtype),), modes=("training",), precisions=(precision,))
+            options = EstimateOptions(dtypes=(lookup(dtype),), modes=(Mode.training,), precisions=(precision,))
             row = estimate_memory(subject, options).estimates[0]
             measured = measure_row(subject, row, "cpu")
             b = row.bytes
@@ -190,16 +190,16 @@ def step_accuracy() -> list[tuple[str, str, int, int, float, str]]:
     from benchmarks import memory_models
     from dtypecheck.dtypes import lookup
     from dtypecheck.memory import EstimateOptions, estimate_memory, open_subject
-    from dtypecheck.memory.states import Precision
+    from dtypecheck.memory.names import Mode, Precision
 
     rows = []
     for label, factory in memory_models.MODELS.items():
-        configurations: tuple[tuple[str, Precision], ...] = (("float32", "pure"), ("bfloat16", "amp"))
+        configurations: tuple[tuple[str, Precision], ...] = (("float32", Precision.pure), ("bfloat16", Precision.amp))
         for dtype, precision in configurations:
             model, inputs, loss_fn = getattr(memory_models, factory)()
             measured = reference_peak(model, inputs, loss_fn, amp=precision == "amp")
             subject = open_subject(f"{Path(memory_models.__file__).resolve()}:{factory}")
-            options = EstimateOptions(dtypes=(lookup(dtype),), modes=("training",), precisions=(precision,))
+            options = EstimateOptions(dtypes=(lookup(dtype),), modes=(Mode.training,), precisions=(precision,))
             row = estimate_memory(subject, options).estimates[0]
             error = (row.bytes.total - measured) / measured
             rows.append((label, f"{dtype} {precision}", row.bytes.total, measured, error, row.peak_phase))

@@ -19,6 +19,7 @@ from typing import Any
 
 from dtypecheck.dtypes import lookup_available
 from dtypecheck.errors import UsageError
+from dtypecheck.memory.names import DeviceKind, LossName, Optimizer, Strategy
 from dtypecheck.output import OutputFormat
 from dtypecheck.usercode import python_target
 
@@ -227,13 +228,13 @@ SECTION_KEYS: dict[str, dict[str, Validator]] = {
     "estimate-memory": {
         **COMMON_KEYS,
         "dtypes": _dtype_list,
-        "optimizer": _one_of("adamw", "adam", "sgd", "lion", "adafactor", "adam8bit"),
+        "optimizer": _one_of(*Optimizer.names()),
         "world-size": _positive_int,
-        "strategy": _one_of("none", "ddp", "zero1", "zero2", "zero3", "fsdp"),
+        "strategy": _one_of(*Strategy.names()),
         "batch-size": _positive_int,
         "seq-len": _positive_int,
-        "loss": _one_of("cross-entropy", "mse", "sum"),
-        "device": _one_of("cpu", "cuda"),
+        "loss": _one_of(*LossName.names()),
+        "device": _one_of(*DeviceKind.names()),
         "fit": _string,
         "reserve": _string,
     },

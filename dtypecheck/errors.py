@@ -33,6 +33,31 @@ class UsageError(DtypecheckError):
     exit_code = ExitCode.USAGE
 
 
+class ParameterError(UsageError):
+    """A usage error about parameters of a core function. The template names them in braces (``"{world_size}
+    needs a {strategy}"``): the Python API's message shows the parameter names, the CLI's its flags."""
+
+    def __init__(self, template: str) -> None:
+        self.template = template
+        super().__init__(self.naming({}))
+
+    def naming(self, flags: dict[str, str]) -> str:
+        """The message with each parameter spelled as ``flags`` says (itself when not in ``flags``)."""
+        import string
+
+        fields = {field for _, field, _, _ in string.Formatter().parse(self.template) if field}
+        return self.template.format(**{name: flags.get(name, name) for name in fields})
+
+    def with_flags(self, flags: dict[str, str] | None = None) -> UsageError:
+        """The same error for the command line: a parameter becomes the flag ``flags`` names, else its own name
+        as a flag (``world_size`` -> ``--world-size``)."""
+        import string
+
+        chosen = flags or {}
+        fields = {field for _, field, _, _ in string.Formatter().parse(self.template) if field}
+        return UsageError(self.naming({n: chosen.get(n, "--" + n.replace("_", "-")) for n in fields}))
+
+
 class UnknownDtypeError(UsageError):
     def __init__(self, name: str, suggestions: tuple[str, ...] = (), reason: str = "") -> None:
         self.name = name

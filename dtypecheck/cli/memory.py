@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from enum import Enum
-from typing import TYPE_CHECKING, Annotated, cast
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -19,59 +22,13 @@ from dtypecheck.cli._app import (
     project_config,
     user_code_guard,
 )
-from dtypecheck.errors import ExitCode, UsageError
+from dtypecheck.errors import ExitCode, ParameterError, UsageError
+from dtypecheck.memory.names import DeviceKind, LossName, Mode, Optimizer, OptimizerImpl, Precision, Strategy
 from dtypecheck.render import OutputFormat
 
 if TYPE_CHECKING:
-    from dtypecheck.memory.estimate import DeviceKind
-    from dtypecheck.memory.states import Optimizer
-    from dtypecheck.memory.step import LossName
-
-
-class ModeChoice(str, Enum):
-    inference = "inference"
-    training = "training"
-
-
-class OptimizerChoice(str, Enum):
-    adamw = "adamw"
-    adam = "adam"
-    sgd = "sgd"
-    lion = "lion"
-    adafactor = "adafactor"
-    adam8bit = "adam8bit"
-
-
-class PrecisionChoice(str, Enum):
-    pure = "pure"
-    amp = "amp"
-    master = "master"
-
-
-class StrategyChoice(str, Enum):
-    none = "none"
-    ddp = "ddp"
-    zero1 = "zero1"
-    zero2 = "zero2"
-    zero3 = "zero3"
-    fsdp = "fsdp"
-
-
-class LossChoice(str, Enum):
-    cross_entropy = "cross-entropy"
-    mse = "mse"
-    sum = "sum"
-
-
-class DeviceChoice(str, Enum):
-    cpu = "cpu"
-    cuda = "cuda"
-
-
-class ImplChoice(str, Enum):
-    foreach = "foreach"
-    for_loop = "for-loop"
-    fused = "fused"
+    from dtypecheck.config import Config
+    from dtypecheck.memory.estimate import EstimateOptions
 
 
 @app.command("estimate-memory")
@@ -90,13 +47,13 @@ def estimate_memory(
         ),
     ] = None,
     mode: Annotated[
-        list[ModeChoice] | None, typer.Option("--mode", "-m", help="Repeatable [default: inference and training]")
+        list[Mode] | None, typer.Option("--mode", "-m", help="Repeatable [default: inference and training]")
     ] = None,
     optimizer: Annotated[
-        OptimizerChoice | None, typer.Option(help="Optimizer whose states are counted [default: adamw].")
+        Optimizer | None, typer.Option(help=f"Optimizer whose states are counted [default: {Optimizer.adamw}].")
     ] = None,
     precision: Annotated[
-        list[PrecisionChoice] | None,
+        list[Precision] | None,
         typer.Option(
             help="Training precision, repeatable: pure (weights in dtype), amp (fp32 weights, autocast), master "
             "(weights in dtype + fp32 master) [default: pure for 32-bit, amp below]"
@@ -114,7 +71,7 @@ def estimate_memory(
         int | None, typer.Option(min=1, help="Devices sharing the model (with --strategy) [default: 1].")
     ] = None,
     strategy: Annotated[
-        StrategyChoice | None, typer.Option(help="How the model states are spread over devices [default: none].")
+        Strategy | None, typer.Option(help="How the model states are spread over devices [default: none].")
     ] = None,
     keep_unquantized: Annotated[
         bool,
@@ -122,21 +79,22 @@ def estimate_memory(
     ] = False,
     group_size: Annotated[int, typer.Option(help="int4 quantization group size (a scale and zero each).")] = 128,
     optimizer_impl: Annotated[
-        ImplChoice | None,
+        OptimizerImpl | None,
         typer.Option(
             help="torch optimizer implementation [default: torch's own for --device: foreach on CUDA, "
             "for-loop on the CPU]."
         ),
     ] = None,
     loss: Annotated[
-        LossChoice | None,
+        LossName | None,
         typer.Option(
             help="The training step's loss, taken of the output (logits) [default: the factory's loss_fn, else the "
-            "model's own loss output, else the sum of its outputs]."
+            "model's own loss output, else cross-entropy over the last dimension for integer inputs and float "
+            "logits, else MSE against a target of the output's shape]."
         ),
     ] = None,
     device: Annotated[
-        DeviceChoice | None,
+        DeviceKind | None,
         typer.Option(help="Where the step runs [default: cuda if available or --fit names a GPU, else cpu]."),
     ] = None,
     fit: Annotated[
@@ -170,58 +128,151 @@ def estimate_memory(
     Model states are computed exactly; activations are traced on fake tensors (nothing is allocated).
 
     Exit codes: 0 ok, 2 usage error (e.g. int4 training), 3 unreadable input or a factory that raised."""
-    import dataclasses
+    settings = project_config(config)
+    command = resolve_memory_options(
+        model,
+        settings,
+        dtype=dtype,
+        mode=mode,
+        optimizer=optimizer,
+        precision=precision,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        context=context,
+        checkpointing=checkpointing,
+        world_size=world_size,
+        strategy=strategy,
+        keep_unquantized=keep_unquantized,
+        group_size=group_size,
+        optimizer_impl=optimizer_impl,
+        loss=loss,
+        device=device,
+        fit=fit,
+        reserve=reserve,
+        measure=measure,
+        fmt=fmt,
+        output=output,
+        quiet=quiet,
+    )
+    return execute_memory(command)
 
+
+@dataclass(frozen=True)
+class MemoryCommand:
+    """What ``dtypecheck estimate-memory`` was asked, the command line and the project config merged."""
+
+    model: str
+    options: EstimateOptions
+    batch_size: int | None
+    seq_len: int | None
+    loss: LossName | None
+    fit: str | None
+    """A device name or a size; None: no fit."""
+    reserve: str | None
+    measure: bool
+    fmt: OutputFormat
+    output: Path | None
+    quiet: bool
+
+
+def resolve_memory_options(
+    model: str,
+    settings: Config,
+    *,
+    dtype: list[str] | None,
+    mode: list[Mode] | None,
+    optimizer: Optimizer | None,
+    precision: list[Precision] | None,
+    batch_size: int | None,
+    seq_len: int | None,
+    context: int | None,
+    checkpointing: bool,
+    world_size: int | None,
+    strategy: Strategy | None,
+    keep_unquantized: bool,
+    group_size: int,
+    optimizer_impl: OptimizerImpl | None,
+    loss: LossName | None,
+    device: DeviceKind | None,
+    fit: str | None,
+    reserve: str | None,
+    measure: bool,
+    fmt: OutputFormat,
+    output: Path | None,
+    quiet: bool,
+) -> MemoryCommand:
+    """Merge the command line over the project config (``[tool.dtypecheck.estimate-memory]``); runs nothing."""
     from dtypecheck.dtypes import parse_dtype_list
-    from dtypecheck.memory import EstimateOptions, estimate_memory, open_subject
-    from dtypecheck.memory.devices import default_device, parse_fit
-    from dtypecheck.render.progress import progress_bar
+    from dtypecheck.memory.estimate import EstimateOptions
 
     if fmt.findings_only:
         raise UsageError(f"estimate-memory writes a table or json, not {fmt.value} (a memory estimate has no findings)")
-    settings = project_config(config)
-    command = "estimate-memory"
-    # The config's value was validated against the same names as OptimizerChoice.
-    chosen_optimizer = cast(
-        "Optimizer", pick(optimizer.value if optimizer else None, settings, command, "optimizer", "adamw")
+    section = "estimate-memory"
+    configured_device = pick(device, settings, section, "device", None)
+    with flags_named():
+        options = EstimateOptions(
+            dtypes=tuple(parse_dtype_list(dtype or settings.get(section, "dtypes"))),
+            modes=tuple(mode or ()),
+            optimizer=pick(optimizer, settings, section, "optimizer", Optimizer.adamw),
+            precisions=tuple(precision or ()),
+            strategy=pick(strategy, settings, section, "strategy", Strategy.none),
+            world_size=pick(world_size, settings, section, "world-size", 1),
+            context=context,
+            checkpointing=checkpointing,
+            keep_unquantized=keep_unquantized,
+            group_size=group_size,
+            optimizer_impl=optimizer_impl,
+            device=configured_device,
+        )
+    configured_loss = pick(loss, settings, section, "loss", None)
+    return MemoryCommand(
+        model=model,
+        options=options,
+        batch_size=pick(batch_size, settings, section, "batch-size", None),
+        seq_len=pick(seq_len, settings, section, "seq-len", None),
+        loss=LossName(configured_loss) if configured_loss is not None else None,
+        fit=pick(fit, settings, section, "fit", None),
+        reserve=pick(reserve, settings, section, "reserve", None),
+        measure=measure,
+        fmt=fmt,
+        output=output,
+        quiet=quiet,
     )
-    batch_size = pick(batch_size, settings, command, "batch-size", None)
-    seq_len = pick(seq_len, settings, command, "seq-len", None)
-    chosen_loss: LossName | None = pick(loss.value if loss else None, settings, command, "loss", None)
-    fit_target = pick(fit, settings, command, "fit", None)
-    device_budget = parse_fit(fit_target, pick(reserve, settings, command, "reserve", None)) if fit_target else None
-    chosen_device = device.value if device else pick(None, settings, command, "device", None)
-    if chosen_device is None:
-        chosen_device = "cuda" if device_budget is not None and device_budget.accelerator else default_device()
-    options = EstimateOptions(
-        dtypes=tuple(parse_dtype_list(dtype or settings.get(command, "dtypes"))),
-        modes=tuple(m.value for m in mode or []),
-        optimizer=chosen_optimizer,
-        precisions=tuple(p.value for p in precision or []),
-        strategy=pick(strategy.value if strategy else None, settings, command, "strategy", "none"),
-        world_size=pick(world_size, settings, command, "world-size", 1),
-        context=context,
-        checkpointing=checkpointing,
-        keep_unquantized=keep_unquantized,
-        group_size=group_size,
-        optimizer_impl=optimizer_impl.value if optimizer_impl else None,
-        device=cast("DeviceKind", chosen_device),
-    )
-    with user_code_guard(model), progress_bar("estimating memory", quiet=quiet, unit="passes") as progress:
-        progress(0, 1, "reading the model")
-        subject = open_subject(model, batch_size=batch_size, seq_len=seq_len, loss=chosen_loss)
-        report = estimate_memory(subject, options, progress)
-        if device_budget is not None:
-            from dtypecheck.memory.fit import fit_report
 
-            report = fit_report(subject, options, report, device_budget, progress)
-        if measure:
-            from dtypecheck.memory.measure import measure_rows
 
-            progress(0, 1, "measuring real steps")
-            measurements, unmeasured = measure_rows(subject, report.estimates)
-            trained = [m for m in measurements if m.mode == "training"] or list(measurements)
-            skipped = (*report.skipped, *unmeasured)
-            report = dataclasses.replace(report, measured=trained[0], measurements=measurements, skipped=skipped)
-    emit(report, fmt, output, quiet=quiet)
+def execute_memory(command: MemoryCommand) -> int:
+    """Estimate (with the fit and the measurement asked for), render through ``emit``, return the exit code."""
+    from dtypecheck.memory import estimate_memory
+    from dtypecheck.render.progress import progress_bar
+
+    with (
+        flags_named(),
+        user_code_guard(command.model),
+        progress_bar("estimating memory", quiet=command.quiet, unit="passes") as progress,
+    ):
+        report = estimate_memory(
+            command.model,
+            command.options,
+            progress,
+            batch_size=command.batch_size,
+            seq_len=command.seq_len,
+            loss=command.loss,
+            fit=command.fit,
+            reserve=command.reserve,
+            measure=command.measure,
+        )
+    emit(report, command.fmt, command.output, quiet=command.quiet)
     return ExitCode.OK
+
+
+@contextlib.contextmanager
+def flags_named() -> Iterator[None]:
+    """The core names its parameters (``world_size``); the command line says which flag (``--world-size``)."""
+    try:
+        yield
+    except ParameterError as exc:
+        raise exc.with_flags(FLAGS) from None
+
+
+FLAGS = {"dtypes": "--dtype", "modes": "--mode", "precisions": "--precision"}
+"""Parameters whose flag is not their own name in kebab case."""

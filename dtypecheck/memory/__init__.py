@@ -1,11 +1,40 @@
 """``dtypecheck estimate-memory``: what a model needs for inference and training, per dtype, optimizer and
-sharding, from model states computed exactly and activations traced on fake tensors."""
+sharding, from model states computed exactly and activations traced on fake tensors.
+
+The names below load torch on first use (PEP 562), so that the torch-free word lists (``memory.names``) can be
+read by the config validation without it.
+"""
 
 from __future__ import annotations
 
-from dtypecheck.memory.estimate import DEFAULT_DTYPES, EstimateOptions, estimate_memory
-from dtypecheck.memory.inputs import open_subject
-from dtypecheck.memory.report import MemoryBytes, MemoryEstimate, MemoryReport, ModelInfo, Sharding
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dtypecheck.memory.estimate import DEFAULT_DTYPES, EstimateOptions
+    from dtypecheck.memory.report import MemoryBytes, MemoryEstimate, MemoryReport, ModelInfo, Sharding
+    from dtypecheck.memory.run import estimate_memory
+    from dtypecheck.memory.subject import open_subject
+
+_LAZY = {
+    "DEFAULT_DTYPES": "dtypecheck.memory.estimate",
+    "EstimateOptions": "dtypecheck.memory.estimate",
+    "MemoryBytes": "dtypecheck.memory.report",
+    "MemoryEstimate": "dtypecheck.memory.report",
+    "MemoryReport": "dtypecheck.memory.report",
+    "ModelInfo": "dtypecheck.memory.report",
+    "Sharding": "dtypecheck.memory.report",
+    "estimate_memory": "dtypecheck.memory.run",
+    "open_subject": "dtypecheck.memory.subject",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'dtypecheck.memory' has no attribute {name!r}")
+
 
 __all__ = [
     "DEFAULT_DTYPES",

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from dtypecheck.errors import InputError
 from dtypecheck.memory.inventory import inventory_of_module
-from dtypecheck.memory.step import StepLoss
 from dtypecheck.memory.subject import DecoderShape, Subject
+from dtypecheck.training_step import StepLoss
 
 if TYPE_CHECKING:
     import torch

@@ -6,7 +6,7 @@ import difflib
 import re
 from dataclasses import dataclass
 
-from dtypecheck.errors import UsageError
+from dtypecheck.errors import ParameterError
 
 GIB = 2**30
 
@@ -55,11 +55,11 @@ _SIZE = re.compile(r"^\s*(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>[a-z]*)\s*$", re.I
 
 
 def parse_size(text: str, what: str) -> int:
-    """``80GiB``, ``24GB`` (decimal), ``1.5TiB``, ``4096`` (bytes) -> bytes."""
+    """``80GiB``, ``24GB`` (decimal), ``1.5TiB``, ``4096`` (bytes) -> bytes; ``what`` names the parameter."""
     found = _SIZE.match(text)
     unit = found["unit"].lower() if found else ""
     if found is None or unit not in _UNITS:
-        raise UsageError(f"{what} {text!r}: expected a size such as 80GiB or 24GB")
+        raise ParameterError(f"{{{what}}} {text!r}: expected a size such as 80GiB or 24GB")
     return int(float(found["number"]) * _UNITS[unit])
 
 
@@ -86,12 +86,12 @@ def parse_reserve(text: str, capacity: int) -> int:
             try:
                 percent = float(part[:-1])
             except ValueError:
-                raise UsageError(f"--reserve {text!r}: {part!r} is not a percentage") from None
+                raise ParameterError(f"{{reserve}} {text!r}: {part!r} is not a percentage") from None
             if not 0 <= percent < 100:
-                raise UsageError(f"--reserve {text!r}: a percentage must be from 0 to below 100")
+                raise ParameterError(f"{{reserve}} {text!r}: a percentage must be from 0 to below 100")
             total += int(capacity * percent / 100)
         else:
-            total += parse_size(part, "--reserve")
+            total += parse_size(part, "reserve")
     return total
 
 
@@ -101,14 +101,14 @@ def parse_fit(target: str, reserve: str | None) -> DeviceBudget:
     if key in DEVICES:
         capacity, accelerator = DEVICES[key], True
     elif key[:1].isdigit():
-        capacity, accelerator = parse_size(target, "--fit"), False
+        capacity, accelerator = parse_size(target, "fit"), False
     else:
         close = [name for name in DEVICES if name.startswith(key)] or difflib.get_close_matches(key, DEVICES, n=1)
         hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else f" (known: {', '.join(DEVICES)})"
-        raise UsageError(f"--fit {target!r}: not a size or a known device{hint}")
+        raise ParameterError(f"{{fit}} {target!r}: not a size or a known device{hint}")
     held = parse_reserve(reserve or DEFAULT_RESERVE, capacity)
     if held >= capacity:
-        raise UsageError(f"--reserve {reserve or DEFAULT_RESERVE!r} leaves nothing of {target}")
+        raise ParameterError(f"{{reserve}} {reserve or DEFAULT_RESERVE!r} leaves nothing of {target}")
     return DeviceBudget(key if accelerator else target.strip(), capacity, held, accelerator)
 
 

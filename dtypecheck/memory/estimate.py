@@ -5,20 +5,19 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, TypeVar
 
+from dtypecheck.choices import StrChoice
 from dtypecheck.dtypes import DtypeSpec, lookup
-from dtypecheck.errors import DtypecheckError, InputError, UsageError
+from dtypecheck.errors import DtypecheckError, InputError, ParameterError, UsageError
 from dtypecheck.memory import states
+from dtypecheck.memory.names import DeviceKind, Mode, Optimizer, OptimizerImpl, Precision, Strategy
 from dtypecheck.memory.report import (
     MemoryBytes,
     MemoryEstimate,
     MemoryReport,
-    Mode,
     Sharding,
-    Strategy,
 )
-from dtypecheck.memory.states import Optimizer, OptimizerImpl, Precision
 from dtypecheck.memory.tracing import (
     ActivationProfile,
     ExtrapolatedProfile,
@@ -30,10 +29,10 @@ from dtypecheck.memory.tracing import (
 from dtypecheck.progress import ProgressCallback, no_progress
 from dtypecheck.usercode import raise_user_error
 
-DeviceKind = Literal["cpu", "cuda"]
-
 if TYPE_CHECKING:
     from dtypecheck.memory.subject import Subject
+
+E = TypeVar("E", bound=StrChoice)
 
 DEFAULT_DTYPES = ("float32", "bfloat16", "float16", "float8_e4m3fn", "int8", "int4")
 QUANTIZED_COMPUTE_DTYPE = "bfloat16"
@@ -46,10 +45,10 @@ class EstimateOptions:
     """Empty: the default grid."""
     modes: tuple[Mode, ...] = ()
     """Empty: inference and training."""
-    optimizer: Optimizer = "adamw"
+    optimizer: Optimizer = Optimizer.adamw
     precisions: tuple[Precision, ...] = ()
     """Empty: ``pure`` for 32/64-bit floats, ``amp`` below."""
-    strategy: Strategy = "none"
+    strategy: Strategy = Strategy.none
     world_size: int = 1
     context: int | None = None
     checkpointing: bool = False
@@ -57,17 +56,40 @@ class EstimateOptions:
     group_size: int = 128
     optimizer_impl: OptimizerImpl | None = None
     """None: torch's own default on ``device`` (foreach on CUDA, the for-loop on the CPU)."""
-    device: DeviceKind = "cpu"
-    """Where the step runs: it decides the optimizer implementation torch picks by default."""
+    device: DeviceKind | None = None
+    """Where the step runs: it decides the optimizer implementation torch picks by default. None: ``estimate_memory``
+    picks CUDA when the fit target is a GPU or this machine has one, else the CPU (the CPU when estimating a
+    subject directly)."""
+
+    def __post_init__(self) -> None:
+        # The Python API takes plain strings too ("sgd"): each becomes its enum member, or an error naming it.
+        for name, enum in (
+            ("optimizer", Optimizer),
+            ("strategy", Strategy),
+            ("device", DeviceKind),
+            ("optimizer_impl", OptimizerImpl),
+        ):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, _member(enum, value, name))
+        object.__setattr__(self, "modes", tuple(_member(Mode, m, "modes") for m in self.modes))
+        object.__setattr__(self, "precisions", tuple(_member(Precision, p, "precisions") for p in self.precisions))
 
     @property
     def impl(self) -> OptimizerImpl:
-        return self.optimizer_impl or default_impl(self.device)
+        return self.optimizer_impl or default_impl(self.device or DeviceKind.cpu)
+
+
+def _member(enum: type[E], value: object, parameter: str) -> E:
+    try:
+        return enum(value)
+    except ValueError:
+        raise ParameterError(f"{{{parameter}}} {value!r}: expected one of {', '.join(m.value for m in enum)}") from None
 
 
 def default_impl(device: DeviceKind) -> OptimizerImpl:
     """What ``torch.optim`` picks when not told: ``foreach`` when every parameter is on CUDA, else the for-loop."""
-    return "foreach" if device == "cuda" else "for-loop"
+    return OptimizerImpl.foreach if device == DeviceKind.cuda else OptimizerImpl.for_loop
 
 
 @dataclass(frozen=True)
@@ -85,13 +107,13 @@ def plan_rows(options: EstimateOptions) -> tuple[list[Row], list[str]]:
     A dtype the user named together with an explicit ``--mode training`` that it cannot train in is a usage error.
     """
     dtypes = options.dtypes or tuple(lookup(name) for name in DEFAULT_DTYPES)
-    modes = options.modes or ("inference", "training")
+    modes = options.modes or tuple(Mode)
     rows: list[Row] = []
     skipped: list[str] = []
     for spec in dtypes:
         for mode in modes:
             if mode == "inference":
-                rows.append(Row(spec, mode, "pure"))
+                rows.append(Row(spec, Mode(mode), Precision.pure))
                 continue
             if not states.can_train(spec):
                 why = (
@@ -104,12 +126,12 @@ def plan_rows(options: EstimateOptions) -> tuple[list[Row], list[str]]:
                 skipped.append(f"{spec.name} training: {why}")
                 continue
             wide = spec.bits >= 32
-            precisions = options.precisions or (("pure",) if wide else ("amp",))
+            precisions = options.precisions or ((Precision.pure,) if wide else (Precision.amp,))
             for precision in precisions:
                 if wide and precision != "pure":
                     skipped.append(f"{spec.name} {precision}: the same as pure for a {spec.bits}-bit dtype")
                     continue
-                rows.append(Row(spec, mode, precision))
+                rows.append(Row(spec, Mode(mode), Precision(precision)))
     return rows, skipped
 
 
@@ -251,7 +273,7 @@ def estimate_row(subject: Subject, row: Row, options: EstimateOptions, profile: 
         total = weights + buffers + kv_cache + gathered + (profile.peak() if profile else 0)
         return MemoryEstimate(
             dtype=spec.name,
-            mode="inference",
+            mode=Mode.inference,
             optimizer=None,
             precision=precision,
             sharding=Sharding(options.strategy, options.world_size),
@@ -282,7 +304,7 @@ def estimate_row(subject: Subject, row: Row, options: EstimateOptions, profile: 
     total = max(forward_backward, optimizer_step)
     return MemoryEstimate(
         dtype=spec.name,
-        mode="training",
+        mode=Mode.training,
         optimizer=options.optimizer,
         precision=precision,
         sharding=Sharding(options.strategy, options.world_size),
@@ -310,22 +332,23 @@ def estimate_row(subject: Subject, row: Row, options: EstimateOptions, profile: 
 
 def validate(subject: Subject, options: EstimateOptions) -> None:
     if options.strategy == "none" and options.world_size != 1:
-        raise UsageError("--world-size needs a --strategy (ddp, zero1, zero2, zero3 or fsdp)")
+        raise ParameterError("{world_size} needs a {strategy} (ddp, zero1, zero2, zero3 or fsdp)")
     if options.world_size < 1:
-        raise UsageError(f"--world-size must be at least 1, not {options.world_size}")
+        raise ParameterError(f"{{world_size}} must be at least 1, not {options.world_size}")
     if options.group_size < 1:
-        raise UsageError(f"--group-size must be at least 1, not {options.group_size}")
+        raise ParameterError(f"{{group_size}} must be at least 1, not {options.group_size}")
     if options.context is not None and subject.decoder is None:
-        raise UsageError(
-            "--context needs a decoder model whose config gives num_hidden_layers, num_attention_heads and "
+        raise ParameterError(
+            "{context} needs a decoder model whose config gives num_hidden_layers, num_attention_heads and "
             "hidden_size (a config.json, or a module with such a .config)"
         )
 
 
-def estimate_memory(
+def estimate_subject(
     subject: Subject, options: EstimateOptions, progress: ProgressCallback = no_progress
 ) -> MemoryReport:
-    """Every requested configuration's per-device bytes; nothing is allocated for real."""
+    """Every requested configuration's per-device bytes; nothing is allocated for real (``estimate_memory`` adds
+    reading the input, ``fit`` and ``measure``)."""
     validate(subject, options)
     rows, skipped = plan_rows(options)
     profiles = TraceCache(subject, options.checkpointing, progress, total=len(rows))

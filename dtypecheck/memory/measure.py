@@ -14,10 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from dtypecheck.errors import UsageError
+from dtypecheck.errors import ParameterError
+from dtypecheck.memory.names import OptimizerImpl
 from dtypecheck.memory.report import Measurement, MemoryEstimate
-from dtypecheck.memory.states import OptimizerImpl
-from dtypecheck.memory.step import StepLoss, forward_and_loss
+from dtypecheck.training_step import StepLoss, forward_and_loss, to_device
 
 if TYPE_CHECKING:
     import torch
@@ -63,14 +63,7 @@ def make_optimizer(name: str, params: list[torch.nn.Parameter], impl: OptimizerI
         return torch.optim.SGD(params, lr=0.01, momentum=0.9, foreach=foreach, fused=fused)
     if name == "adafactor":
         return torch.optim.Adafactor(params, foreach=foreach)
-    raise UsageError(f"--measure runs torch's own optimizers ({', '.join(TORCH_OPTIMIZERS)}), not {name}")
-
-
-def _to_device(inputs: Any, device: torch.device) -> Any:
-    import torch
-    from torch.utils._pytree import tree_map
-
-    return tree_map(lambda v: v.to(device) if isinstance(v, torch.Tensor) else v, inputs)
+    raise ParameterError(f"{{measure}} runs torch's own optimizers ({', '.join(TORCH_OPTIMIZERS)}), not {name}")
 
 
 def run_step(
@@ -88,7 +81,7 @@ def run_step(
 
     from dtypecheck.memory.tracing import cast_inputs
 
-    inputs = _to_device(cast_inputs(make_inputs(), input_dtype), device)
+    inputs = to_device(cast_inputs(make_inputs(), input_dtype), device)
     autocast = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
     if optimizer is None:
         with torch.no_grad():
@@ -135,22 +128,22 @@ def measured_peak(
 
 
 def why_not_measurable(subject: Subject, row: MemoryEstimate) -> str | None:
-    """Why ``row`` cannot be run for real here, or None when it can."""
+    """Why ``row`` cannot be run for real here (a ``ParameterError`` template), or None when it can."""
     from dtypecheck.dtypes import lookup
 
     if subject.real is None:
-        return "--measure needs a model to run: a factory that returns example inputs, or a config"
+        return "{measure} needs a model to run: a factory that returns example inputs, or a config"
     if row.sharding.strategy != "none":
-        return "--measure runs on one device; leave out --strategy"
+        return "{measure} runs on one device; leave out {strategy}"
     spec = lookup(row.dtype)
     if not spec.is_float or spec.bits < 16:
-        return f"--measure runs float dtypes (float32, bfloat16, float16), not {row.dtype}"
+        return f"{{measure}} runs float dtypes (float32, bfloat16, float16), not {row.dtype}"
     if row.mode == "training" and row.optimizer not in TORCH_OPTIMIZERS:
-        return f"--measure runs torch's own optimizers ({', '.join(TORCH_OPTIMIZERS)}), not {row.optimizer}"
+        return f"{{measure}} runs torch's own optimizers ({', '.join(TORCH_OPTIMIZERS)}), not {row.optimizer}"
     if row.precision == "master":
-        return "--measure runs pure and amp precision; master-weight training needs a trainer's loop"
+        return "{measure} runs pure and amp precision; master-weight training needs a trainer's loop"
     if row.checkpointing:
-        return "--measure does not apply --checkpointing; measure without it"
+        return "{measure} does not apply {checkpointing}; measure without it"
     return None
 
 
@@ -162,14 +155,14 @@ def measure_row(subject: Subject, row: MemoryEstimate, device_name: str | None =
 
     why = why_not_measurable(subject, row)
     if why is not None:
-        raise UsageError(why)
+        raise ParameterError(why)
     assert subject.real is not None
     spec = lookup(row.dtype)
     device = torch.device(device_name or ("cuda" if torch.cuda.is_available() else "cpu"))
     available = _available_bytes(device)
     if available is not None and row.bytes.total > MEASURE_FRACTION * available:
-        raise UsageError(
-            f"--measure would need about {row.bytes.total / 2**30:.1f} GiB on {device}, more than "
+        raise ParameterError(
+            f"{{measure}} would need about {row.bytes.total / 2**30:.1f} GiB on {device}, more than "
             f"{MEASURE_FRACTION:.0%} of the {available / 2**30:.1f} GiB available"
         )
     module, make_inputs = subject.real()
@@ -206,8 +199,10 @@ def measure_rows(
     reasons = {id(row): why_not_measurable(subject, row) for row in rows}
     chosen = [row for row in rows if reasons[id(row)] is None]
     if not chosen:
-        raise UsageError(reasons[id(rows[0])] if rows else "--measure: no configuration to run")
+        raise ParameterError((reasons[id(rows[0])] if rows else None) or "{measure}: no configuration to run")
     unmeasured = tuple(
-        f"measuring {row.dtype} {row.mode} {row.precision}: {reasons[id(row)]}" for row in rows if reasons[id(row)]
+        f"measuring {row.dtype} {row.mode} {row.precision}: {ParameterError(why).with_flags()}"
+        for row in rows
+        if (why := reasons[id(row)])
     )
     return tuple(measure_row(subject, row, device_name) for row in chosen), unmeasured

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import ClassVar
 
-Mode = Literal["inference", "training"]
-MODES: tuple[Mode, ...] = ("inference", "training")
-Strategy = Literal["none", "ddp", "zero1", "zero2", "zero3", "fsdp"]
-STRATEGIES: tuple[Strategy, ...] = ("none", "ddp", "zero1", "zero2", "zero3", "fsdp")
+from dtypecheck.memory.names import Mode, Strategy
 
 
 @dataclass(frozen=True)
@@ -30,7 +27,8 @@ class ModelInfo:
     """*(extra)* what the estimate could not see, and the assumptions it made."""
     loss: str = "model"
     """*(extra)* the loss of the traced training step: ``loss_fn`` (the factory's), ``cross-entropy``, ``mse``,
-    ``sum``, or ``model`` (the model's own ``loss`` output, else the sum of its outputs)."""
+    ``sum``, or ``model`` (the model's own ``loss`` output). Without a loss given, the choice follows the output
+    (``training_step.DefaultLoss``) and a note says so."""
 
 
 @dataclass(frozen=True)

@@ -9,16 +9,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 from dtypecheck.dtypes import DtypeSpec
 from dtypecheck.memory.inventory import Inventory, TensorEntry
-
-Optimizer = Literal["adamw", "adam", "sgd", "lion", "adafactor", "adam8bit"]
-OPTIMIZERS: tuple[Optimizer, ...] = ("adamw", "adam", "sgd", "lion", "adafactor", "adam8bit")
-Precision = Literal["pure", "amp", "master"]
-PRECISIONS: tuple[Precision, ...] = ("pure", "amp", "master")
-OptimizerImpl = Literal["foreach", "for-loop", "fused"]
+from dtypecheck.memory.names import Optimizer, OptimizerImpl, Precision
 
 STEP_TENSOR_BYTES = 4
 """torch keeps Adam's and Adafactor's ``step`` as a float32 scalar tensor per parameter."""

@@ -1,16 +1,20 @@
-"""What the estimate is about: the inventory of model states, and (when there is a module) how to trace it."""
+"""What the estimate is about, and reading it: ``file.py:factory``, a checkpoint file or folder, or a
+``config.json`` becomes a ``Subject`` (the inventory of model states and, when there is a module, how to trace it)."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dtypecheck.memory.inventory import Inventory
+from dtypecheck.errors import InputError, ParameterError
+from dtypecheck.memory.inventory import Inventory, inventory_of_module, inventory_of_records
 from dtypecheck.memory.report import ModelInfo
-from dtypecheck.memory.step import DEFAULT_LOSS, StepLoss
+from dtypecheck.training_step import DEFAULT_LOSS, LossName, StepLoss, step_loss
+from dtypecheck.usercode import load_factory, python_target
 
 if TYPE_CHECKING:
     import torch
@@ -90,6 +94,172 @@ class Subject:
             kind=self.kind,
             architecture=self.architecture,
             parameter_bytes=self.parameter_bytes,
-            notes=self.notes,
-            loss=self.loss.name,
+            notes=(*self.notes, self.loss.note) if self.loss.note else self.notes,
+            loss=self.loss.chosen,
         )
+
+
+# --- reading the input ---------------------------------------------------------------------------------
+
+DEFAULT_SEQ_LEN = 512
+CHECKPOINT_NOTE = (
+    "a checkpoint holds no forward pass: activations are not included (give file.py:factory or a config.json)"
+)
+
+
+def open_subject(
+    target: str, *, batch_size: int | None = None, seq_len: int | None = None, loss: LossName | str | None = None
+) -> Subject:
+    """Dispatch on what ``target`` is: a factory spec, a config, or a checkpoint."""
+    if python_target(target) is not None:
+        if seq_len is not None:
+            raise ParameterError("{seq_len} applies to a config's inputs; a factory gives its own example inputs")
+        return open_factory(target, batch_size=batch_size, loss=loss)
+    path = Path(target)
+    if not path.exists():
+        raise InputError(f"no such file or directory: {target}")
+    if path.is_dir() and (path / "config.json").is_file():
+        return open_hf_config(path / "config.json", batch_size=batch_size, seq_len=seq_len, loss=loss)
+    if path.is_file() and path.name.endswith(".json") and not path.name.endswith(".index.json"):
+        return open_hf_config(path, batch_size=batch_size, seq_len=seq_len, loss=loss)
+    if batch_size is not None or seq_len is not None or loss is not None:
+        raise ParameterError(
+            "{batch_size}, {seq_len} and {loss} need a factory or a config: a checkpoint has no forward pass"
+        )
+    return load_checkpoint(target)
+
+
+# --- file.py:factory ---------------------------------------------------------------------------------------
+
+
+def _first_batch_dim(inputs: Any) -> int | None:
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    for value in tree_flatten(inputs)[0]:
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            return int(value.shape[0])
+    return None
+
+
+def _resize_batch(inputs: Any, old: int | None, new: int | None, *, real: bool) -> Any:
+    """Every tensor whose first dimension is the batch gets ``new`` rows (repeating real rows for --measure);
+    the others are copied, so that the batch is counted as memory the step holds."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    def resize(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        if new is None or old is None or value.dim() == 0 or value.shape[0] != old or new == old:
+            return value.clone()
+        if real:
+            reps = -(-new // old)
+            return value.repeat(reps, *([1] * (value.dim() - 1)))[:new].clone()
+        return torch.empty((new, *value.shape[1:]), dtype=value.dtype, device=value.device)
+
+    return tree_map(resize, inputs)
+
+
+def open_factory(target: str, *, batch_size: int | None = None, loss: LossName | str | None = None) -> Subject:
+    from dtypecheck.memory.fakes import fake_inputs, fakify_module, new_fake_mode
+    from dtypecheck.memory.tracing import Traceable
+
+    made = load_factory(target)
+    module, inputs = made.model, made.inputs
+    chosen = step_loss(made.loss_fn, loss, made.file)
+    inventory = inventory_of_module(module)
+    decoder = DecoderShape.from_config(getattr(module, "config", None) or {})
+    notes: list[str] = []
+    traceable = None
+    original_batch = _first_batch_dim(inputs) if inputs is not None else None
+    batch = batch_size or original_batch
+    if inputs is None:
+        if batch_size is not None:
+            raise ParameterError("{batch_size} needs example inputs: have the factory return (module, example_inputs)")
+        notes.append("the factory gave no example inputs: activations are not included")
+    else:
+        mode = new_fake_mode()
+        fakify_module(module, mode)
+        fake = fake_inputs(mode, inputs)
+
+        def make_inputs(rows: int | None, _seq: int | None) -> Any:
+            return _resize_batch(fake, original_batch, rows, real=False)
+
+        traceable = Traceable(mode, module, make_inputs, batch, loss=chosen)
+
+    def real() -> tuple[torch.nn.Module, Callable[[], Any]]:
+        again = load_factory(target)
+        return again.model, lambda: _resize_batch(again.inputs, original_batch, batch, real=True)
+
+    return Subject(
+        source=target,
+        kind="factory",
+        architecture=type(module).__name__,
+        inventory=inventory,
+        parameter_bytes=sum(p.nbytes for p in inventory.parameters),
+        traceable=traceable,
+        decoder=decoder,
+        batch_size=batch,
+        seq_len=None,
+        notes=tuple(notes),
+        real=real if inputs is not None else None,
+        loss=chosen,
+        user_file=made.file,
+    )
+
+
+# --- checkpoints -------------------------------------------------------------------------------------------
+
+
+def load_checkpoint(target: str) -> Subject:
+    from dtypecheck.loaders import open_checkpoint
+
+    checkpoint = open_checkpoint(target)
+    try:
+        inventory: Inventory = inventory_of_records(checkpoint.records())
+        fmt = checkpoint.format
+    finally:
+        checkpoint.close()
+    if not inventory.parameters:
+        raise InputError(f"{target}: the checkpoint holds no floating-point tensors to estimate")
+    return Subject(
+        source=target,
+        kind="checkpoint",
+        architecture=fmt,
+        inventory=inventory,
+        parameter_bytes=sum(p.nbytes for p in inventory.parameters),
+        traceable=None,
+        decoder=None,
+        batch_size=None,
+        seq_len=None,
+        notes=(CHECKPOINT_NOTE,),
+    )
+
+
+# --- config.json -------------------------------------------------------------------------------------------
+
+
+def read_hf_config(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not a UTF-8 text file") from exc
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: a config must be a JSON object")
+    return data
+
+
+def open_hf_config(
+    path: Path, *, batch_size: int | None = None, seq_len: int | None = None, loss: LossName | str | None = None
+) -> Subject:
+    """A model built from a Hugging Face ``config.json`` (not ``dtypecheck.config.load_config``, which reads
+    ``[tool.dtypecheck]``)."""
+    from dtypecheck.memory.config_models import build_from_config
+
+    data = read_hf_config(path)
+    return build_from_config(
+        path, data, batch_size=batch_size or 1, seq_len=seq_len or DEFAULT_SEQ_LEN, loss=step_loss(None, loss, None)
+    )

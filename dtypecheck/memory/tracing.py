@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from dtypecheck.memory.step import DEFAULT_LOSS, StepLoss, forward_and_loss
 from dtypecheck.memory.workspaces import real_workspace_bytes, run_op, workspace_output
+from dtypecheck.training_step import DEFAULT_LOSS, StepLoss, forward_and_loss
 
 if TYPE_CHECKING:
     import torch

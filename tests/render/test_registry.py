@@ -15,7 +15,7 @@ from dtypecheck.cli._app import app
 from dtypecheck.output import format_help
 from dtypecheck.render import OutputFormat, render
 from dtypecheck.render.table import table_renderers
-from tests._memory_fixtures import write_decoder_config
+from tests.memory._fixtures import write_decoder_config
 
 
 @pytest.fixture

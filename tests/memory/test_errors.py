@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from tests._memory_fixtures import DECODER, write_factories
+from tests.memory._fixtures import DECODER, write_factories
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import pytest
 from dtypecheck.errors import UsageError
 from dtypecheck.memory.devices import DEVICES, parse_fit, parse_reserve, parse_size
 from dtypecheck.memory.fit import largest_fitting
-from tests._memory_fixtures import write_decoder_config
+from tests.memory._fixtures import write_decoder_config
 
 GIB = 2**30
 
@@ -34,7 +34,7 @@ def wide(tmp_path):
     [("80GiB", 80 * 2**30), ("24GB", 24 * 10**9), ("1.5TiB", 3 * 2**39), ("4096", 4096), ("512 mib", 512 * 2**20)],
 )
 def test_sizes(text, expected):
-    assert parse_size(text, "--fit") == expected
+    assert parse_size(text, "fit") == expected
 
 
 def test_reserve_by_hand():
@@ -86,7 +86,9 @@ def test_fit_inference_by_hand(cli, wide):
     assert training["fit"]["fits"] is False
     assert training["fit"]["max_batch_size"] == 0
     # With 4 MiB: 1,572,868 + 2,048 b + 4 (the loss) <= 4,194,304 -> b <= 1279.
-    doc = cli("estimate-memory", wide, "-d", "fp32", "-m", "training", "--fit", "4MiB", "--reserve", "0", "-f", "json")
+    # The loss is the sum of the output, which keeps nothing for backward (the default, MSE, would keep more).
+    args = ("-d", "fp32", "-m", "training", "--loss", "sum", "--fit", "4MiB", "--reserve", "0", "-f", "json")
+    doc = cli("estimate-memory", wide, *args)
     assert doc.json()["estimates"][0]["fit"]["max_batch_size"] == 1279
 
 

@@ -19,8 +19,9 @@ from dtypecheck.dtypes import lookup
 from dtypecheck.memory import EstimateOptions, estimate_memory, open_subject
 from dtypecheck.memory.fakes import fake_inputs, fakify_module, new_fake_mode
 from dtypecheck.memory.measure import measure_row
-from dtypecheck.memory.step import model_loss
+from dtypecheck.memory.names import Mode, Strategy
 from dtypecheck.memory.tracing import Traceable, checkpointed, linear_profiles, trace_pass
+from dtypecheck.training_step import model_loss
 
 # Only ops whose CPU kernels pick a layout from the data could make the fake count differ (none of these
 # models has one); 1% keeps the test about the method, not about one kernel's internal choice.
@@ -123,7 +124,7 @@ def test_full_step_estimate_matches_a_measured_cpu_step(tmp_path, dtype, precisi
         "    return model, torch.randn(64, 128)\n",
     )
     subject = open_subject(f"{path}:make")
-    options = EstimateOptions(dtypes=(lookup(dtype),), modes=("training",), precisions=(precision,))
+    options = EstimateOptions(dtypes=(lookup(dtype),), modes=(Mode.training,), precisions=(precision,))
     report = estimate_memory(subject, options)
     row = report.estimates[0]
     measured = measure_row(subject, row)
@@ -144,7 +145,7 @@ def test_deep_config_is_extrapolated_exactly(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config), encoding="utf-8")
     for options in (
-        EstimateOptions(dtypes=(lookup("float32"),), modes=("training",), strategy="zero2", world_size=4),
+        EstimateOptions(dtypes=(lookup("float32"),), modes=(Mode.training,), strategy=Strategy.zero2, world_size=4),
         EstimateOptions(context=32),  # the default grid: inference and training passes, four kinds of trace
     ):
         subject = open_subject(str(path), seq_len=16, batch_size=2)

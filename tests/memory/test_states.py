@@ -14,6 +14,7 @@ from dtypecheck.memory import states
 from dtypecheck.memory.estimate import EstimateOptions, estimate_row, plan_rows
 from dtypecheck.memory.inventory import inventory_of_module
 from dtypecheck.memory.measure import make_optimizer
+from dtypecheck.memory.names import Mode, Optimizer, OptimizerImpl, Precision, Strategy
 from dtypecheck.memory.subject import Subject
 
 
@@ -37,7 +38,7 @@ class Mixed(nn.Module):
 def _stepped(optimizer_name: str, dtype: torch.dtype | None) -> tuple[nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(0)
     model = Mixed().to(dtype)
-    optimizer = make_optimizer(optimizer_name, list(model.parameters()), "for-loop")
+    optimizer = make_optimizer(optimizer_name, list(model.parameters()), OptimizerImpl.for_loop)
     loss = model(torch.randint(0, 50, (4, 5)), torch.randn(4, 3, 8, 8, dtype=dtype))
     loss.backward()
     optimizer.step()
@@ -59,9 +60,11 @@ def test_optimizer_states_equal_what_a_real_step_allocates(optimizer_name, dtype
     spec = lookup(dtype_name)
     model, optimizer = _stepped(optimizer_name, spec.torch_dtype())
     inventory = inventory_of_module(model)
-    assert states.optimizer_state_bytes(inventory, optimizer_name, spec, "pure") == _state_nbytes(optimizer)
+    assert states.optimizer_state_bytes(inventory, Optimizer(optimizer_name), spec, Precision.pure) == _state_nbytes(
+        optimizer
+    )
     grads = sum(p.grad.nbytes for p in model.parameters() if p.grad is not None)
-    assert states.gradient_bytes(inventory, spec, "pure") == grads
+    assert states.gradient_bytes(inventory, spec, Precision.pure) == grads
 
 
 def test_fp32_adamw_is_16_bytes_per_trainable_parameter():
@@ -71,10 +74,10 @@ def test_fp32_adamw_is_16_bytes_per_trainable_parameter():
     moments = sum(s["exp_avg"].nbytes + s["exp_avg_sq"].nbytes for s in optimizer.state.values())
     assert moments == 8 * n
     spec = lookup("float32")
-    plan = states.plan_weights(inventory, spec, "pure", keep_unquantized=False, group_size=128)
+    plan = states.plan_weights(inventory, spec, Precision.pure, keep_unquantized=False, group_size=128)
     step_tensors = 4 * len(list(model.parameters()))  # one float32 scalar `step` per tensor
-    assert plan.weight_bytes + states.gradient_bytes(inventory, spec, "pure") == 8 * n
-    assert states.optimizer_state_bytes(inventory, "adamw", spec, "pure") == 8 * n + step_tensors
+    assert plan.weight_bytes + states.gradient_bytes(inventory, spec, Precision.pure) == 8 * n
+    assert states.optimizer_state_bytes(inventory, Optimizer.adamw, spec, Precision.pure) == 8 * n + step_tensors
 
 
 def test_amp_and_master_keep_float32_copies():
@@ -82,23 +85,29 @@ def test_amp_and_master_keep_float32_copies():
     inventory = inventory_of_module(model)
     n = sum(p.numel() for p in model.parameters())
     bf16 = lookup("bfloat16")
-    assert states.plan_weights(inventory, bf16, "amp", keep_unquantized=False, group_size=128).weight_bytes == 4 * n
-    assert states.gradient_bytes(inventory, bf16, "amp") == 4 * n
-    assert states.plan_weights(inventory, bf16, "master", keep_unquantized=False, group_size=128).weight_bytes == 2 * n
-    assert states.gradient_bytes(inventory, bf16, "master") == 2 * n
-    assert states.master_weight_bytes(inventory, "master") == 4 * n
+    assert (
+        states.plan_weights(inventory, bf16, Precision.amp, keep_unquantized=False, group_size=128).weight_bytes
+        == 4 * n
+    )
+    assert states.gradient_bytes(inventory, bf16, Precision.amp) == 4 * n
+    assert (
+        states.plan_weights(inventory, bf16, Precision.master, keep_unquantized=False, group_size=128).weight_bytes
+        == 2 * n
+    )
+    assert states.gradient_bytes(inventory, bf16, Precision.master) == 2 * n
+    assert states.master_weight_bytes(inventory, Precision.master) == 4 * n
     # Optimizer states live beside the float32 master copy.
-    assert states.optimizer_state_bytes(inventory, "sgd", bf16, "master") == 4 * n
+    assert states.optimizer_state_bytes(inventory, Optimizer.sgd, bf16, Precision.master) == 4 * n
 
 
 def test_lion_and_adam8bit_by_hand():
     model = nn.Linear(256, 128)  # weight 32768 elements (8-bit states), bias 128 (32-bit states)
     inventory = inventory_of_module(model)
     fp32 = lookup("float32")
-    assert states.optimizer_state_bytes(inventory, "lion", fp32, "pure") == 4 * (32768 + 128)
+    assert states.optimizer_state_bytes(inventory, Optimizer.lion, fp32, Precision.pure) == 4 * (32768 + 128)
     weight = 2 * 32768 + 2 * (32768 // 256) * 4  # two uint8 states and a float32 absmax per 256-element block
     bias = 2 * 128 * 4
-    assert states.optimizer_state_bytes(inventory, "adam8bit", fp32, "pure") == weight + bias
+    assert states.optimizer_state_bytes(inventory, Optimizer.adam8bit, fp32, Precision.pure) == weight + bias
 
 
 def test_quantization_overheads_by_hand():
@@ -107,7 +116,7 @@ def test_quantization_overheads_by_hand():
     embedding, norm, weight, bias = 1000 * 64, 2 * 64, 96 * 64, 96
 
     def plan(dtype: str, keep: bool = False, group: int = 32) -> states.WeightPlan:
-        return states.plan_weights(inventory, lookup(dtype), "pure", keep_unquantized=keep, group_size=group)
+        return states.plan_weights(inventory, lookup(dtype), Precision.pure, keep_unquantized=keep, group_size=group)
 
     # int8: one byte per element and a float32 scale per output row; vectors stay float32.
     int8 = plan("int8")
@@ -136,7 +145,7 @@ def test_tied_parameters_count_once_and_buffers_keep_their_dtype():
     # running_mean and running_var (float32) and num_batches_tracked (int64)
     assert inventory.buffer_bytes == 2 * 8 * 4 + 8
     subject = Subject("m", "factory", "Sequential", inventory, 0, None, None, None, None)
-    rows, _ = plan_rows(EstimateOptions(dtypes=(lookup("bfloat16"),), modes=("inference",)))
+    rows, _ = plan_rows(EstimateOptions(dtypes=(lookup("bfloat16"),), modes=(Mode.inference,)))
     row = estimate_row(subject, rows[0], EstimateOptions(), None)
     assert row.bytes.buffers == 2 * 8 * 4 + 8
     assert row.bytes.parameters == 2 * (100 * 8 + 2 * 8)
@@ -151,7 +160,9 @@ def test_sharding_divides_the_states(strategy, parts):
     inventory = inventory_of_module(model)
     n = 2 * (64 * 64 + 64)
     subject = Subject("m", "factory", "Sequential", inventory, 0, None, None, None, None)
-    options = EstimateOptions(dtypes=(lookup("float32"),), modes=("training",), strategy=strategy, world_size=4)
+    options = EstimateOptions(
+        dtypes=(lookup("float32"),), modes=(Mode.training,), strategy=Strategy(strategy), world_size=4
+    )
     rows, _ = plan_rows(options)
     row = estimate_row(subject, rows[0], options, None)
     opt_parts, grad_parts, param_parts = parts

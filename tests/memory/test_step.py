@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F  # noqa: N812
 from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -143,6 +144,38 @@ def test_estimate_equals_memtracker_on_the_users_loop(lm, factory, amp):
 def test_named_loss_is_the_same_step_as_the_factory_loss(lm):
     # --loss cross-entropy takes the batch's own token ids as targets: the same ops as with_loss's loss_fn.
     assert _training_total(f"{lm}:model_only", loss="cross-entropy") == _training_total(f"{lm}:with_loss")
+
+
+def _ids_cross_entropy(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1), (ids % 500).flatten())
+
+
+def _zeros_mse(out: torch.Tensor, _x: torch.Tensor) -> torch.Tensor:
+    return F.mse_loss(out, torch.zeros_like(out))
+
+
+@pytest.mark.parametrize(
+    ("factory", "chosen", "loss_fn", "exact"),
+    [
+        # Integer inputs and float logits: cross-entropy over the last dimension, the batch's ids as labels.
+        ("model_only", "cross-entropy", _ids_cross_entropy, True),
+        # Float inputs: MSE against a target of the output's shape. At the real CPU step's peak one more
+        # output-sized tensor (4,096 B) is alive than in the fake trace, and one 4-byte scalar less: -0.26%.
+        ("wide", "mse", _zeros_mse, False),
+    ],
+)
+def test_default_loss_is_chosen_from_the_output_and_named(cli, lm, factory, chosen, loss_fn, exact):
+    model, inputs = _namespace(lm)[factory]()
+    measured = _loop_peak(model, inputs, loss_fn)
+    estimate = _training_total(f"{lm}:{factory}")
+    if exact:
+        assert estimate == pytest.approx(measured, rel=0.001)
+    else:
+        assert measured - estimate == 4 * 256 * 4 - 4
+    doc = cli("estimate-memory", f"{lm}:{factory}", "-d", "fp32", "-m", "training", "-f", "json").json()
+    assert doc["model"]["loss"] == chosen
+    named = "cross-entropy over the last dimension" if chosen == "cross-entropy" else "MSE against a target"
+    assert f"no loss given: assumed {named}" in " ".join(doc["model"]["notes"])
 
 
 def test_logits_kept_alive_cost_more_than_the_old_dropped_output(lm):

@@ -1,0 +1,74 @@
+"""``estimate_memory``: everything ``dtypecheck estimate-memory`` does, in one call: read the model, estimate every
+row, and with ``fit`` and ``measure`` add each row's fit on a device and real steps beside the estimate."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from dtypecheck.errors import ParameterError
+from dtypecheck.memory.devices import DeviceBudget, default_device, parse_fit
+from dtypecheck.memory.estimate import EstimateOptions, estimate_subject
+from dtypecheck.memory.names import DeviceKind, Mode
+from dtypecheck.memory.subject import Subject, open_subject
+from dtypecheck.progress import ProgressCallback, no_progress
+
+if TYPE_CHECKING:
+    from dtypecheck.memory.report import MemoryReport
+    from dtypecheck.training_step import LossName
+
+
+def resolve_device(device: DeviceKind | str | None, budget: DeviceBudget | None) -> DeviceKind:
+    """The device named, else CUDA when the fit target is a GPU or this machine has one, else the CPU."""
+    if device is not None:
+        return DeviceKind(device)
+    if budget is not None and budget.accelerator:
+        return DeviceKind.cuda
+    return DeviceKind(default_device())
+
+
+def estimate_memory(
+    model: str | Subject,
+    options: EstimateOptions | None = None,
+    progress: ProgressCallback = no_progress,
+    *,
+    batch_size: int | None = None,
+    seq_len: int | None = None,
+    loss: LossName | str | None = None,
+    fit: str | DeviceBudget | None = None,
+    reserve: str | None = None,
+    measure: bool = False,
+) -> MemoryReport:
+    """What ``model`` needs per device, for every row ``options`` asks for; nothing is allocated unless ``measure``.
+
+    ``model`` is ``file.py:factory``, a checkpoint file or folder, a ``config.json`` (or a folder with one), or a
+    ``Subject`` already opened by ``open_subject`` (then ``batch_size``, ``seq_len`` and ``loss`` were given
+    there). ``fit`` is a device name (``h100-80gb``) or a size (``80GiB``), ``reserve`` what of it is held back;
+    ``measure`` runs one real step of every float row and puts the first training one in ``measured``.
+    """
+    options = options or EstimateOptions()
+    budget = parse_fit(fit, reserve) if isinstance(fit, str) else fit
+    options = dataclasses.replace(options, device=resolve_device(options.device, budget))
+    progress(0, 1, "reading the model")
+    if isinstance(model, Subject):
+        if batch_size is not None or seq_len is not None or loss is not None:
+            raise ParameterError("{batch_size}, {seq_len} and {loss} are given to open_subject, with the model")
+        subject = model
+    else:
+        subject = open_subject(model, batch_size=batch_size, seq_len=seq_len, loss=loss)
+    report = estimate_subject(subject, options, progress)
+    if budget is not None:
+        from dtypecheck.memory.fit import fit_report
+
+        report = fit_report(subject, options, report, budget, progress)
+    if measure:
+        from dtypecheck.memory.measure import measure_rows
+
+        progress(0, 1, "measuring real steps")
+        measurements, unmeasured = measure_rows(subject, report.estimates)
+        # The headline is a training step when one ran: it is the peak users size a device for.
+        trained = [m for m in measurements if m.mode == Mode.training] or list(measurements)
+        report = dataclasses.replace(
+            report, measured=trained[0], measurements=measurements, skipped=(*report.skipped, *unmeasured)
+        )
+    return report
