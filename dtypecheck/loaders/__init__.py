@@ -74,6 +74,14 @@ def open_file(path: Path) -> Checkpoint:
     raise InputError(f"{path}: not a checkpoint: expected one of {describe_formats()}")
 
 
+def open_index_folder(folder: Path) -> Checkpoint:
+    """The ``hf-sharded`` folder format's opener: ``folders.open_index_folder`` with each shard opened by content
+    (handed in, so that ``folders`` does not import this package back)."""
+    from dtypecheck.loaders.folders import open_index_folder as open_shards
+
+    return open_shards(folder, open_file)
+
+
 class NoTensors:
     """A checkpoint without a single tensor, with a ``no-tensors`` finding that says so plainly."""
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from dtypecheck.dtypes import spec_of
-from dtypecheck.nantrace.checks import op_checks
+from dtypecheck.nantrace.checks import Follow, op_checks
 from dtypecheck.nantrace.frames import location_of
 from dtypecheck.nantrace.ops import has_nonfinite_scalar, iter_tensors, mutated_argument
 from dtypecheck.nantrace.records import Checked, OpRecord, readable
@@ -180,7 +180,11 @@ class Judge:
     def _judge(self, record: OpRecord) -> None:
         nonfinite = any(c.nonfinite for c in record.checked)
         for check in self._checks:
-            check.on_op(record, self, nonfinite)
+            for verdict in check.on_op(record, self, nonfinite):
+                if isinstance(verdict, Follow):
+                    self.follow_nonfinite(record, nonfinite)
+                else:
+                    self.warning(record, verdict.kind, verdict.position)
         for checked in record.checked:
             # A summary, not the record: the history must not keep outputs alive.
             summary = (record.info.name, record.phase, record.module, record.frame, checked.tensor.dtype)

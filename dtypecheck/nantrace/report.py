@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from dtypecheck.findings import Level, worst
+from dtypecheck.findings import CHECK_LEVEL, Level, worst
 
 EventKind = Literal["nan", "inf", "near_overflow", "underflow"]
 Phase = Literal["forward", "backward", "other"]
@@ -141,6 +141,8 @@ class TensorArg:
 class Promotion:
     """The first op where float64 entered a lower-precision program: it doubles memory and time from there on."""
 
+    LEVEL: ClassVar[Level] = "warn"
+    """A promotion is a warning-level finding (not written into the document: every promotion has it)."""
     op: str
     phase: Phase
     module: str | None
@@ -251,14 +253,12 @@ class NanTraceReport:
 
     @property
     def level(self) -> Level:
-        from dtypecheck.nantrace.checks import level_of
-
         levels: list[Level] = [e.level for e in (*self.events, *self.warnings)]
-        levels += [level_of("float64_promotion") for _ in self.promotions]
+        levels += [p.LEVEL for p in self.promotions]
         if self.scale_collapse is not None:
             levels.append(self.scale_collapse.level)
         if self.status == "nonfinite":
-            levels.append(level_of("nan"))
+            levels.append(CHECK_LEVEL["nonfinite"])
         return worst(levels)
 
 
