@@ -7,13 +7,13 @@ import dataclasses
 import runpy
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from dtypecheck.errors import InputError, UserCodeError
+from dtypecheck.nantrace.options import RunSettings
 from dtypecheck.nantrace.report import NanTraceReport
-from dtypecheck.nantrace.tracer import StopTracing, TraceOptions, Tracer
+from dtypecheck.nantrace.tracer import StopTracing, Tracer
 from dtypecheck.progress import ProgressCallback, no_progress
 from dtypecheck.usercode import check_python_file, load_factory, python_target, raise_user_error, user_traceback
 
@@ -21,14 +21,6 @@ if TYPE_CHECKING:
     import torch
 
     from dtypecheck.nantrace.distributed import Session
-
-
-@dataclass(frozen=True)
-class RunSettings:
-    options: TraceOptions
-    autocast: str | None = None
-    """``float16`` or ``bfloat16``: run under ``torch.autocast`` in that dtype."""
-    device: str | None = None
 
 
 def split_target(target: str) -> tuple[Path, str | None]:

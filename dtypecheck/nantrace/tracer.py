@@ -9,7 +9,6 @@ judged, and only the one that fired is re-run in detail.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dtypecheck.nantrace.defaults import DefaultDtypeWatch, dtype_name
@@ -20,6 +19,7 @@ from dtypecheck.nantrace.frames import FrameFinder
 from dtypecheck.nantrace.judge import Judge, written_tensors
 from dtypecheck.nantrace.modules import ModuleStack
 from dtypecheck.nantrace.ops import OpInfo, OpKind, classify, iter_tensors, mutated_argument
+from dtypecheck.nantrace.options import TraceOptions
 from dtypecheck.nantrace.raised import RaiseWatch
 from dtypecheck.nantrace.records import CHECKED_DTYPES_NAMES, HALF_NAMES, Checked, OpRecord, plain
 from dtypecheck.nantrace.report import Event, NanTraceReport, ScaleCollapse, SkippedStep
@@ -34,31 +34,6 @@ if TYPE_CHECKING:
 class StopTracing(BaseException):
     """Raised into the traced code at the first event to end the run (a BaseException, so that the user's own
     ``except Exception`` cannot swallow it)."""
-
-
-@dataclass(frozen=True)
-class TraceOptions:
-    keep_going: bool = False
-    """Collect every producer instead of stopping at the first."""
-    history: int = 20
-    """Checked ops kept before each event."""
-    warn_frac: float = 0.5
-    """``near_overflow`` when an op's absmax reaches this fraction of its dtype's max."""
-    window: int = 512
-    """Ops between read-backs of the cheap reductions."""
-    held_bytes: int = 512 << 20
-    """Read back sooner once the window keeps this much alive (outputs, pre-op copies of in-place targets), so
-    that deferring the checks never costs a large model much memory."""
-    stop_run: bool = False
-    """Raise ``StopTracing`` into the traced code at the first event (the CLI runners); the Python API just stops
-    checking and lets the block finish."""
-    restore_default_dtype: bool = False
-    """Put back the default dtype tracing began with (the CLI runners: a script run in-process must not leave its
-    ``set_default_dtype`` behind); the Python API leaves the user's choice in place."""
-    max_skipped_steps: int = 16
-    """GradScaler skipping this many consecutive steps (its scale shrinking each time) is a failure."""
-    rank: int | None = None
-    """This process's rank in a distributed run (written into its events)."""
 
 
 def _dispatch_mode_class() -> type[TorchDispatchMode]:
@@ -399,3 +374,6 @@ def _tiny(name: str) -> float:
     from dtypecheck.dtypes import lookup
 
     return lookup(name).fmt.smallest_normal
+
+
+__all__ = ["StopTracing", "TraceOptions", "Tracer"]
