@@ -50,7 +50,7 @@ def nan_trace(
     ] = None,
     steps: Annotated[
         int | None,
-        typer.Option("--steps", min=1, help=f"Factory mode: forward+backward+SGD steps [default: {_RUN.steps}]"),
+        typer.Option("--steps", min=1, help=f"Factory mode: forward+backward+SGD steps (default: {_RUN.steps})"),
     ] = None,
     autocast: Annotated[
         str | None, typer.Option("--autocast", help="Run under torch.autocast in this dtype: float16 or bfloat16.")
@@ -60,7 +60,7 @@ def nan_trace(
     ] = None,
     history: Annotated[
         int | None,
-        typer.Option("--history", min=0, help=f"Ops shown before each event [default: {TraceOptions.history}]"),
+        typer.Option("--history", min=0, help=f"Ops shown before each event (default: {TraceOptions.history})"),
     ] = None,
     warn_frac: Annotated[
         float | None,
@@ -68,7 +68,7 @@ def nan_trace(
             "--warn-frac",
             min=0.0,
             max=1.0,
-            help=f"Warn when an op's absmax reaches this share of its dtype's max [default: {TraceOptions.warn_frac}]",
+            help=f"Warn when an op's absmax reaches this share of its dtype's max (default: {TraceOptions.warn_frac})",
         ),
     ] = None,
     keep_going: Annotated[
@@ -80,7 +80,7 @@ def nan_trace(
             "--max-skipped-steps",
             min=1,
             help="Fail when GradScaler skips this many steps in a row (its scale collapsing) "
-            f"[default: {TraceOptions.max_skipped_steps}]",
+            f"(default: {TraceOptions.max_skipped_steps})",
         ),
     ] = None,
     nproc: Annotated[
