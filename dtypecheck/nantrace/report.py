@@ -11,12 +11,21 @@ EventKind = Literal["nan", "inf", "near_overflow", "underflow"]
 Phase = Literal["forward", "backward", "other"]
 Cause = Literal["range_overflow", "invalid_math", "input", "collective"]
 Consequence = Literal[
-    "loss", "parameter", "optimizer_state", "output", "unmasked", "scale_collapse", "masked", "skipped_step"
+    "loss",
+    "parameter",
+    "optimizer_state",
+    "output",
+    "unmasked",
+    "scale_collapse",
+    "exception",
+    "masked",
+    "skipped_step",
 ]
 """What became of a non-finite value. Failures: it reached the ``loss`` (the tensor ``backward()`` was called
 on), was written into a ``parameter`` or an ``optimizer_state``, was still held when the run ended (``output``),
-died without anything turning it finite (``unmasked``), or its step was one of too many in a row that
-``GradScaler`` skipped (``scale_collapse``). Notes: torch or the user's code turned it finite (``masked``:
+died without anything turning it finite (``unmasked``), its step was one of too many in a row that
+``GradScaler`` skipped (``scale_collapse``), or it was in flight when the traced code raised (``exception``: the
+report's ``exception`` says what was raised, and where). Notes: torch or the user's code turned it finite (``masked``:
 ``where``, ``masked_fill``, ``nan_to_num``...) or ``GradScaler`` skipped the step it was in (``skipped_step``)."""
 
 
@@ -182,6 +191,19 @@ class DtypeError:
 
 
 @dataclass(frozen=True)
+class RaisedException:
+    """The exception that ended the traced code after a non-finite value was found (``binary_cross_entropy`` or
+    ``multinomial`` refusing a NaN, an index out of range, the user's own ``assert torch.isfinite(loss)``)."""
+
+    type: str
+    """The exception's class, e.g. ``RuntimeError`` (qualified by its module when not a builtin)."""
+    message: str
+    """Its first line."""
+    location: Location | None
+    """The user's own line it was raised from (the innermost frame outside torch and the standard library)."""
+
+
+@dataclass(frozen=True)
 class SkippedStep:
     """A step ``GradScaler`` skipped because its gradients held inf/NaN: by design, not a failure."""
 
@@ -250,6 +272,9 @@ class NanTraceReport:
     """Processes in a distributed run (each traced, the report merged); None for one process."""
     ranks: tuple[RankSummary, ...] = ()
     """One line per process of a distributed run."""
+    exception: RaisedException | None = None
+    """The traced code raised after a non-finite producer was found: the run still reports it (exit 1), with the
+    exception as its consequence. None when it ended normally (or raised with nothing non-finite: exit 3)."""
 
     @property
     def level(self) -> Level:
