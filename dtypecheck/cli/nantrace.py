@@ -1,10 +1,10 @@
-"""``dtypecheck nan-trace``."""
+"""``dtypecheck nan-trace``: parse (``resolve_nantrace_options``), then run (``execute_nantrace``)."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -25,17 +25,16 @@ from dtypecheck.cli._app import (
     project_config,
     user_code_guard,
 )
-from dtypecheck.errors import ExitCode, UsageError, UserCodeError
-from dtypecheck.nantrace.launch import EXIT_FILE_ENV
+from dtypecheck.errors import UsageError, UserCodeError
+from dtypecheck.nantrace.options import AUTOCAST_DTYPES, RunSettings, TraceOptions
 from dtypecheck.render import OutputFormat
 
 if TYPE_CHECKING:
     from dtypecheck.nantrace.distributed import RankInfo
     from dtypecheck.nantrace.report import NanTraceReport
-    from dtypecheck.nantrace.runner import RunSettings
 
-AUTOCAST_DTYPES = ("float16", "bfloat16")
 COMMAND = "nan-trace"
+_RUN = RunSettings()
 
 
 @app.command(COMMAND)
@@ -50,7 +49,8 @@ def nan_trace(
         list[str] | None, typer.Argument(help="Arguments for the script, after '--'.", show_default=False)
     ] = None,
     steps: Annotated[
-        int | None, typer.Option("--steps", min=1, help="Factory mode: forward+backward+SGD steps [default: 3]")
+        int | None,
+        typer.Option("--steps", min=1, help=f"Factory mode: forward+backward+SGD steps (default: {_RUN.steps})"),
     ] = None,
     autocast: Annotated[
         str | None, typer.Option("--autocast", help="Run under torch.autocast in this dtype: float16 or bfloat16.")
@@ -59,7 +59,8 @@ def nan_trace(
         str | None, typer.Option("--device", help="Device for autocast, new tensors and the factory's model.")
     ] = None,
     history: Annotated[
-        int | None, typer.Option("--history", min=0, help="Ops shown before each event [default: 20]")
+        int | None,
+        typer.Option("--history", min=0, help=f"Ops shown before each event (default: {TraceOptions.history})"),
     ] = None,
     warn_frac: Annotated[
         float | None,
@@ -67,7 +68,7 @@ def nan_trace(
             "--warn-frac",
             min=0.0,
             max=1.0,
-            help="Warn when an op's absmax reaches this share of its dtype's max [default: 0.5]",
+            help=f"Warn when an op's absmax reaches this share of its dtype's max (default: {TraceOptions.warn_frac})",
         ),
     ] = None,
     keep_going: Annotated[
@@ -78,7 +79,8 @@ def nan_trace(
         typer.Option(
             "--max-skipped-steps",
             min=1,
-            help="Fail when GradScaler skips this many steps in a row (its scale collapsing) [default: 16]",
+            help="Fail when GradScaler skips this many steps in a row (its scale collapsing) "
+            f"(default: {TraceOptions.max_skipped_steps})",
         ),
     ] = None,
     nproc: Annotated[
@@ -104,141 +106,196 @@ def nan_trace(
     Exit codes: 0 clean, 1 NaN/Inf found (or warnings with --fail-on warn), 2 usage, 3 script not runnable or raised
     (a dtype mismatch is explained and the report still written first).
     """
-    from dtypecheck.dtypes import lookup
+    given = NanTraceFlags(steps, autocast, device, history, warn_frac, keep_going, max_skipped_steps, fail_on, config)
+    options = resolve_nantrace_options(target, script_args, given, nproc=nproc, fmt=fmt, output=output, quiet=quiet)
+    return execute_nantrace(options)
+
+
+@dataclass(frozen=True)
+class NanTraceFlags:
+    """The command line's tracing flags as given (None: not given, so the project config or the default applies)."""
+
+    steps: int | None = None
+    autocast: str | None = None
+    device: str | None = None
+    history: int | None = None
+    warn_frac: float | None = None
+    keep_going: bool = False
+    max_skipped_steps: int | None = None
+    fail_on: FailOn | None = None
+    config: Path | None = None
+
+
+@dataclass(frozen=True)
+class NanTraceOptions:
+    """What ``dtypecheck nan-trace`` was asked, with conflicts already rejected and defaults filled in."""
+
+    path: Path
+    """The script, or the file defining the factory."""
+    factory: str | None
+    """The factory's name (``file.py:factory``); None for a script."""
+    script_args: tuple[str, ...]
+    run: RunSettings
+    threshold: FailOn
+    fmt: OutputFormat
+    output: Path | None
+    """Where to write the report (absolute: the script may change directory); stdout if None."""
+    quiet: bool
+    nproc: int | None = None
+    """Launch this many ranks (``launch_arguments`` is what each runs); None to trace in this process."""
+    launch_arguments: tuple[str, ...] = ()
+    rank: RankInfo | None = None
+    """This process is one rank of a distributed run."""
+
+
+def resolve_nantrace_options(
+    target: str,
+    script_args: list[str] | None,
+    given: NanTraceFlags,
+    *,
+    nproc: int | None,
+    fmt: OutputFormat,
+    output: Path | None,
+    quiet: bool,
+) -> NanTraceOptions:
+    """Fill in the project config and the defaults, and reject what cannot run with a UsageError naming the flag.
+
+    Runs no user code (``--nproc`` checks that the script is a readable Python file, once, rather than per rank)."""
     from dtypecheck.nantrace.distributed import rank_info
-    from dtypecheck.nantrace.launch import launch
-    from dtypecheck.nantrace.runner import RunSettings, run_factory, run_script, split_target
-    from dtypecheck.nantrace.tracer import TraceOptions
-    from dtypecheck.render.progress import progress_bar
+    from dtypecheck.nantrace.launch import launch_arguments
+    from dtypecheck.nantrace.runner import split_target
     from dtypecheck.usercode import check_python_file
 
-    settings = project_config(config)
-    autocast = pick(autocast, settings, COMMAND, "autocast", None)
-    device = pick(device, settings, COMMAND, "device", None)
-    autocast_name = None
-    if autocast is not None:
-        autocast_name = lookup(autocast).name
-        if autocast_name not in AUTOCAST_DTYPES:
-            raise UsageError(f"--autocast takes float16 or bfloat16, not {autocast!r}")
-    if device is not None:
-        import torch
-
-        try:
-            chosen = torch.device(device)
-        except RuntimeError as exc:
-            raise UsageError(f"--device {device!r}: {exc}") from None
-        backend = getattr(torch, chosen.type, None) if chosen.type != "cpu" else None
-        available = getattr(backend, "is_available", None)
-        if chosen.type not in ("cpu", "meta") and (available is None or not available()):
-            raise UsageError(f"--device {device}: this machine (torch {torch.__version__}) has no {chosen.type} device")
-    options = TraceOptions(
-        keep_going=pick(True if keep_going else None, settings, COMMAND, "keep-going", False),
-        history=pick(history, settings, COMMAND, "history", 20),
-        warn_frac=pick(warn_frac, settings, COMMAND, "warn-frac", 0.5),
-        max_skipped_steps=pick(max_skipped_steps, settings, COMMAND, "max-skipped-steps", 16),
+    settings = project_config(given.config)
+    autocast = _autocast_name(pick(given.autocast, settings, COMMAND, "autocast", None))
+    device = pick(given.device, settings, COMMAND, "device", None)
+    _check_device(device)
+    trace = TraceOptions(
+        keep_going=pick(True if given.keep_going else None, settings, COMMAND, "keep-going", TraceOptions.keep_going),
+        history=pick(given.history, settings, COMMAND, "history", TraceOptions.history),
+        warn_frac=pick(given.warn_frac, settings, COMMAND, "warn-frac", TraceOptions.warn_frac),
+        max_skipped_steps=pick(
+            given.max_skipped_steps, settings, COMMAND, "max-skipped-steps", TraceOptions.max_skipped_steps
+        ),
     )
-    run = RunSettings(options, autocast_name, device)
-    threshold = FailOn(pick(fail_on, settings, COMMAND, "fail-on", FailOn.fail))
+    steps = pick(given.steps, settings, COMMAND, "steps", _RUN.steps)
+    threshold = FailOn(pick(given.fail_on, settings, COMMAND, "fail-on", FailOn.fail))
     path, factory = split_target(target)
+    arguments = tuple(script_args or ())
+    resolved = NanTraceOptions(
+        path=path,
+        factory=factory,
+        script_args=arguments,
+        run=RunSettings(trace, autocast, device, steps),
+        threshold=threshold,
+        fmt=fmt,
+        output=output.absolute() if output is not None else None,
+        quiet=quiet,
+    )
     info = rank_info()
     if nproc is not None and info is None:
         if factory is not None:
             raise UsageError("--nproc runs a script (train.py) as several ranks, not file.py:factory")
-        check_python_file(path)  # once, here, rather than one error per rank
-        given = {
-            "--autocast": autocast,
-            "--device": device,
-            "--history": history,
-            "--warn-frac": warn_frac,
-            "--max-skipped-steps": max_skipped_steps,
-            "--fail-on": fail_on.value if isinstance(fail_on, FailOn) else fail_on,
-            "--config": config,
+        check_python_file(path)
+        flags = {
+            "--autocast": given.autocast,
+            "--device": given.device,
+            "--history": given.history,
+            "--warn-frac": given.warn_frac,
+            "--max-skipped-steps": given.max_skipped_steps,
+            "--fail-on": given.fail_on.value if given.fail_on is not None else None,
+            "--config": given.config,
             "--format": fmt.value,
-            "--output": output.resolve() if output is not None else None,
+            "--output": resolved.output,
         }
-        arguments = [str(path.resolve())] + [f"{flag}={value}" for flag, value in given.items() if value is not None]
-        arguments += [flag for flag, on in (("--keep-going", keep_going), ("--quiet", quiet)) if on]
-        return launch(nproc, [*arguments, "--", *(script_args or [])])
+        switches = {"--keep-going": given.keep_going, "--quiet": quiet}
+        relaunch = launch_arguments(path, list(arguments), flags, switches)
+        return dataclasses.replace(resolved, nproc=nproc, launch_arguments=tuple(relaunch))
     if info is not None:
         if factory is not None:
             raise UsageError("a distributed run (torchrun) traces a script, not file.py:factory")
-        options = dataclasses.replace(options, rank=info.rank)
-        return _run_rank(
-            info,
-            path,
-            list(script_args or []),
-            RunSettings(options, autocast_name, device),
-            fmt,
-            output,
-            quiet,
-            threshold,
+        run = dataclasses.replace(resolved.run, options=dataclasses.replace(trace, rank=info.rank))
+        return dataclasses.replace(resolved, run=run, rank=info)
+    if factory is not None and arguments:
+        raise UsageError("script arguments after '--' apply to scripts, not to file.py:factory")
+    if factory is None and given.steps is not None:
+        raise UsageError("--steps applies to file.py:factory; a script runs its own loop")
+    return resolved
+
+
+def _autocast_name(autocast: str | None) -> str | None:
+    from dtypecheck.dtypes import lookup
+
+    if autocast is None:
+        return None
+    name = lookup(autocast).name
+    if name not in AUTOCAST_DTYPES:
+        raise UsageError(f"--autocast takes float16 or bfloat16, not {autocast!r}")
+    return name
+
+
+def _check_device(device: str | None) -> None:
+    if device is None:
+        return
+    import torch
+
+    try:
+        chosen = torch.device(device)
+    except RuntimeError as exc:
+        raise UsageError(f"--device {device!r}: {exc}") from None
+    backend = getattr(torch, chosen.type, None) if chosen.type != "cpu" else None
+    available = getattr(backend, "is_available", None)
+    if chosen.type not in ("cpu", "meta") and (available is None or not available()):
+        raise UsageError(f"--device {device}: this machine (torch {torch.__version__}) has no {chosen.type} device")
+
+
+def execute_nantrace(options: NanTraceOptions) -> int:
+    """Trace what the options ask (launch the ranks, be one rank, a factory or a script), emit, return the code."""
+    from dtypecheck.nantrace.runner import run_factory, run_script
+    from dtypecheck.render.progress import progress_bar
+
+    if options.nproc is not None:
+        from dtypecheck.nantrace.launch import launch
+
+        return launch(options.nproc, list(options.launch_arguments))
+    if options.rank is not None:
+        from dtypecheck.nantrace.launch import run_rank
+
+        run_rank(
+            options.rank,
+            options.path,
+            list(options.script_args),
+            options.run,
+            fmt=options.fmt,
+            output=options.output,
+            exit_code=lambda merged: _exit_code(merged, options.threshold),
+            guard=lambda captured: user_code_guard(str(options.path), enabled=captured, script=True),
         )
-    if factory is not None:
-        if script_args:
-            raise UsageError("script arguments after '--' apply to scripts, not to file.py:factory")
-        with user_code_guard(target), progress_bar("nan-trace", quiet=quiet, unit="steps") as progress:
-            report = run_factory(path, factory, pick(steps, settings, COMMAND, "steps", 3), run, progress=progress)
+    if options.factory is not None:
+        target = f"{options.path}:{options.factory}"
+        with user_code_guard(target), progress_bar(COMMAND, quiet=options.quiet, unit="steps") as progress:
+            report = run_factory(options.path, options.factory, options.run.steps, options.run, progress=progress)
     else:
-        if steps is not None:
-            raise UsageError("--steps applies to file.py:factory; a script runs its own loop")
         # stdout must hold only the document: the script's own output (prints, os.write, subprocesses) goes to
         # stderr. With a table the script's output stays where the user expects it.
-        script_stdout = sys.stderr if not fmt.for_people else None
-        with user_code_guard(target, enabled=not fmt.for_people, script=True):
-            report = run_script(path, list(script_args or []), run, stdout=script_stdout)
-    emit(report, fmt, output, quiet=quiet)
+        captured = not options.fmt.for_people
+        with user_code_guard(str(options.path), enabled=captured, script=True):
+            report = run_script(
+                options.path, list(options.script_args), options.run, stdout=sys.stderr if captured else None
+            )
+    emit(report, options.fmt, options.output, quiet=options.quiet)
     if report.dtype_error is not None:
-        _exit_with_dtype_error(report, fmt, output)
-    return int(level_exit_code(report.level, threshold))
+        _exit_with_dtype_error(report, options.fmt, options.output)
+    return int(level_exit_code(report.level, options.threshold))
 
 
-def _run_rank(
-    info: RankInfo,
-    path: Path,
-    script_args: list[str],
-    run: RunSettings,
-    fmt: OutputFormat,
-    output: Path | None,
-    quiet: bool,
-    threshold: FailOn,
-) -> int:
-    """One rank of a torchrun run: trace, then merge with the other ranks; rank 0 writes the merged report."""
-    from dtypecheck.nantrace.distributed import Session
-    from dtypecheck.nantrace.launch import write_exit_code
-    from dtypecheck.nantrace.runner import run_script
-    from dtypecheck.render import render, write_atomically
+def _exit_code(merged: NanTraceReport, threshold: FailOn) -> int:
+    """A distributed run's code: a rank missing or dead of a dtype mismatch is an input error."""
+    from dtypecheck.errors import ExitCode
 
-    real_stdout = os.dup(1)  # the merged report may be written from the watcher, while stdout goes to stderr
-
-    def deliver(merged: NanTraceReport) -> int:
-        code = int(level_exit_code(merged.level, threshold))
-        if merged.dtype_error is not None or any(r.status == "missing" for r in merged.ranks):
-            code = int(ExitCode.INPUT_ERROR)
-        if info.rank == 0:
-            if output is not None:
-                write_atomically(output, render(merged, fmt, color=False, width=120))
-            else:
-                os.write(real_stdout, render(merged, fmt, color=False, width=120).encode())
-        launched = write_exit_code(code) if info.rank == 0 else EXIT_FILE_ENV in os.environ
-        return 0 if launched else code
-
-    def end_process(code: int) -> None:
-        # The script's process group and sharded model are still alive (a peer may be gone): tearing them down
-        # can hang or crash, and the report is out.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-
-    session = Session(info, deliver, end_process)
-    script_stdout = sys.stderr if not fmt.for_people or info.rank != 0 else None
-    try:
-        with user_code_guard(str(path), enabled=script_stdout is not None, script=True):
-            report = run_script(path, script_args, run, stdout=script_stdout, session=session)
-    except BaseException:
-        session.abandon()
-        raise
-    end_process(session.finish(report))
-    return 0  # not reached
+    if merged.dtype_error is not None or any(r.status == "missing" for r in merged.ranks):
+        return int(ExitCode.INPUT_ERROR)
+    return int(level_exit_code(merged.level, threshold))
 
 
 def _exit_with_dtype_error(report: NanTraceReport, fmt: OutputFormat, output: Path | None) -> None:

@@ -101,6 +101,14 @@ class PickleOnly:
         pass
 
 
+def open_index_folder(folder: Path) -> Checkpoint:
+    """The ``hf-sharded`` folder format's opener: ``folders.open_index_folder`` with each shard opened by content
+    (handed in, so that ``folders`` does not import this package back)."""
+    from dtypecheck.loaders.formats.folders import open_index_folder as open_shards
+
+    return open_shards(folder, open_file)
+
+
 class NoTensors:
     """A checkpoint without a single tensor, with a ``no-tensors`` finding that says so plainly."""
 

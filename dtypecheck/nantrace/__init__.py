@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from dtypecheck.nantrace.options import TraceOptions
 from dtypecheck.nantrace.report import (
     DefaultDtype,
     DefaultDtypeChange,
@@ -18,6 +19,7 @@ from dtypecheck.nantrace.report import (
     Location,
     NanTraceReport,
     Promotion,
+    RaisedException,
     RankSummary,
     ScaleCollapse,
     SkippedStep,
@@ -46,10 +48,10 @@ class TraceHandle:
 def trace(
     model: nn.Module | None = None,
     *,
-    keep_going: bool = False,
-    history: int = 20,
-    warn_frac: float = 0.5,
-    max_skipped_steps: int = 16,
+    keep_going: bool = TraceOptions.keep_going,
+    history: int = TraceOptions.history,
+    warn_frac: float = TraceOptions.warn_frac,
+    max_skipped_steps: int = TraceOptions.max_skipped_steps,
 ) -> Iterator[TraceHandle]:
     """Trace every op run inside the block (forward, backward, optimizer step) for NaN and Inf.
 
@@ -66,7 +68,7 @@ def trace(
     """
     import traceback
 
-    from dtypecheck.nantrace.tracer import TraceOptions, Tracer
+    from dtypecheck.nantrace.tracer import Tracer
 
     names = None if model is None else {id(m): n for n, m in model.named_modules()}
     handle = TraceHandle()
@@ -93,11 +95,13 @@ __all__ = [
     "Location",
     "NanTraceReport",
     "Promotion",
+    "RaisedException",
     "RankSummary",
     "ScaleCollapse",
     "SkippedStep",
     "TensorArg",
     "TraceHandle",
+    "TraceOptions",
     "ValueCounts",
     "trace",
 ]

@@ -2,23 +2,56 @@
 to judge one op.
 
 Like torch's flop counter registers one formula per op, each check registers itself here with ``@register``;
-the judge runs every registered ``on_op`` over each checked op at the flush, and the report, the table and the
-exit code read each kind's level and title from here. A new per-op check is one class in this file (and its
-kind in ``report.EventKind`` when it emits events); its level comes from ``dtypecheck.findings``.
+the judge runs every registered ``on_op`` over each checked op at the flush and acts on the verdicts it returns
+(a check never calls back into the judge: it reads a ``CheckContext`` and answers). Each kind's level and title
+are here; the records carry their own level, so the report never asks this registry. A new per-op check is one
+class in this file (and its kind in ``report.EventKind`` when it emits events); its level comes from
+``dtypecheck.findings``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Final, Protocol, TypeAlias, runtime_checkable
 
 from dtypecheck.dtypes import spec_of
 from dtypecheck.findings import CHECK_LEVEL, Level
+from dtypecheck.nantrace.report import EventKind, Promotion, ScaleCollapse, SkippedStep
 
 if TYPE_CHECKING:
-    from dtypecheck.nantrace.judge import Judge
     from dtypecheck.nantrace.records import OpRecord
+
+
+class CheckContext(Protocol):
+    """What a per-op check may read of the judge's state (the judge implements it)."""
+
+    @property
+    def warn_frac(self) -> float:
+        """``near_overflow`` when an op's absmax reaches this fraction of its dtype's max."""
+
+    @property
+    def scaled_backward(self) -> bool:
+        """A GradScaler scales the loss: gradients near the dtype's max are its doing."""
+
+    def already_warned(self, kind: str, module: str | None) -> bool:
+        """A warning of ``kind`` was already given for ``module`` (one per module)."""
+
+
+@dataclass(frozen=True)
+class Follow:
+    """Verdict: follow this op's non-finite outputs to their producer (and clear what it made finite)."""
+
+
+@dataclass(frozen=True)
+class Warn:
+    """Verdict: warn with ``kind`` about the op's output at ``position``."""
+
+    kind: EventKind
+    position: int
+
+
+Verdict: TypeAlias = Follow | Warn
 
 
 @runtime_checkable
@@ -49,8 +82,8 @@ class Check(Protocol):
 class OpCheck(Check, Protocol):
     """A check run at the flush over every checked op, in op order."""
 
-    def on_op(self, record: OpRecord, judge: Judge, nonfinite: bool) -> None:
-        """Judge one op; ``nonfinite``: one of its outputs holds NaN or inf."""
+    def on_op(self, record: OpRecord, context: CheckContext, nonfinite: bool) -> tuple[Verdict, ...]:
+        """Judge one op; ``nonfinite``: one of its outputs holds NaN or inf. What the judge should do about it."""
 
 
 CHECKS: Final[dict[str, Check]] = {}
@@ -86,8 +119,13 @@ def op_checks() -> Iterator[OpCheck]:
 
 
 class _OpCheckBase:
-    def on_op(self, record: OpRecord, judge: Judge, nonfinite: bool) -> None:  # pragma: no cover - abstract
+    def on_op(
+        self, record: OpRecord, context: CheckContext, nonfinite: bool
+    ) -> tuple[Verdict, ...]:  # pragma: no cover - abstract
         raise NotImplementedError
+
+
+_FOLLOW: tuple[Verdict, ...] = (Follow(),)
 
 
 @dataclass(frozen=True)
@@ -100,8 +138,8 @@ class NonFiniteProducer(_OpCheckBase):
     title: str = "non-finite value"
     rule: str | None = "DTC201"
 
-    def on_op(self, record: OpRecord, judge: Judge, nonfinite: bool) -> None:
-        judge.follow_nonfinite(record, nonfinite)
+    def on_op(self, record: OpRecord, context: CheckContext, nonfinite: bool) -> tuple[Verdict, ...]:
+        return _FOLLOW
 
 
 def _has_scalar_at_least(record: OpRecord, magnitude: float) -> bool:
@@ -119,14 +157,16 @@ class NearOverflow(_OpCheckBase):
     title: str = "near overflow"
     rule: str | None = "DTC202"
 
-    def on_op(self, record: OpRecord, judge: Judge, nonfinite: bool) -> None:
-        if nonfinite or (judge.scaled_backward and record.phase == "backward"):
-            return
+    def on_op(self, record: OpRecord, context: CheckContext, nonfinite: bool) -> tuple[Verdict, ...]:
+        if nonfinite or (context.scaled_backward and record.phase == "backward"):
+            return ()
+        verdicts: list[Verdict] = []
         for position, checked in enumerate(record.checked):
-            limit = judge.warn_frac * spec_of(checked.tensor.dtype).fmt.max
+            limit = context.warn_frac * spec_of(checked.tensor.dtype).fmt.max
             # A huge constant the user wrote (finfo.min masks) is not a climb towards overflow.
             if checked.absmax >= limit and not _has_scalar_at_least(record, limit):
-                judge.warning(record, "near_overflow", position)
+                verdicts.append(Warn("near_overflow", position))
+        return tuple(verdicts)
 
 
 @dataclass(frozen=True)
@@ -139,20 +179,20 @@ class Underflow(_OpCheckBase):
     title: str = "half-precision underflow"
     rule: str | None = "DTC203"
 
-    def on_op(self, record: OpRecord, judge: Judge, nonfinite: bool) -> None:
+    def on_op(self, record: OpRecord, context: CheckContext, nonfinite: bool) -> tuple[Verdict, ...]:
         from dtypecheck.nantrace.rerun import underflows_in_float32
 
-        if nonfinite or judge.already_warned("underflow", record.module):
-            return
+        if nonfinite or context.already_warned("underflow", record.module):
+            return ()
         for position, checked in enumerate(record.checked):
             fmt = spec_of(checked.tensor.dtype).fmt
-            if checked.absmax >= judge.warn_frac * fmt.max or not checked.small_count:
+            if checked.absmax >= context.warn_frac * fmt.max or not checked.small_count:
                 continue
             if 2 * checked.small_count > checked.tensor.numel():
                 found = underflows_in_float32(record, position, fmt.smallest_normal)
                 if found is not None and 2 * found[0] > found[1]:
-                    judge.warning(record, "underflow", position)
-                    return
+                    return (Warn("underflow", position),)
+        return ()
 
 
 @dataclass(frozen=True)
@@ -173,13 +213,13 @@ for _check in (
     Underflow(),
     # dtypeflow.DtypeFlow finds it as ops run.
     Described(
-        "float64_promotion", ("float64_promotion",), "warn", "float64 enters a lower-precision program", "DTC204"
+        "float64_promotion", ("float64_promotion",), Promotion.LEVEL, "float64 enters a lower-precision program", "DTC204"
     ),
     # explain.explain: the traced code died of it.
     Described("dtype_mismatch", ("dtype_mismatch",), "fail", "dtype mismatch", "DTC205"),
     # training.TrainingWatch, at each GradScaler.update.
-    Described("skipped_step", ("skipped_step",), "ok", "step skipped by GradScaler", None),
+    Described("skipped_step", ("skipped_step",), SkippedStep.level, "step skipped by GradScaler", None),
     # Reported through the last skipped step's first producer (``first``), a DTC201 result.
-    Described("scale_collapse", ("scale_collapse",), "fail", "GradScaler's scale collapsed", "DTC201"),
+    Described("scale_collapse", ("scale_collapse",), ScaleCollapse.level, "GradScaler's scale collapsed", "DTC201"),
 ):
     register(_check)

@@ -7,10 +7,10 @@ import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from dtypecheck.nantrace.tracer import Tracer
+    from dtypecheck.nantrace.hooks import TracerHooks
 
 
-def run_compile_eagerly(tracer: Tracer) -> list[tuple[Any, str, Any]]:
+def run_compile_eagerly(tracer: TracerHooks) -> list[tuple[Any, str, Any]]:
     """Make ``torch.compile`` hand back the model itself: compiled kernels would bypass the dispatch mode.
 
     Counts the calls on ``tracer.compile_calls``; returns (owner, name, original) to put back when tracing ends."""

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from dtypecheck.dtypes import spec_of
-from dtypecheck.nantrace.checks import op_checks
+from dtypecheck.nantrace.checks import Follow, op_checks
 from dtypecheck.nantrace.frames import location_of
 from dtypecheck.nantrace.ops import has_nonfinite_scalar, iter_tensors, mutated_argument
 from dtypecheck.nantrace.records import Checked, OpRecord, readable
@@ -170,7 +170,7 @@ class Judge:
             if origin is not None:
                 record.frame, record.module = origin
             return
-        grad_fn = record.result.grad_fn if isinstance(record.result, torch.Tensor) else None
+        grad_fn = _grad_fn_of(record.result, record.grad_enabled) if isinstance(record.result, torch.Tensor) else None
         if grad_fn is not None and record.grad_enabled:
             metadata: dict[str, Any] = grad_fn.metadata  # type: ignore[assignment]
             metadata[NODE_KEY] = (record.frame, record.module)
@@ -180,7 +180,11 @@ class Judge:
     def _judge(self, record: OpRecord) -> None:
         nonfinite = any(c.nonfinite for c in record.checked)
         for check in self._checks:
-            check.on_op(record, self, nonfinite)
+            for verdict in check.on_op(record, self, nonfinite):
+                if isinstance(verdict, Follow):
+                    self.follow_nonfinite(record, nonfinite)
+                else:
+                    self.warning(record, verdict.kind, verdict.position)
         for checked in record.checked:
             # A summary, not the record: the history must not keep outputs alive.
             summary = (record.info.name, record.phase, record.module, record.frame, checked.tensor.dtype)
@@ -279,8 +283,9 @@ class Judge:
             self.taint.producers[index].reached_loss = True
         return False
 
-    def settle(self, *, final: bool) -> bool:
-        """Decide every open producer that can be decided now (at a step's end; ``final``: the run's)."""
+    def settle(self, *, final: bool, raised: bool = False) -> bool:
+        """Decide every open producer that can be decided now (at a step's end; ``final``: the run's; ``raised``:
+        the traced code died of an exception, which every value still in flight and not masked then fails with)."""
         live = self.taint.live_origins()
         failed = False
         # Decisive ones first: a value held or at the loss fails the producers it descends from with that reason.
@@ -292,6 +297,8 @@ class Judge:
                 continue
             if producer.reached_loss:
                 failed |= self.fail(origin, "loss")
+            elif raised and not producer.masked:
+                failed |= self.fail(origin, "exception")
             elif origin in live:
                 if final:
                     failed |= self.fail(origin, "output")
@@ -382,6 +389,20 @@ class Judge:
                 )
             )
         return tuple(entries)
+
+
+def _grad_fn_of(tensor: torch.Tensor, grad_enabled: bool) -> Any:
+    """``tensor.grad_fn``, read at the flush, after later ops ran, without ever failing the user's code.
+
+    Reading a view's ``grad_fn`` regenerates it when its base changed in place since; for a view made in no_grad
+    mode (``Embedding(padding_idx=...)`` zeroing ``weight[0]``) autograd forbids that and raises "A view was
+    created in no_grad mode...". Such a view has no ``grad_fn`` of its own (None), and plain code never asks."""
+    if not grad_enabled and tensor._is_view():
+        return None
+    try:
+        return tensor.grad_fn
+    except RuntimeError:  # any other view autograd refuses to regenerate: no node to tag, not a crash
+        return None
 
 
 def written_tensors(record: OpRecord, out: Any) -> list[torch.Tensor]:

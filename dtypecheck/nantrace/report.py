@@ -5,18 +5,27 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from dtypecheck.findings import Level, worst
+from dtypecheck.findings import CHECK_LEVEL, Level, worst
 
 EventKind = Literal["nan", "inf", "near_overflow", "underflow"]
 Phase = Literal["forward", "backward", "other"]
 Cause = Literal["range_overflow", "invalid_math", "input", "collective"]
 Consequence = Literal[
-    "loss", "parameter", "optimizer_state", "output", "unmasked", "scale_collapse", "masked", "skipped_step"
+    "loss",
+    "parameter",
+    "optimizer_state",
+    "output",
+    "unmasked",
+    "scale_collapse",
+    "exception",
+    "masked",
+    "skipped_step",
 ]
 """What became of a non-finite value. Failures: it reached the ``loss`` (the tensor ``backward()`` was called
 on), was written into a ``parameter`` or an ``optimizer_state``, was still held when the run ended (``output``),
-died without anything turning it finite (``unmasked``), or its step was one of too many in a row that
-``GradScaler`` skipped (``scale_collapse``). Notes: torch or the user's code turned it finite (``masked``:
+died without anything turning it finite (``unmasked``), its step was one of too many in a row that
+``GradScaler`` skipped (``scale_collapse``), or it was in flight when the traced code raised (``exception``: the
+report's ``exception`` says what was raised, and where). Notes: torch or the user's code turned it finite (``masked``:
 ``where``, ``masked_fill``, ``nan_to_num``...) or ``GradScaler`` skipped the step it was in (``skipped_step``)."""
 
 
@@ -141,6 +150,8 @@ class TensorArg:
 class Promotion:
     """The first op where float64 entered a lower-precision program: it doubles memory and time from there on."""
 
+    LEVEL: ClassVar[Level] = "warn"
+    """A promotion is a warning-level finding (not written into the document: every promotion has it)."""
     op: str
     phase: Phase
     module: str | None
@@ -177,6 +188,19 @@ class DtypeError:
     fix: str
     traceback: str
     """The traced code's own traceback (its frames only)."""
+
+
+@dataclass(frozen=True)
+class RaisedException:
+    """The exception that ended the traced code after a non-finite value was found (``binary_cross_entropy`` or
+    ``multinomial`` refusing a NaN, an index out of range, the user's own ``assert torch.isfinite(loss)``)."""
+
+    type: str
+    """The exception's class, e.g. ``RuntimeError`` (qualified by its module when not a builtin)."""
+    message: str
+    """Its first line."""
+    location: Location | None
+    """The user's own line it was raised from (the innermost frame outside torch and the standard library)."""
 
 
 @dataclass(frozen=True)
@@ -248,17 +272,18 @@ class NanTraceReport:
     """Processes in a distributed run (each traced, the report merged); None for one process."""
     ranks: tuple[RankSummary, ...] = ()
     """One line per process of a distributed run."""
+    exception: RaisedException | None = None
+    """The traced code raised after a non-finite producer was found: the run still reports it (exit 1), with the
+    exception as its consequence. None when it ended normally (or raised with nothing non-finite: exit 3)."""
 
     @property
     def level(self) -> Level:
-        from dtypecheck.nantrace.checks import level_of
-
         levels: list[Level] = [e.level for e in (*self.events, *self.warnings)]
-        levels += [level_of("float64_promotion") for _ in self.promotions]
+        levels += [p.LEVEL for p in self.promotions]
         if self.scale_collapse is not None:
             levels.append(self.scale_collapse.level)
         if self.status == "nonfinite":
-            levels.append(level_of("nan"))
+            levels.append(CHECK_LEVEL["nonfinite"])
         return worst(levels)
 
 

@@ -7,13 +7,13 @@ import dataclasses
 import runpy
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from dtypecheck.errors import InputError, UserCodeError
+from dtypecheck.nantrace.options import RunSettings
 from dtypecheck.nantrace.report import NanTraceReport
-from dtypecheck.nantrace.tracer import StopTracing, TraceOptions, Tracer
+from dtypecheck.nantrace.tracer import StopTracing, Tracer
 from dtypecheck.progress import ProgressCallback, no_progress
 from dtypecheck.usercode import check_python_file, load_factory, python_target, raise_user_error, user_traceback
 
@@ -21,14 +21,6 @@ if TYPE_CHECKING:
     import torch
 
     from dtypecheck.nantrace.distributed import Session
-
-
-@dataclass(frozen=True)
-class RunSettings:
-    options: TraceOptions
-    autocast: str | None = None
-    """``float16`` or ``bfloat16``: run under ``torch.autocast`` in that dtype."""
-    device: str | None = None
 
 
 def split_target(target: str) -> tuple[Path, str | None]:
@@ -87,10 +79,12 @@ def run_script(
     except StopTracing:
         pass
     except SystemExit as exc:
-        if exc.code not in (None, 0):
+        if exc.code not in (None, 0) and not tracer.found_nonfinite:
             raise UserCodeError(f"{path.name} exited with status {exc.code}") from None
     except Exception as exc:  # noqa: BLE001  (the user's own exception becomes exit 3 with their traceback)
-        failure = _dtype_failure_or_raise(tracer, exc, path.name, path)
+        # After a non-finite producer the exception is its consequence (in the report): exit 1, not 3.
+        if not tracer.found_nonfinite:
+            failure = _dtype_failure_or_raise(tracer, exc, path.name, path)
     finally:
         sys.argv = saved_argv
         if saved_path0 is not None and sys.path and sys.path[0] == str(path.resolve().parent):
@@ -188,5 +182,6 @@ def run_factory(
     except InputError:
         raise
     except Exception as exc:  # noqa: BLE001
-        failure = _dtype_failure_or_raise(tracer, exc, f"{name}'s model", path)
+        if not tracer.found_nonfinite:
+            failure = _dtype_failure_or_raise(tracer, exc, f"{name}'s model", path)
     return _finish(tracer, settings, f"{path}:{name}", steps=done, **failure)

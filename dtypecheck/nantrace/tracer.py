@@ -9,20 +9,20 @@ judged, and only the one that fired is re-run in detail.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dtypecheck.nantrace.defaults import DefaultDtypeWatch, dtype_name
 from dtypecheck.nantrace.dtypeflow import DtypeFlow
 from dtypecheck.nantrace.eager import run_compile_eagerly
 from dtypecheck.nantrace.explain import explain
-from dtypecheck.nantrace.frames import FrameFinder
+from dtypecheck.nantrace.frames import FrameFinder, FrameKey, location_of
 from dtypecheck.nantrace.judge import Judge, written_tensors
 from dtypecheck.nantrace.modules import ModuleStack
 from dtypecheck.nantrace.ops import OpInfo, OpKind, classify, iter_tensors, mutated_argument
+from dtypecheck.nantrace.options import TraceOptions
 from dtypecheck.nantrace.raised import RaiseWatch
 from dtypecheck.nantrace.records import CHECKED_DTYPES_NAMES, HALF_NAMES, Checked, OpRecord, plain
-from dtypecheck.nantrace.report import Event, NanTraceReport, ScaleCollapse, SkippedStep
+from dtypecheck.nantrace.report import Event, NanTraceReport, RaisedException, ScaleCollapse, SkippedStep
 from dtypecheck.nantrace.training import TrainingWatch, untraced
 
 if TYPE_CHECKING:
@@ -34,31 +34,6 @@ if TYPE_CHECKING:
 class StopTracing(BaseException):
     """Raised into the traced code at the first event to end the run (a BaseException, so that the user's own
     ``except Exception`` cannot swallow it)."""
-
-
-@dataclass(frozen=True)
-class TraceOptions:
-    keep_going: bool = False
-    """Collect every producer instead of stopping at the first."""
-    history: int = 20
-    """Checked ops kept before each event."""
-    warn_frac: float = 0.5
-    """``near_overflow`` when an op's absmax reaches this fraction of its dtype's max."""
-    window: int = 512
-    """Ops between read-backs of the cheap reductions."""
-    held_bytes: int = 512 << 20
-    """Read back sooner once the window keeps this much alive (outputs, pre-op copies of in-place targets), so
-    that deferring the checks never costs a large model much memory."""
-    stop_run: bool = False
-    """Raise ``StopTracing`` into the traced code at the first event (the CLI runners); the Python API just stops
-    checking and lets the block finish."""
-    restore_default_dtype: bool = False
-    """Put back the default dtype tracing began with (the CLI runners: a script run in-process must not leave its
-    ``set_default_dtype`` behind); the Python API leaves the user's choice in place."""
-    max_skipped_steps: int = 16
-    """GradScaler skipping this many consecutive steps (its scale shrinking each time) is a failure."""
-    rank: int | None = None
-    """This process's rank in a distributed run (written into its events)."""
 
 
 def _dispatch_mode_class() -> type[TorchDispatchMode]:
@@ -133,6 +108,8 @@ class Tracer:
         self._mode: Any = None
         self._restore: list[tuple[Any, str, Any]] = []
         self._report: NanTraceReport | None = None
+        self.raised: RaisedException | None = None
+        """The exception the traced code died of (reported when a non-finite value was found before it)."""
 
     # -- context -----------------------------------------------------------------------------------------------
     def __enter__(self) -> Tracer:
@@ -146,13 +123,21 @@ class Tracer:
         self._mode.__enter__()
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(self, exc_type: object, exc: BaseException | None, traceback: object) -> None:
         try:
             self._mode.__exit__(None, None, None)
-            if not self.stopped:
+            if not _ended_normally(exc):
+                assert exc is not None
+                # The script died (often of the NaN itself: BCE, multinomial, an index, its own assert): what the
+                # window holds is judged, never raising StopTracing over the script's own exception.
+                self.raised = raised_exception(exc, self.frames)
+                if not self.stopped:
+                    self._judge_window()
+                    self.judge.settle(final=True, raised=True)
+            elif not self.stopped:
                 self.flush()
-            if not self.stopped:
-                self.judge.settle(final=True)
+                if not self.stopped:
+                    self.judge.settle(final=True)
         finally:
             self.training.remove()
             self.modules.remove()
@@ -288,12 +273,20 @@ class Tracer:
 
     def flush(self) -> None:
         """Read back the window's reductions and judge its ops; at the first failure, stop (unless keep-going)."""
+        self._judge_window()
+        self.stop_if_failed()
+
+    def _judge_window(self) -> None:
         window, self._window = self._window, []
         self._recent.clear()
         self._held = 0
         if window:
             self.judge.judge_window(window)
-        self.stop_if_failed()
+
+    @property
+    def found_nonfinite(self) -> bool:
+        """A non-finite producer failed (or GradScaler's scale collapsed): the run's status is ``nonfinite``."""
+        return bool(self.judge.events) or self.scale_collapse is not None
 
     def interrupt(self) -> None:
         """Another rank failed: end the traced code at its next op (from the distributed watcher's thread)."""
@@ -391,11 +384,39 @@ class Tracer:
             handled=tuple(sorted(self.judge.handled, key=lambda e: e.op_index)),
             skipped_steps=tuple(self.skipped_steps),
             scale_collapse=self.scale_collapse,
+            exception=self.raised if nonfinite else None,
         )
         return dataclasses.replace(report, **extra) if extra else report
+
+
+def _ended_normally(exc: BaseException | None) -> bool:
+    """No exception, tracing's own stop, or ``sys.exit(0)``: not the traced code dying."""
+    if exc is None or isinstance(exc, StopTracing | KeyboardInterrupt | GeneratorExit):
+        return True
+    return isinstance(exc, SystemExit) and exc.code in (None, 0)
+
+
+def raised_exception(exc: BaseException, frames: FrameFinder) -> RaisedException:
+    """What the traced code raised, at the innermost line of the user's own code in its traceback."""
+    kind = type(exc)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    if isinstance(exc, SystemExit):
+        message = f"sys.exit({exc.code!r})"
+    else:
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    key: FrameKey | None = None
+    tb = exc.__traceback__
+    while tb is not None:
+        if not frames.is_internal(tb.tb_frame.f_code):
+            key = (tb.tb_frame.f_code, tb.tb_lineno)
+        tb = tb.tb_next
+    return RaisedException(type=name, message=message, location=location_of(key))
 
 
 def _tiny(name: str) -> float:
     from dtypecheck.dtypes import lookup
 
     return lookup(name).fmt.smallest_normal
+
+
+__all__ = ["StopTracing", "TraceOptions", "Tracer"]

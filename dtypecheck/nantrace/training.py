@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from dtypecheck.nantrace.tracer import Tracer
+    from dtypecheck.nantrace.hooks import TracerHooks
 
 
 @contextlib.contextmanager
@@ -58,7 +58,7 @@ class TrainingWatch:
     """Wraps ``torch.autograd.backward``, ``Optimizer.__init__``, ``GradScaler.scale``/``update`` and registers a
     global optimizer step hook for the duration of the trace; ``remove()`` puts everything back."""
 
-    def __init__(self, tracer: Tracer) -> None:
+    def __init__(self, tracer: TracerHooks) -> None:
         self.tracer = tracer
         self.scaler_active = False
         """A GradScaler scaled a loss: a non-finite loss may be a step it is about to skip."""

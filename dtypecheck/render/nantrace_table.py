@@ -17,6 +17,7 @@ from dtypecheck.nantrace.report import (
     Location,
     NanTraceReport,
     Promotion,
+    RaisedException,
     TensorArg,
 )
 from dtypecheck.render.cells import fmt_float
@@ -36,6 +37,7 @@ CONSEQUENCE_TEXT = {
     "output": "was still held when the run ended",
     "unmasked": "was dropped without being masked",
     "scale_collapse": "GradScaler skipped step after step: its scale collapsed",
+    "exception": "was in flight when the traced code raised (below)",
     "masked": "masked downstream (turned finite by where/masked_fill/nan_to_num or torch itself)",
     "skipped_step": "in a step GradScaler skipped",
 }
@@ -237,6 +239,16 @@ def _dtype_error_panel(error: DtypeError) -> Panel:
     return Panel(grid, title=Text("dtype mismatch", style="bold red"), title_align="left", expand=False)
 
 
+def _exception_line(raised: RaisedException) -> Text:
+    where = f" at {raised.location.file}:{raised.location.line}" if raised.location is not None else ""
+    line = Text("then the traced code raised ", style="bold red")
+    line.append(f"{raised.type}: {raised.message}", style="red")
+    line.append(where)
+    if raised.location is not None and raised.location.code:
+        line.append(f"\n  {raised.location.code}", style="cyan")
+    return line
+
+
 def render_nantrace(report: NanTraceReport) -> list[RenderableType]:
     out: list[RenderableType] = []
     if report.default_dtype is not None and report.default_dtype.changes:
@@ -250,6 +262,8 @@ def render_nantrace(report: NanTraceReport) -> list[RenderableType]:
         out.append(_event_panel(event, title))
         if event.history:
             out.append(_history_table(event.history))
+    if report.exception is not None:
+        out.append(_exception_line(report.exception))
     out.extend(_scaler_lines(report))
     if report.handled:
         out.append(_handled_table(report.handled))

@@ -12,15 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.nantrace.test_scripts import line_of, write_script
-
-
-def trace_json(cli: Any, *args: str) -> tuple[int, dict[str, Any], str]:
-    """``nan-trace ... --format json`` with the format before any ``--`` (what follows is the script's)."""
-    split = args.index("--") if "--" in args else len(args)
-    result = cli("nan-trace", *args[:split], "--format", "json", *args[split:])
-    return result.exit_code, result.json(), result.stderr
-
+from tests.nantrace._scripts import NanTrace, line_of
 
 # An HF-style model (config object, embedding-free MLP blocks with LayerNorm, a loss computed inside forward that
 # returns a dict) trained the way the AMP recipe says: fp16 autocast, GradScaler, AdamW, a linear LR schedule.
@@ -96,13 +88,13 @@ def _plain_run(script: Path, *args: str) -> list[list[float]]:
 
 @pytest.mark.parametrize("init_scale", ["default", "16777216"])
 def test_gradscaler_skipped_steps_are_notes_with_the_scale_before_and_after(
-    cli: Any, tmp_path: Path, init_scale: str
+    nantrace: NanTrace, init_scale: str
 ) -> None:
-    script, _ = write_script(tmp_path, "amp_loop.py", AMP_LOOP)
+    script, _ = nantrace.write("amp_loop.py", AMP_LOOP)
     expected = _plain_run(script, init_scale)
     # The default scale overflows fp16 gradients in the first steps; 2**24 halves its way down over many more.
     assert 1 <= len(expected) <= 3 if init_scale == "default" else len(expected) >= 6
-    code, doc, _ = trace_json(cli, str(script), "--", init_scale)
+    code, doc, _ = nantrace.json(str(script), "--", init_scale)
     assert code == 0
     assert doc["status"] == "clean"
     assert doc["first"] is None
@@ -137,9 +129,8 @@ def _first_streak(skipped: list[list[float]], length: int) -> list[list[float]]:
     raise AssertionError(f"no {length} consecutive skipped steps in {skipped}")
 
 
-def test_a_nan_every_step_collapses_the_scale_and_fails(cli: Any, tmp_path: Path) -> None:
-    script, text = write_script(
-        tmp_path,
+def test_a_nan_every_step_collapses_the_scale_and_fails(nantrace: NanTrace, tmp_path: Path) -> None:
+    script, text = nantrace.write(
         "amp_nan.py",
         AMP_LOOP.replace(
             "    inputs, labels = torch.randn(8, 32), torch.randn(8, 1)\n",
@@ -150,7 +141,7 @@ def test_a_nan_every_step_collapses_the_scale_and_fails(cli: Any, tmp_path: Path
     )
     streak = _first_streak(_plain_run(script, "default"), 3)
     assert streak[-1][0] >= 6  # the natural skips of the first steps are over before the NaNs begin
-    code, doc, _ = trace_json(cli, str(script), "--max-skipped-steps", "3", "--", "default")
+    code, doc, _ = nantrace.json(str(script), "--max-skipped-steps", "3", "--", "default")
     assert code == 1
     assert doc["status"] == "nonfinite"
     collapse = doc["scale_collapse"]
@@ -165,18 +156,20 @@ def test_a_nan_every_step_collapses_the_scale_and_fails(cli: Any, tmp_path: Path
     assert [n["step"] for n in doc["skipped_steps"]][-3:] == [s[0] for s in streak]
 
 
-def test_max_skipped_steps_comes_from_the_project_config(cli: Any, tmp_path: Path, monkeypatch: Any) -> None:
-    script, _ = write_script(tmp_path, "amp_loop.py", AMP_LOOP)
+def test_max_skipped_steps_comes_from_the_project_config(
+    nantrace: NanTrace, cli: Any, tmp_path: Path, monkeypatch: Any
+) -> None:
+    script, _ = nantrace.write("amp_loop.py", AMP_LOOP)
     skipped = _plain_run(script, "16777216")
     longest = max(n for n in range(1, len(skipped) + 1) if _has_streak(skipped, n))
     (tmp_path / "pyproject.toml").write_text(
         f"[tool.dtypecheck.nan-trace]\nmax-skipped-steps = {longest}\n", encoding="utf-8"
     )
     monkeypatch.chdir(tmp_path)
-    code, doc, _ = trace_json(cli, str(script), "--", "16777216")
+    code, doc, _ = nantrace.json(str(script), "--", "16777216")
     assert code == 1  # 2**24 halves on `longest` steps in a row before its first good step
     assert doc["scale_collapse"]["steps"] == longest
-    code, doc, _ = trace_json(cli, str(script), "--max-skipped-steps", str(longest + 1), "--", "16777216")
+    code, doc, _ = nantrace.json(str(script), "--max-skipped-steps", str(longest + 1), "--", "16777216")
     assert (code, doc["scale_collapse"]) == (0, None)
     (tmp_path / "pyproject.toml").write_text("[tool.dtypecheck.nan-trace]\nmax-skipped-steps = 0\n", encoding="utf-8")
     result = cli("nan-trace", str(script))
@@ -220,9 +213,9 @@ print("direction", model.direction.tolist())
 """
 
 
-def test_values_torch_masks_itself_are_notes(cli: Any, tmp_path: Path) -> None:
-    script, text = write_script(tmp_path, "masked.py", MASKED)
-    code, doc, stderr = trace_json(cli, str(script))
+def test_values_torch_masks_itself_are_notes(nantrace: NanTrace) -> None:
+    script, text = nantrace.write("masked.py", MASKED)
+    code, doc, stderr = nantrace.json(str(script))
     assert code == 0
     assert doc["status"] == "clean"
     assert "direction [0.0, 0.0, 0.0, 0.0]" in stderr  # the weights stayed finite (and zero)
@@ -255,9 +248,9 @@ loss.backward()
 """
 
 
-def test_the_same_zero_norm_divided_by_the_user_fails(cli: Any, tmp_path: Path) -> None:
-    script, text = write_script(tmp_path, "unmasked.py", UNMASKED_NORM)
-    code, doc, _ = trace_json(cli, str(script))
+def test_the_same_zero_norm_divided_by_the_user_fails(nantrace: NanTrace) -> None:
+    script, text = nantrace.write("unmasked.py", UNMASKED_NORM)
+    code, doc, _ = nantrace.json(str(script))
     assert code == 1
     first = doc["first"]
     assert (first["kind"], first["op"], first["phase"], first["consequence"]) == (
@@ -346,9 +339,9 @@ for batch in batches:
 """
 
 
-def test_a_nan_in_the_third_batch_is_step_3_whatever_the_loop_looks_like(cli: Any, tmp_path: Path) -> None:
-    script, text = write_script(tmp_path, "plain.py", DATA_PLAIN)
-    code, doc, _ = trace_json(cli, str(script))
+def test_a_nan_in_the_third_batch_is_step_3_whatever_the_loop_looks_like(nantrace: NanTrace) -> None:
+    script, text = nantrace.write("plain.py", DATA_PLAIN)
+    code, doc, _ = nantrace.json(str(script))
     assert code == 1
     first = doc["first"]
     assert (first["step"], first["op"], first["location"]["line"]) == (
@@ -359,8 +352,8 @@ def test_a_nan_in_the_third_batch_is_step_3_whatever_the_loop_looks_like(cli: An
     assert (first["consequence"], first["cause"]) == ("loss", "input")
     assert doc["steps"] == 2  # two optimizer steps completed before the run was stopped
 
-    script, text = write_script(tmp_path, "loader.py", DATA_LOADER)
-    code, doc, _ = trace_json(cli, str(script))
+    script, text = nantrace.write("loader.py", DATA_LOADER)
+    code, doc, _ = nantrace.json(str(script))
     assert code == 1
     first = doc["first"]
     # from_numpy becomes a tensor (lift_fresh) in the dataset's __getitem__, called by the loader for batch 3.
@@ -368,8 +361,8 @@ def test_a_nan_in_the_third_batch_is_step_3_whatever_the_loop_looks_like(cli: An
     assert first["location"]["line"] == line_of(text, "sample")
     assert (first["cause"], first["consequence"]) == ("input", "loss")
 
-    script, text = write_script(tmp_path, "no_optimizer.py", DATA_NO_OPTIMIZER)
-    code, doc, _ = trace_json(cli, str(script))
+    script, text = nantrace.write("no_optimizer.py", DATA_NO_OPTIMIZER)
+    code, doc, _ = nantrace.json(str(script))
     assert code == 1
     first = doc["first"]
     assert (first["step"], first["op"], first["consequence"]) == (1, "aten.lift_fresh.default", "loss")
@@ -377,21 +370,22 @@ def test_a_nan_in_the_third_batch_is_step_3_whatever_the_loop_looks_like(cli: An
     assert doc["steps"] == 2  # two backward passes (steps) completed; the third loss is NaN
 
 
-def test_a_real_nan_under_a_gradscaler_fails_at_its_line_once_the_scale_collapses(cli: Any, tmp_path: Path) -> None:
-    script, text = write_script(
-        tmp_path,
+def test_a_real_nan_under_a_gradscaler_fails_at_its_line_once_the_scale_collapses(
+    nantrace: NanTrace, tmp_path: Path
+) -> None:
+    script, text = nantrace.write(
         "amp_real.py",
         AMP_LOOP.replace(
             "        return hidden + torch.nn.functional.gelu(self.dense(self.norm(hidden)))\n",
             "        return hidden + torch.sqrt(self.dense(self.norm(hidden)))  # sqrt of negatives\n",
         ),
     )
-    code, doc, _ = trace_json(cli, str(script), "--", "default")
+    code, doc, _ = nantrace.json(str(script), "--", "default")
     # With its GradScaler this is a skipped step after another; below the default limit the run is clean...
     assert code == 0
     assert len(doc["skipped_steps"]) == 12
     # ...until the limit is reached, and the first producer is named.
-    code, doc, _ = trace_json(cli, str(script), "--max-skipped-steps", "2", "--", "default")
+    code, doc, _ = nantrace.json(str(script), "--max-skipped-steps", "2", "--", "default")
     assert code == 1
     first = doc["first"]
     assert (first["kind"], first["op"], first["phase"], first["module"]) == (
@@ -404,11 +398,11 @@ def test_a_real_nan_under_a_gradscaler_fails_at_its_line_once_the_scale_collapse
     assert (first["step"], first["consequence"]) == (2, "scale_collapse")
 
 
-def test_nan_written_into_a_parameter_fails_as_a_parameter(cli: Any, tmp_path: Path) -> None:
+def test_nan_written_into_a_parameter_fails_as_a_parameter(nantrace: NanTrace) -> None:
     from tests.nantrace.test_scripts import OPTIMIZER
 
-    script, _ = write_script(tmp_path, "optimizer.py", OPTIMIZER)
-    code, doc, _ = trace_json(cli, str(script))
+    script, _ = nantrace.write("optimizer.py", OPTIMIZER)
+    code, doc, _ = nantrace.json(str(script))
     assert code == 1
     assert (doc["first"]["consequence"], doc["first"]["level"]) == ("parameter", "fail")
 
@@ -429,16 +423,16 @@ for step in range(2):
 """
 
 
-def test_a_value_held_at_the_end_or_dropped_unmasked_fails_and_says_which(cli: Any, tmp_path: Path) -> None:
+def test_a_value_held_at_the_end_or_dropped_unmasked_fails_and_says_which(nantrace: NanTrace) -> None:
     from tests.nantrace.test_scripts import INPLACE
 
-    script, text = write_script(tmp_path, "inplace.py", INPLACE)
-    code, doc, _ = trace_json(cli, str(script))
+    script, text = nantrace.write("inplace.py", INPLACE)
+    code, doc, _ = nantrace.json(str(script))
     assert code == 1
     # mul_'s infinities made the NaN (h - h) that the script still holds in `out` when it ends.
     assert (doc["first"]["op"], doc["first"]["consequence"]) == ("aten.mul_.Tensor", "output")
-    script, text = write_script(tmp_path, "dropped.py", DROPPED)
-    code, doc, stderr = trace_json(cli, str(script))
+    script, text = nantrace.write("dropped.py", DROPPED)
+    code, doc, stderr = nantrace.json(str(script))
     assert code == 1
     first = doc["first"]
     # The NaN metric was read out and dropped: nothing masked it.

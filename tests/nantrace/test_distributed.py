@@ -7,7 +7,6 @@ for a stopped peer would fail the test instead of passing late.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,9 +17,8 @@ import pytest
 from dtypecheck.nantrace.distributed import RankInfo, merge, rank_info
 from dtypecheck.nantrace.launch import free_port
 from dtypecheck.nantrace.report import Event, NanTraceReport, ValueCounts
-from tests.nantrace.test_scripts import line_of, write_script
+from tests.nantrace._scripts import NanTrace, line_of, subprocess_env
 
-ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 240
 
 DDP = """
@@ -101,10 +99,6 @@ dist.destroy_process_group()
 """
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-
-
 def _torchrun(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
     command = [
         sys.executable,
@@ -127,16 +121,16 @@ def _torchrun(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
         "--",
         *args,
     ]
-    return subprocess.run(command, capture_output=True, text=True, env=_env(), timeout=TIMEOUT_S, check=False)
+    return subprocess.run(command, capture_output=True, text=True, env=subprocess_env(), timeout=TIMEOUT_S, check=False)
 
 
 def _nproc(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "dtypecheck", "nan-trace", "--nproc", "2", "--format", "json", str(script), *args]
-    return subprocess.run(command, capture_output=True, text=True, env=_env(), timeout=TIMEOUT_S, check=False)
+    return subprocess.run(command, capture_output=True, text=True, env=subprocess_env(), timeout=TIMEOUT_S, check=False)
 
 
-def test_torchrun_ddp_nan_born_on_rank_1_is_named_once_and_every_rank_stops(tmp_path: Path) -> None:
-    script, text = write_script(tmp_path, "ddp.py", DDP)
+def test_torchrun_ddp_nan_born_on_rank_1_is_named_once_and_every_rank_stops(nantrace: NanTrace) -> None:
+    script, text = nantrace.write("ddp.py", DDP)
     done = _torchrun(script, "data")
     assert done.returncode == 1, done.stderr
     doc = json.loads(done.stdout)  # rank 0's stdout holds the merged document only
@@ -149,8 +143,8 @@ def test_torchrun_ddp_nan_born_on_rank_1_is_named_once_and_every_rank_stops(tmp_
     assert "finished" not in done.stderr  # neither rank ran on to the end of the script
 
 
-def test_a_gradient_nan_averaged_into_rank_0_is_blamed_on_rank_1(tmp_path: Path) -> None:
-    script, text = write_script(tmp_path, "ddp.py", DDP)
+def test_a_gradient_nan_averaged_into_rank_0_is_blamed_on_rank_1(nantrace: NanTrace) -> None:
+    script, text = nantrace.write("ddp.py", DDP)
     done = _nproc(script, "--", "grad")
     assert done.returncode == 1, done.stderr
     doc = json.loads(done.stdout)
@@ -164,8 +158,8 @@ def test_a_gradient_nan_averaged_into_rank_0_is_blamed_on_rank_1(tmp_path: Path)
     assert {e["cause"] for e in arrived} == {"collective"}
 
 
-def test_a_clean_ddp_run_through_nproc_exits_0(tmp_path: Path) -> None:
-    script, _ = write_script(tmp_path, "ddp.py", DDP)
+def test_a_clean_ddp_run_through_nproc_exits_0(nantrace: NanTrace) -> None:
+    script, _ = nantrace.write("ddp.py", DDP)
     done = _nproc(script)
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
@@ -174,8 +168,8 @@ def test_a_clean_ddp_run_through_nproc_exits_0(tmp_path: Path) -> None:
     assert done.stderr.count("finished") == 2  # both ranks ran to the end (their prints may interleave)
 
 
-def test_fsdp2_nan_on_rank_1_and_a_clean_fsdp2_run(tmp_path: Path) -> None:
-    script, text = write_script(tmp_path, "fsdp.py", FSDP)
+def test_fsdp2_nan_on_rank_1_and_a_clean_fsdp2_run(nantrace: NanTrace) -> None:
+    script, text = nantrace.write("fsdp.py", FSDP)
     done = _nproc(script, "--", "bad")
     assert done.returncode == 1, done.stderr
     first = json.loads(done.stdout)["first"]
@@ -239,9 +233,9 @@ def test_rank_info_reads_the_launchers_environment(environ: dict[str, str], expe
     assert rank_info(environ) == expected
 
 
-def test_nproc_runs_scripts_only(cli: Any, tmp_path: Path) -> None:
+def test_nproc_runs_scripts_only(nantrace: NanTrace, cli: Any, tmp_path: Path) -> None:
     factory = "import torch\ndef make():\n    return torch.nn.Linear(2, 2), torch.ones(2)\n"
-    script, _ = write_script(tmp_path, "f.py", factory)
+    script, _ = nantrace.write("f.py", factory)
     result = cli("nan-trace", f"{script}:make", "--nproc", "2")
     assert result.exit_code == 2
     assert "--nproc runs a script" in result.stderr

@@ -27,7 +27,7 @@ from dtypecheck.nantrace.report import (
     TensorArg,
 )
 from dtypecheck.render import OutputFormat, render
-from tests.nantrace.test_scripts import line_of, trace_json, write_script
+from tests.nantrace._scripts import NanTrace, line_of
 
 
 def _arg(doc: dict[str, Any], name: str) -> dict[str, Any]:
@@ -46,9 +46,9 @@ torch.set_default_dtype(torch.float16)  # set16
 
 
 @pytest.mark.filterwarnings("ignore:torch.set_default_tensor_type")
-def test_default_dtype_start_changes_and_lines_and_it_is_restored_after_the_run(cli: Any, tmp_path: Path) -> None:
-    script, text = write_script(tmp_path, "defaults.py", DEFAULT_CHANGES)
-    code, doc, _ = trace_json(cli, str(script))
+def test_default_dtype_start_changes_and_lines_and_it_is_restored_after_the_run(nantrace: NanTrace) -> None:
+    script, text = nantrace.write("defaults.py", DEFAULT_CHANGES)
+    code, doc, _ = nantrace.json(str(script))
     assert code == 0
     default = doc["default_dtype"]
     assert (default["start"], default["end"]) == ("float32", "float16")
@@ -65,9 +65,9 @@ def test_default_dtype_start_changes_and_lines_and_it_is_restored_after_the_run(
     assert torch.set_default_dtype.__module__ == "torch"
 
 
-def test_clean_run_reports_the_default_dtype_without_changes(cli: Any, tmp_path: Path) -> None:
-    script, _ = write_script(tmp_path, "plain.py", "import torch\nx = torch.ones(2) * 3\n")
-    code, doc, _ = trace_json(cli, str(script))
+def test_clean_run_reports_the_default_dtype_without_changes(nantrace: NanTrace) -> None:
+    script, _ = nantrace.write("plain.py", "import torch\nx = torch.ones(2) * 3\n")
+    code, doc, _ = nantrace.json(str(script))
     assert code == 0
     assert doc["default_dtype"] == {"start": "float32", "end": "float32", "changes": []}
     assert (doc["promotions"], doc["dtype_error"]) == ([], None)
@@ -85,11 +85,9 @@ loss.backward()
 """
 
 
-def test_first_float64_promotion_names_the_op_and_the_line_that_made_the_float64_tensor(
-    cli: Any, tmp_path: Path
-) -> None:
-    script, text = write_script(tmp_path, "promote.py", PROMOTION)
-    code, doc, _ = trace_json(cli, str(script))
+def test_first_float64_promotion_names_the_op_and_the_line_that_made_the_float64_tensor(nantrace: NanTrace) -> None:
+    script, text = nantrace.write("promote.py", PROMOTION)
+    code, doc, _ = nantrace.json(str(script))
     assert code == 0  # a warning-level finding: exit 0 unless --fail-on warn
     assert doc["status"] == "clean"
     assert len(doc["promotions"]) == 1
@@ -105,13 +103,14 @@ def test_first_float64_promotion_names_the_op_and_the_line_that_made_the_float64
         ("other", "float64", [4]),
     ]
     assert _arg(promotion, "other")["created_by"] == "aten.lift_fresh.default"
-    code, _, _ = trace_json(cli, str(script), "--fail-on", "warn")
+    code, _, _ = nantrace.json(str(script), "--fail-on", "warn")
     assert code == 1
 
 
-def test_promotion_in_factory_mode_uses_the_models_dtype_and_a_cast_as_the_origin(cli: Any, tmp_path: Path) -> None:
-    factory, text = write_script(
-        tmp_path,
+def test_promotion_in_factory_mode_uses_the_models_dtype_and_a_cast_as_the_origin(
+    nantrace: NanTrace, tmp_path: Path
+) -> None:
+    factory, text = nantrace.write(
         "fact.py",
         """
         import torch
@@ -124,7 +123,7 @@ def test_promotion_in_factory_mode_uses_the_models_dtype_and_a_cast_as_the_origi
             return torch.nn.Linear(3, 2), torch.randn(4, 3), loss_fn
         """,
     )
-    code, doc, _ = trace_json(cli, f"{factory}:make", "--steps", "1")
+    code, doc, _ = nantrace.json(f"{factory}:make", "--steps", "1")
     assert code == 0
     (promotion,) = doc["promotions"]
     assert (promotion["op"], promotion["dominant"]) == ("aten.pow.Tensor_Scalar", "float32")
@@ -133,9 +132,8 @@ def test_promotion_in_factory_mode_uses_the_models_dtype_and_a_cast_as_the_origi
     assert promotion["inputs"][0]["created_by"] == "aten._to_copy.default"
 
 
-def test_float64_program_is_not_a_promotion(cli: Any, tmp_path: Path) -> None:
-    script, _ = write_script(
-        tmp_path,
+def test_float64_program_is_not_a_promotion(nantrace: NanTrace, tmp_path: Path) -> None:
+    script, _ = nantrace.write(
         "all64.py",
         """
         import torch
@@ -145,7 +143,7 @@ def test_float64_program_is_not_a_promotion(cli: Any, tmp_path: Path) -> None:
         model(torch.randn(2, 4)).sum().backward()
         """,
     )
-    code, doc, _ = trace_json(cli, str(script))
+    code, doc, _ = nantrace.json(str(script))
     assert (code, doc["promotions"]) == (0, [])
 
 
@@ -166,8 +164,8 @@ net(batch)
 """
 
 
-def test_half_model_fed_float32_exits_3_with_the_explanation_in_the_document(cli: Any, tmp_path: Path) -> None:
-    script, text = write_script(tmp_path, "half.py", HALF_MODEL)
+def test_half_model_fed_float32_exits_3_with_the_explanation_in_the_document(nantrace: NanTrace, cli: Any) -> None:
+    script, text = nantrace.write("half.py", HALF_MODEL)
     result = cli("nan-trace", str(script), "--format", "json")
     assert result.exit_code == 3
     doc = result.json()
@@ -202,8 +200,8 @@ def test_half_model_fed_float32_exits_3_with_the_explanation_in_the_document(cli
     )
 
 
-def test_table_shows_the_dtype_error_panel_and_stderr_keeps_only_the_traceback(cli: Any, tmp_path: Path) -> None:
-    script, _ = write_script(tmp_path, "half.py", HALF_MODEL)
+def test_table_shows_the_dtype_error_panel_and_stderr_keeps_only_the_traceback(nantrace: NanTrace, cli: Any) -> None:
+    script, _ = nantrace.write("half.py", HALF_MODEL)
     result = cli("nan-trace", str(script))
     assert result.exit_code == 3
     assert "dtype mismatch" in result.stdout
@@ -213,9 +211,8 @@ def test_table_shows_the_dtype_error_panel_and_stderr_keeps_only_the_traceback(c
     assert result.stderr.rstrip().splitlines()[-1].startswith("error: half.py died of a dtype mismatch")
 
 
-def test_sequential_layer_error_names_the_variable_at_the_models_call(cli: Any, tmp_path: Path) -> None:
-    script, text = write_script(
-        tmp_path,
+def test_sequential_layer_error_names_the_variable_at_the_models_call(nantrace: NanTrace, tmp_path: Path) -> None:
+    script, text = nantrace.write(
         "seq.py",
         """
         import torch
@@ -225,7 +222,7 @@ def test_sequential_layer_error_names_the_variable_at_the_models_call(cli: Any, 
         model(features)  # call
         """,
     )
-    code, doc, _ = trace_json(cli, str(script))
+    code, doc, _ = nantrace.json(str(script))
     assert code == 3
     error = doc["dtype_error"]
     assert (error["module"], error["module_type"], error["expected"]) == ("0", "Linear", "float32")
@@ -235,9 +232,10 @@ def test_sequential_layer_error_names_the_variable_at_the_models_call(cli: Any, 
     )
 
 
-def test_conv_input_bias_check_raised_before_any_op_is_explained_from_the_module(cli: Any, tmp_path: Path) -> None:
-    script, text = write_script(
-        tmp_path,
+def test_conv_input_bias_check_raised_before_any_op_is_explained_from_the_module(
+    nantrace: NanTrace, tmp_path: Path
+) -> None:
+    script, text = nantrace.write(
         "conv.py",
         """
         import numpy as np
@@ -256,7 +254,7 @@ def test_conv_input_bias_check_raised_before_any_op_is_explained_from_the_module
         net(batch)
         """,
     )
-    code, doc, _ = trace_json(cli, str(script))
+    code, doc, _ = nantrace.json(str(script))
     assert code == 3
     error = doc["dtype_error"]
     assert error["exception"] == "RuntimeError: Input type (double) and bias type (float) should be the same"
@@ -272,9 +270,8 @@ def test_conv_input_bias_check_raised_before_any_op_is_explained_from_the_module
     assert error["fix"].startswith("cast `image` with `image.to(torch.float32)` before `self.conv` (line ")
 
 
-def test_index_put_and_masked_fill_errors_outside_modules(cli: Any, tmp_path: Path) -> None:
-    script, text = write_script(
-        tmp_path,
+def test_index_put_and_masked_fill_errors_outside_modules(nantrace: NanTrace, tmp_path: Path) -> None:
+    script, text = nantrace.write(
         "put.py",
         """
         import torch
@@ -284,7 +281,7 @@ def test_index_put_and_masked_fill_errors_outside_modules(cli: Any, tmp_path: Pa
         buf[torch.tensor([0, 1])] = vals  # put
         """,
     )
-    code, doc, _ = trace_json(cli, str(script))
+    code, doc, _ = nantrace.json(str(script))
     assert code == 3
     error = doc["dtype_error"]
     assert (error["op"], error["module"]) == ("aten.index_put_.default", None)
@@ -298,8 +295,7 @@ def test_index_put_and_masked_fill_errors_outside_modules(cli: Any, tmp_path: Pa
     assert _arg(error, "values")["created"]["line"] == line_of(text, "made")
     assert _arg(error, "values")["created_by"] == "aten.ones.default"
 
-    script, text = write_script(
-        tmp_path,
+    script, text = nantrace.write(
         "mask.py",
         """
         import torch
@@ -309,7 +305,7 @@ def test_index_put_and_masked_fill_errors_outside_modules(cli: Any, tmp_path: Pa
         scores.masked_fill(mask, 0.0)  # fill
         """,
     )
-    code, doc, _ = trace_json(cli, str(script))
+    code, doc, _ = nantrace.json(str(script))
     assert code == 3
     error = doc["dtype_error"]
     assert (error["op"], error["expected"], error["odd"]) == ("aten.masked_fill.Scalar", "bool", ["mask"])
@@ -317,8 +313,8 @@ def test_index_put_and_masked_fill_errors_outside_modules(cli: Any, tmp_path: Pa
     assert error["location"]["line"] == line_of(text, "fill")
 
 
-def test_other_errors_still_exit_3_with_the_plain_traceback_and_no_document(cli: Any, tmp_path: Path) -> None:
-    script, _ = write_script(tmp_path, "shape.py", "import torch\ntorch.ones(2, 3) @ torch.ones(2, 3)\n")
+def test_other_errors_still_exit_3_with_the_plain_traceback_and_no_document(nantrace: NanTrace, cli: Any) -> None:
+    script, _ = nantrace.write("shape.py", "import torch\ntorch.ones(2, 3) @ torch.ones(2, 3)\n")
     result = cli("nan-trace", str(script), "--format", "json")
     assert result.exit_code == 3
     assert result.stdout == ""
@@ -448,9 +444,8 @@ def test_promotion_alone_is_a_warning_level() -> None:
     assert dataclasses.replace(warn_only, promotions=()).level == "ok"
 
 
-def test_factory_mode_dtype_error_blames_the_model_not_the_command_line(cli: Any, tmp_path: Path) -> None:
-    factory, _ = write_script(
-        tmp_path,
+def test_factory_mode_dtype_error_blames_the_model_not_the_command_line(nantrace: NanTrace, tmp_path: Path) -> None:
+    factory, _ = nantrace.write(
         "fact_half.py",
         """
         import torch
@@ -459,7 +454,7 @@ def test_factory_mode_dtype_error_blames_the_model_not_the_command_line(cli: Any
             return torch.nn.Linear(3, 2).half(), torch.randn(4, 3)
         """,
     )
-    code, doc, _ = trace_json(cli, f"{factory}:make")
+    code, doc, _ = nantrace.json(f"{factory}:make")
     assert code == 3
     error = doc["dtype_error"]
     assert (error["op"], error["module"], error["module_type"]) == ("aten.addmm.default", "", "Linear")

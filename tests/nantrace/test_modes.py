@@ -11,7 +11,7 @@ import torch
 
 import dtypecheck
 from dtypecheck.nantrace.ops import OpKind, classify
-from tests.nantrace.test_scripts import line_of, trace_json, write_script
+from tests.nantrace._scripts import NanTrace, line_of
 
 DTYPECHECK_DIR = str(Path(dtypecheck.__file__).parent)
 
@@ -56,9 +56,9 @@ not_a_function = 3
 """
 
 
-def test_factory_mode_runs_steps_and_stays_clean(cli: Any, tmp_path: Path) -> None:
-    path, _ = write_script(tmp_path, "factory.py", FACTORY)
-    code, doc, _ = trace_json(cli, f"{path}:clean", "--steps", "4")
+def test_factory_mode_runs_steps_and_stays_clean(nantrace: NanTrace) -> None:
+    path, _ = nantrace.write("factory.py", FACTORY)
+    code, doc, _ = nantrace.json(f"{path}:clean", "--steps", "4")
     assert code == 0
     assert doc["status"] == "clean"
     assert doc["steps"] == 4
@@ -66,9 +66,9 @@ def test_factory_mode_runs_steps_and_stays_clean(cli: Any, tmp_path: Path) -> No
     assert doc["first"] is None
 
 
-def test_factory_mode_names_the_module_from_named_modules(cli: Any, tmp_path: Path) -> None:
-    path, text = write_script(tmp_path, "factory.py", FACTORY)
-    code, doc, _ = trace_json(cli, f"{path}:broken")
+def test_factory_mode_names_the_module_from_named_modules(nantrace: NanTrace) -> None:
+    path, text = nantrace.write("factory.py", FACTORY)
+    code, doc, _ = nantrace.json(f"{path}:broken")
     assert code == 1
     first = doc["first"]
     # proj(x) - 100 is negative: log is NaN in float64 too.
@@ -88,8 +88,8 @@ def test_factory_mode_names_the_module_from_named_modules(cli: Any, tmp_path: Pa
         ("model_only", "model_only() must return (model, inputs) or (model, inputs, loss_fn) for nan-trace"),
     ],
 )
-def test_bad_factories_exit_3_with_one_line(cli: Any, tmp_path: Path, target: str, message: str) -> None:
-    path, _ = write_script(tmp_path, "factory.py", FACTORY)
+def test_bad_factories_exit_3_with_one_line(nantrace: NanTrace, cli: Any, target: str, message: str) -> None:
+    path, _ = nantrace.write("factory.py", FACTORY)
     result = cli("nan-trace", f"{path}:{target}")
     assert result.exit_code == 3
     assert result.stdout == ""
@@ -97,8 +97,8 @@ def test_bad_factories_exit_3_with_one_line(cli: Any, tmp_path: Path, target: st
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_factory_that_raises_shows_its_own_traceback(cli: Any, tmp_path: Path) -> None:
-    path, text = write_script(tmp_path, "factory.py", FACTORY)
+def test_factory_that_raises_shows_its_own_traceback(nantrace: NanTrace, cli: Any) -> None:
+    path, text = nantrace.write("factory.py", FACTORY)
     result = cli("nan-trace", f"{path}:raises")
     assert result.exit_code == 3
     assert f'File "{path}", line {line_of(text, "factory raises")}, in raises' in result.stderr
@@ -115,8 +115,8 @@ helper(torch.ones(3))
 """
 
 
-def test_script_that_raises_exits_3_with_only_its_own_frames(cli: Any, tmp_path: Path) -> None:
-    path, text = write_script(tmp_path, "raises.py", RAISES)
+def test_script_that_raises_exits_3_with_only_its_own_frames(nantrace: NanTrace, cli: Any) -> None:
+    path, text = nantrace.write("raises.py", RAISES)
     result = cli("nan-trace", str(path))
     assert result.exit_code == 3
     assert result.stdout == ""
@@ -145,8 +145,8 @@ def test_missing_script_and_non_python_exit_3(cli: Any, tmp_path: Path) -> None:
     assert result.stderr.startswith(f"error: not a Python file: {prose}: invalid syntax (line 1)")
 
 
-def test_bad_options_exit_2(cli: Any, tmp_path: Path) -> None:
-    path, _ = write_script(tmp_path, "ok.py", "x = 1\n")
+def test_bad_options_exit_2(nantrace: NanTrace, cli: Any) -> None:
+    path, _ = nantrace.write("ok.py", "x = 1\n")
     assert cli("nan-trace", str(path), "--autocast", "int8").exit_code == 2
     assert cli("nan-trace", str(path), "--autocast", "fp61").exit_code == 2
     assert cli("nan-trace", str(path), "--device", "nowhere").exit_code == 2
@@ -164,8 +164,8 @@ model(torch.ones(1, 2)).sum().backward()
 """
 
 
-def test_script_gets_its_argv_and_its_prints_go_to_stderr_for_json(cli: Any, tmp_path: Path) -> None:
-    path, _ = write_script(tmp_path, "argv.py", ARGV)
+def test_script_gets_its_argv_and_its_prints_go_to_stderr_for_json(nantrace: NanTrace, cli: Any) -> None:
+    path, _ = nantrace.write("argv.py", ARGV)
     result = cli("nan-trace", str(path), "--format", "json", "--", "--lr", "3")
     assert result.exit_code == 0
     assert "script says hi" in result.stderr
@@ -182,9 +182,9 @@ def test_script_gets_its_argv_and_its_prints_go_to_stderr_for_json(cli: Any, tmp
     assert "note: torch.compile was called 1 time(s)" in table.stdout
 
 
-def test_json_document_shape(cli: Any, tmp_path: Path) -> None:
-    path, _ = write_script(tmp_path, "factory.py", FACTORY)
-    _, doc, _ = trace_json(cli, f"{path}:broken")
+def test_json_document_shape(nantrace: NanTrace) -> None:
+    path, _ = nantrace.write("factory.py", FACTORY)
+    _, doc, _ = nantrace.json(f"{path}:broken")
     assert {"schema", "dtypecheck_version", "status", "first", "warnings", "ops", "steps"} <= doc.keys()
     assert doc["dtypecheck_version"] == dtypecheck.__version__
     assert isinstance(doc["ops"], int)
@@ -271,7 +271,7 @@ def test_package_import_stays_torch_free() -> None:
     assert done.stdout.strip() == "False"
 
 
-def test_window_and_memory_budget_only_change_when_checks_are_read_back() -> None:
+def test_window_and_memory_budget_only_change_when_checks_are_read_back(nantrace: NanTrace) -> None:
     from dtypecheck.nantrace.tracer import TraceOptions, Tracer
 
     def run(options: TraceOptions) -> Any:
@@ -292,13 +292,12 @@ def test_window_and_memory_budget_only_change_when_checks_are_read_back() -> Non
     assert run(TraceOptions(held_bytes=0)).first.cause is None
 
 
-def test_whole_process_smoke(tmp_path: Path) -> None:
+def test_whole_process_smoke(nantrace: NanTrace) -> None:
     """``python -m dtypecheck nan-trace`` end to end: the script's print goes to stderr, stdout is the document."""
     import json
     import subprocess
 
-    path, text = write_script(
-        tmp_path,
+    path, text = nantrace.write(
         "smoke.py",
         """
         import torch
@@ -319,18 +318,18 @@ def test_whole_process_smoke(tmp_path: Path) -> None:
     assert first["location"]["line"] == line_of(text, "exp")
 
 
-def test_project_config_supplies_defaults_and_the_command_line_wins(cli: Any, tmp_path: Path) -> None:
-    path, _ = write_script(tmp_path, "factory.py", FACTORY)
+def test_project_config_supplies_defaults_and_the_command_line_wins(nantrace: NanTrace, tmp_path: Path) -> None:
+    path, _ = nantrace.write("factory.py", FACTORY)
     config = tmp_path / "pyproject.toml"
     config.write_text(
         "[tool.dtypecheck.nan-trace]\nhistory = 1\nsteps = 2\nkeep-going = true\nwarn-frac = 0.0\n", encoding="utf-8"
     )
-    code, doc, _ = trace_json(cli, f"{path}:clean", "--config", str(config))
+    code, doc, _ = nantrace.json(f"{path}:clean", "--config", str(config))
     assert (code, doc["steps"]) == (0, 2)
     assert doc["warnings"] != []  # warn-frac 0: every module's first op warns
-    _, doc, _ = trace_json(cli, f"{path}:clean", "--config", str(config), "--warn-frac", "1.0")
+    _, doc, _ = nantrace.json(f"{path}:clean", "--config", str(config), "--warn-frac", "1.0")
     assert doc["warnings"] == []
-    _, doc, _ = trace_json(cli, f"{path}:broken", "--config", str(config))
+    _, doc, _ = nantrace.json(f"{path}:broken", "--config", str(config))
     assert len(doc["first"]["history"]) == 1
     assert doc["stopped_early"] is False  # keep-going from the config
 

@@ -2,34 +2,12 @@
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-FP16_MAX = 65504.0  # (2 - 2**-10) * 2**15, the IEEE half-precision maximum
-FP32_MAX = (2 - 2**-23) * 2.0**127
-
-
-def write_script(folder: Path, name: str, source: str) -> tuple[Path, str]:
-    path = folder / name
-    text = textwrap.dedent(source).lstrip("\n")
-    path.write_text(text, encoding="utf-8")
-    return path, text
-
-
-def line_of(text: str, marker: str) -> int:
-    """1-based line of the one line carrying ``# <marker>``, found independently of the tool."""
-    hits = [n for n, line in enumerate(text.splitlines(), start=1) if line.rstrip().endswith(f"# {marker}")]
-    assert len(hits) == 1, hits
-    return hits[0]
-
-
-def trace_json(cli: Any, *args: str) -> tuple[int, dict[str, Any], str]:
-    result = cli("nan-trace", *args, "--format", "json")
-    return result.exit_code, result.json(), result.stderr
-
+from tests.nantrace._scripts import FP16_MAX, FP32_MAX, NanTrace, line_of
 
 BACKWARD_ONLY = """
 import torch
@@ -53,9 +31,9 @@ loss.backward()
 """
 
 
-def test_backward_only_infinity_is_blamed_on_the_backward_op_at_its_forward_line(cli: Any, tmp_path: Path) -> None:
-    script, text = write_script(tmp_path, "backward_only.py", BACKWARD_ONLY)
-    code, doc, _ = trace_json(cli, str(script))
+def test_backward_only_infinity_is_blamed_on_the_backward_op_at_its_forward_line(nantrace: NanTrace) -> None:
+    script, text = nantrace.write("backward_only.py", BACKWARD_ONLY)
+    code, doc, _ = nantrace.json(str(script))
     assert code == 1
     assert doc["status"] == "nonfinite"
     first = doc["first"]
@@ -88,9 +66,9 @@ BadGrad.apply(w).sum().backward()
 """
 
 
-def test_custom_function_whose_grad_is_nan_points_at_its_backward(cli: Any, tmp_path: Path) -> None:
-    script, text = write_script(tmp_path, "custom_grad.py", CUSTOM_GRAD)
-    code, doc, _ = trace_json(cli, str(script))
+def test_custom_function_whose_grad_is_nan_points_at_its_backward(nantrace: NanTrace) -> None:
+    script, text = nantrace.write("custom_grad.py", CUSTOM_GRAD)
+    code, doc, _ = nantrace.json(str(script))
     assert code == 1
     first = doc["first"]
     assert (first["kind"], first["op"], first["phase"]) == ("nan", "aten.mul.Tensor", "backward")
@@ -124,9 +102,9 @@ loss.backward()
 """
 
 
-def test_fp16_autocast_overflow_in_a_linear(cli: Any, tmp_path: Path) -> None:
-    script, text = write_script(tmp_path, "amp_linear.py", AUTOCAST_LINEAR)
-    code, doc, _ = trace_json(cli, str(script), "--autocast", "fp16")
+def test_fp16_autocast_overflow_in_a_linear(nantrace: NanTrace) -> None:
+    script, text = nantrace.write("amp_linear.py", AUTOCAST_LINEAR)
+    code, doc, _ = nantrace.json(str(script), "--autocast", "fp16")
     assert code == 1
     assert doc["autocast"] == "float16"
     first = doc["first"]
@@ -140,7 +118,7 @@ def test_fp16_autocast_overflow_in_a_linear(cli: Any, tmp_path: Path) -> None:
     assert first["cause"] == "range_overflow"
     assert first["counts"] == {"nan": 0, "posinf": 32, "neginf": 0, "zeros": 0, "subnormal": 0}
     # The same script without autocast runs clean in float32.
-    code, doc, _ = trace_json(cli, str(script))
+    code, doc, _ = nantrace.json(str(script))
     assert (code, doc["status"]) == (0, "clean")
 
 
@@ -157,9 +135,9 @@ finfo_min = scores.masked_fill(mask, torch.finfo(torch.float32).min).softmax(-1)
 """
 
 
-def test_minus_inf_and_finfo_min_masks_stay_silent(cli: Any, tmp_path: Path) -> None:
-    script, _ = write_script(tmp_path, "mask.py", MASK)
-    code, doc, _ = trace_json(cli, str(script))
+def test_minus_inf_and_finfo_min_masks_stay_silent(nantrace: NanTrace) -> None:
+    script, _ = nantrace.write("mask.py", MASK)
+    code, doc, _ = nantrace.json(str(script))
     assert code == 0
     assert doc["status"] == "clean"
     assert doc["first"] is None
@@ -178,9 +156,9 @@ loss.backward()
 """
 
 
-def test_nan_written_into_the_batch_is_reported_at_the_line_that_wrote_it(cli: Any, tmp_path: Path) -> None:
-    script, text = write_script(tmp_path, "data_nan.py", DATA_NAN)
-    code, doc, _ = trace_json(cli, str(script))
+def test_nan_written_into_the_batch_is_reported_at_the_line_that_wrote_it(nantrace: NanTrace) -> None:
+    script, text = nantrace.write("data_nan.py", DATA_NAN)
+    code, doc, _ = nantrace.json(str(script))
     assert code == 1
     first = doc["first"]
     # The Python constant becomes a tensor (lift_fresh) on the line that writes it into the batch.
@@ -192,9 +170,8 @@ def test_nan_written_into_the_batch_is_reported_at_the_line_that_wrote_it(cli: A
     assert first["counts"]["nan"] == 1
 
 
-def test_nan_in_a_literal_batch_is_reported_where_the_batch_is_made(cli: Any, tmp_path: Path) -> None:
-    script, text = write_script(
-        tmp_path,
+def test_nan_in_a_literal_batch_is_reported_where_the_batch_is_made(nantrace: NanTrace, tmp_path: Path) -> None:
+    script, text = nantrace.write(
         "literal.py",
         """
         import torch
@@ -203,7 +180,7 @@ def test_nan_in_a_literal_batch_is_reported_where_the_batch_is_made(cli: Any, tm
         model(batch).sum().backward()
         """,
     )
-    code, doc, _ = trace_json(cli, str(script))
+    code, doc, _ = nantrace.json(str(script))
     assert code == 1
     first = doc["first"]
     assert (first["kind"], first["op"], first["location"]["line"]) == ("nan", "aten.lift_fresh.default", 3)
@@ -238,9 +215,9 @@ print("finished")
 """
 
 
-def test_in_place_overflow_is_checked_before_and_after_the_op(cli: Any, tmp_path: Path) -> None:
-    script, text = write_script(tmp_path, "inplace.py", INPLACE)
-    code, doc, _ = trace_json(cli, str(script))
+def test_in_place_overflow_is_checked_before_and_after_the_op(nantrace: NanTrace) -> None:
+    script, text = nantrace.write("inplace.py", INPLACE)
+    code, doc, _ = nantrace.json(str(script))
     assert code == 1
     first = doc["first"]
     # h is at least 1e10 before mul_; 1e40 exceeds float32's 3.4e38 (float64 keeps it).
@@ -268,9 +245,9 @@ print("finished")
 """
 
 
-def test_the_run_stops_at_the_first_read_back_after_the_event(cli: Any, tmp_path: Path) -> None:
-    script, text = write_script(tmp_path, "loop.py", LOOP)
-    code, doc, stderr = trace_json(cli, str(script))
+def test_the_run_stops_at_the_first_read_back_after_the_event(nantrace: NanTrace) -> None:
+    script, text = nantrace.write("loop.py", LOOP)
+    code, doc, stderr = nantrace.json(str(script))
     assert code == 1
     assert (doc["first"]["op"], doc["first"]["location"]["line"]) == (
         "aten.log.default",
@@ -282,9 +259,9 @@ def test_the_run_stops_at_the_first_read_back_after_the_event(cli: Any, tmp_path
     assert "finished" not in stderr
 
 
-def test_keep_going_collects_every_producer(cli: Any, tmp_path: Path) -> None:
-    script, text = write_script(tmp_path, "inplace.py", INPLACE)
-    code, doc, stderr = trace_json(cli, str(script), "--keep-going")
+def test_keep_going_collects_every_producer(nantrace: NanTrace) -> None:
+    script, text = nantrace.write("inplace.py", INPLACE)
+    code, doc, stderr = nantrace.json(str(script), "--keep-going")
     assert code == 1
     ops = [(e["kind"], e["op"], e["location"]["line"]) for e in doc["events"]]
     assert ops == [
@@ -307,9 +284,9 @@ optimizer.step()  # step
 """
 
 
-def test_nan_born_in_the_optimizer_step(cli: Any, tmp_path: Path) -> None:
-    script, text = write_script(tmp_path, "optimizer.py", OPTIMIZER)
-    code, doc, _ = trace_json(cli, str(script))
+def test_nan_born_in_the_optimizer_step(nantrace: NanTrace) -> None:
+    script, text = nantrace.write("optimizer.py", OPTIMIZER)
+    code, doc, _ = nantrace.json(str(script))
     assert code == 1
     first = doc["first"]
     assert (first["kind"], first["op"], first["phase"]) == ("nan", "aten.add_.Tensor", "other")
@@ -341,9 +318,9 @@ for _ in range(2):
 """
 
 
-def test_near_overflow_and_underflow_warnings(cli: Any, tmp_path: Path) -> None:
-    script, text = write_script(tmp_path, "warnings.py", WARNINGS)
-    code, doc, _ = trace_json(cli, str(script))
+def test_near_overflow_and_underflow_warnings(nantrace: NanTrace, cli: Any) -> None:
+    script, text = nantrace.write("warnings.py", WARNINGS)
+    code, doc, _ = nantrace.json(str(script))
     assert code == 0  # warnings alone pass...
     assert doc["status"] == "clean"
     kinds = [(w["kind"], w["op"], w["phase"], w["module"], w["location"]["line"]) for w in doc["warnings"]]
@@ -359,13 +336,13 @@ def test_near_overflow_and_underflow_warnings(cli: Any, tmp_path: Path) -> None:
     assert tiny["counts"]["zeros"] == 8
     assert doc["steps"] == 2
     assert cli("nan-trace", str(script), "--fail-on", "warn", "--format", "json").exit_code == 1
-    code, doc, _ = trace_json(cli, str(script), "--warn-frac", "0.7")
+    code, doc, _ = nantrace.json(str(script), "--warn-frac", "0.7")
     assert [w["kind"] for w in doc["warnings"]] == ["underflow"]  # 40000 / 65504 = 0.61 < 0.7
 
 
-def test_history_keeps_the_last_k_ops_with_their_ratio(cli: Any, tmp_path: Path) -> None:
-    script, text = write_script(tmp_path, "inplace.py", INPLACE)
-    _, doc, _ = trace_json(cli, str(script), "--history", "3")
+def test_history_keeps_the_last_k_ops_with_their_ratio(nantrace: NanTrace) -> None:
+    script, text = nantrace.write("inplace.py", INPLACE)
+    _, doc, _ = nantrace.json(str(script), "--history", "3")
     history = doc["first"]["history"]
     assert len(history) == 3
     # The ops just before mul_: the Linear, then abs, mul and add on the line before.
@@ -374,10 +351,10 @@ def test_history_keeps_the_last_k_ops_with_their_ratio(cli: Any, tmp_path: Path)
     assert last["module"] == "scale"
     assert last["ratio"] == pytest.approx(last["absmax"] / FP32_MAX)
     assert last["location"]["line"] == line_of(text, "in-place") - 1
-    loop, _ = write_script(tmp_path, "loop.py", LOOP)
-    _, doc, _ = trace_json(cli, str(loop), "--keep-going")
+    loop, _ = nantrace.write("loop.py", LOOP)
+    _, doc, _ = nantrace.json(str(loop), "--keep-going")
     assert [len(e["history"]) for e in doc["events"]][-1] == 20
-    _, doc, _ = trace_json(cli, str(script), "--history", "0")
+    _, doc, _ = nantrace.json(str(script), "--history", "0")
     assert doc["first"]["history"] == []
 
 
@@ -394,9 +371,9 @@ print("grad", w.grad)
 """
 
 
-def test_ops_that_pass_a_nan_on_or_reread_it_in_backward_are_not_blamed(cli: Any, tmp_path: Path) -> None:
-    script, text = write_script(tmp_path, "pass_on.py", PASS_ON)
-    code, doc, stderr = trace_json(cli, str(script), "--keep-going", "--device", "cpu")
+def test_ops_that_pass_a_nan_on_or_reread_it_in_backward_are_not_blamed(nantrace: NanTrace) -> None:
+    script, text = nantrace.write("pass_on.py", PASS_ON)
+    code, doc, stderr = nantrace.json(str(script), "--keep-going", "--device", "cpu")
     assert code == 1
     assert doc["device"] == "cpu"
     # mul, tanh, add, sum and every backward op (which re-read the saved NaN y) only pass the NaN on.

@@ -151,7 +151,7 @@ FORMATS: tuple[Format, ...] = (
         (),
         "Hugging Face sharded folder",
         _has_file("*.index.json"),
-        "dtypecheck.loaders.formats.folders:open_index_folder",
+        "dtypecheck.loaders:open_index_folder",
         file_names=("*.index.json",),
     ),
 )

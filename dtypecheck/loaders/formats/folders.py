@@ -58,10 +58,9 @@ class CompositeCheckpoint:
 CHECKPOINT_SUFFIXES = checkpoint_suffixes()
 
 
-def open_index_folder(folder: Path) -> Checkpoint:
-    """A folder holding a ``*.index.json`` with its shards (the safetensors index preferred)."""
-    from dtypecheck.loaders import open_file
-
+def open_index_folder(folder: Path, open_file: OpenFile) -> Checkpoint:
+    """A folder holding a ``*.index.json`` with its shards (the safetensors index preferred), each shard opened
+    by ``open_file``."""
     indexes = sorted(folder.glob("*.index.json"))
     preferred = [folder / name for name in INDEX_PREFERENCE if (folder / name).is_file()]
     sharded = open_sharded(preferred[0] if preferred else indexes[0], open_file)
