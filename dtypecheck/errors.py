@@ -74,20 +74,6 @@ class UnknownDtypeError(UsageError):
         return text + "; run 'dtypecheck info --list' for the names"
 
 
-class ParameterError(UsageError):
-    """A core function's parameter asks for something impossible (exit 2). The message names the parameter as the
-    Python API spells it (``targets``); a command line names its own flag instead through ``flagged``."""
-
-    def __init__(self, parameter: str, problem: str) -> None:
-        self.parameter = parameter
-        self.problem = problem
-        super().__init__(f"{parameter}: {problem}")
-
-    def flagged(self, flags: dict[str, str]) -> UsageError:
-        """The same error as a command line says it: ``--target float8_e8m0fnu ...`` for ``targets``."""
-        return UsageError(f"{flags.get(self.parameter, self.parameter)} {self.problem}")
-
-
 class InputError(DtypecheckError):
     """The input could not be read: missing, unreadable, truncated or malformed (exit 3)."""
 

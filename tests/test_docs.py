@@ -91,11 +91,12 @@ DATA_KEYED = frozenset({"casts", "census", "devices", "fraction", "constructors"
 
 
 def _report_types() -> dict[str, type]:
+    from dtypecheck.scan.scan_report import ScanReport
+
     from dtypecheck.info import InfoReport
     from dtypecheck.info.names import DtypeList
     from dtypecheck.memory.report import MemoryReport
     from dtypecheck.nantrace.report import NanTraceReport
-    from dtypecheck.scan.scan_report import ScanReport
 
     return {cls.SCHEMA: cls for cls in (InfoReport, DtypeList, ScanReport, MemoryReport, NanTraceReport)}
 

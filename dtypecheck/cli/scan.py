@@ -171,7 +171,7 @@ def scan_model(
         )
         return execute_scan(options)
     except ParameterError as exc:
-        raise exc.flagged(FLAGS) from None
+        raise exc.with_flags(FLAGS) from None
 
 
 FLAGS = {"targets": "--target", "baseline": "--baseline", "update_baseline": "--update-baseline"}

@@ -213,7 +213,11 @@ for _check in (
     Underflow(),
     # dtypeflow.DtypeFlow finds it as ops run.
     Described(
-        "float64_promotion", ("float64_promotion",), Promotion.LEVEL, "float64 enters a lower-precision program", "DTC204"
+        "float64_promotion",
+        ("float64_promotion",),
+        Promotion.LEVEL,
+        "float64 enters a lower-precision program",
+        "DTC204",
     ),
     # explain.explain: the traced code died of it.
     Described("dtype_mismatch", ("dtype_mismatch",), "fail", "dtype mismatch", "DTC205"),

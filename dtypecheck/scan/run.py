@@ -73,7 +73,7 @@ def scan_checkpoint(
     file is created if missing). Several checkpoints against shared baseline files: ``dtypecheck.scan.gate``.
     """
     if update_baseline and baseline is None:
-        raise ParameterError("update_baseline", "needs the baseline file to write (baseline)")
+        raise ParameterError("{update_baseline}: needs the baseline file to write ({baseline})")
     specs = check_targets(targets) if targets else [lookup(name) for name in DEFAULT_TARGETS]
     plan = CheckpointPlan(checkpoint, baseline=None if baseline is None else Path(baseline), key=baseline_key or "")
     gate = Gate([plan], update=update_baseline)  # the baseline is read before the scan: a bad one fails fast

@@ -31,5 +31,5 @@ def check_targets(targets: Sequence[DtypeSpec]) -> list[DtypeSpec]:
     for spec in targets:
         problem = target_problem(spec)
         if problem is not None:
-            raise ParameterError("targets", problem)
+            raise ParameterError("{targets} " + problem.replace("{", "{{").replace("}", "}}"))
     return list(targets)

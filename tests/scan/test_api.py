@@ -72,10 +72,10 @@ def test_api_errors_name_parameters_not_flags(tmp_path: Path) -> None:
     with pytest.raises(ParameterError, match=r"^update_baseline: ") as raised:
         scan_checkpoint(path, update_baseline=True)
     assert "--" not in str(raised.value)
-    with pytest.raises(ParameterError, match=r"^targets: float8_e8m0fnu") as bad_target:
+    with pytest.raises(ParameterError, match=r"^targets float8_e8m0fnu") as bad_target:
         scan_checkpoint(path, [lookup("e8m0")])
     assert "--" not in str(bad_target.value)
-    assert str(bad_target.value.flagged({"targets": "--target"})).startswith("--target float8_e8m0fnu")
+    assert str(bad_target.value.with_flags({"targets": "--target"})).startswith("--target float8_e8m0fnu")
     with pytest.raises(InputError, match=r"^baseline .*missing\.json: no such file \(write it with update_baseline\)$"):
         scan_checkpoint(path, baseline=tmp_path / "missing.json")
 
