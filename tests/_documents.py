@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from dtypecheck.cli import main
-from tests._memory_fixtures import write_decoder_config
+from tests.memory._fixtures import write_decoder_config
 
 # A Linear whose outputs lie below 100: log(y - 100) is NaN from finite inputs, in forward, at the marked line.
 NAN_SCRIPT = """\

@@ -91,7 +91,7 @@ DATA_KEYED = frozenset({"casts", "census", "devices", "fraction", "constructors"
 
 
 def _report_types() -> dict[str, type]:
-    from dtypecheck.scan.scan_report import ScanReport
+    from dtypecheck.scan.report import ScanReport
 
     from dtypecheck.info import InfoReport
     from dtypecheck.info.names import DtypeList

@@ -139,7 +139,7 @@ def test_json_doc_names_every_finding_kind() -> None:
 
 
 def test_diagnostics_refuse_a_kind_without_a_rule() -> None:
-    from dtypecheck.scan.scan_report import ScanReport, summarise
+    from dtypecheck.scan.report import ScanReport, summarise
 
     from dtypecheck.diagnostics import diagnostics
 
