@@ -24,8 +24,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# Parallel workers (pytest-xdist), one per core ("auto"; a 2-core CI machine gets 2). loadgroup keeps the tests of
+# an expensive shared fixture on one worker (tests/_xdist_groups.py). PYTEST_WORKERS=0 runs in one process.
+PYTEST_WORKERS ?= auto
 unit: $(STAMP)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=15
 
 test: lint typecheck unit
 

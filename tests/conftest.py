@@ -19,6 +19,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--overwrite-golden", action="store_true", help="Rewrite tests/golden/* from current output.")
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` (as ``make unit`` runs): tests sharing an expensive fixture of this suite go to one
+    worker, so it is built once rather than once per worker; every other test is scheduled on its own.
+
+    pytest-xdist's own loadgroup reads ``xdist_group`` marks through a node id that pytest 9 no longer lets it
+    rewrite, so the groups are found here, from the test files (``tests/_xdist_groups.py``).
+    """
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from tests._xdist_groups import FixtureGroupScheduling
+
+    return FixtureGroupScheduling(config, log)
+
+
 @dataclass(frozen=True)
 class CliResult:
     exit_code: int

@@ -135,9 +135,20 @@ def test_version(cli) -> None:
 
 
 def test_every_output_format_renders_a_report() -> None:
-    report = describe_dtypes([lookup("e5m2fnuz")], devices=["cpu"])  # has a finding, so annotations are not empty
-    for fmt in OutputFormat:
-        assert render(report, fmt, width=120).strip()
+    # float8_e5m2fnuz: torch.finfo says eps 0.125 where its 2 mantissa bits give 2**-2: one DTC001 note.
+    report = describe_dtypes([lookup("e5m2fnuz")], devices=["cpu"])
+    texts = {fmt: render(report, fmt, width=120) for fmt in OutputFormat}
+    assert set(texts) == set(OutputFormat)
+    assert "float8_e5m2fnuz" in texts[OutputFormat.table]
+    assert json.loads(texts[OutputFormat.json])["dtypes"][0]["mismatches"] == [
+        {"field": "eps", "torch": 0.125, "true": 0.25}
+    ]
+    (result,) = json.loads(texts[OutputFormat.sarif])["runs"][0]["results"]
+    assert (result["ruleId"], result["level"]) == ("DTC001", "note")
+    assert texts[OutputFormat.github] == (
+        "::notice title=DTC001 finfo-mismatch::torch.finfo(float8_e5m2fnuz).eps is 0.125, "
+        "the format's true value is 0.25\n"
+    )
 
 
 def test_info_table_golden(golden) -> None:
@@ -158,8 +169,28 @@ def test_python_m_dtypecheck_help_smoke() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "dtypecheck", "--help"], capture_output=True, text=True, check=False, timeout=60
     )
-    assert done.returncode == 0
-    assert "info" in done.stdout
+    assert (done.returncode, done.stderr) == (0, "")
+    for command in ("info", "scan-model", "estimate-memory", "nan-trace"):
+        assert re.search(rf"\b{command}\b", done.stdout), command
+
+
+def test_estimate_memory_console_smoke(tmp_path: Path) -> None:
+    # The one whole-process run of estimate-memory (the other commands have theirs in tests/cli/test_user_code.py
+    # and tests/nantrace/test_modes.py): the console entry's fast exit still delivers the whole document.
+    from tests._memory_fixtures import write_decoder_config
+
+    config = write_decoder_config(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "dtypecheck", "estimate-memory", str(config), "--format", "json", "--quiet"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+    document = json.loads(done.stdout)
+    assert document["schema"] == "dtypecheck.memory/1"
+    assert document["model"]["source"] == str(config / "config.json")
 
 
 def test_every_command_has_help_and_a_readme_section() -> None:

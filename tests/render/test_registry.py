@@ -18,9 +18,11 @@ from dtypecheck.render.table import table_renderers
 from tests.memory._fixtures import write_decoder_config
 
 
-@pytest.fixture
-def command_reports(cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
-    """One real run of every command, keeping the report object each one handed to ``render``."""
+@pytest.fixture(scope="module")
+def command_reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """One real run of every command (once for the module), keeping the report object each handed to ``render``."""
+    from tests._documents import run_json
+
     seen: dict[str, object] = {}
     running: list[str] = []
 
@@ -28,22 +30,24 @@ def command_reports(cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dic
         seen[running[-1]] = report
         return render(report, fmt, **kwargs)
 
-    monkeypatch.setattr("dtypecheck.cli._app.render", spy)
-    ckpt = tmp_path / "m.safetensors"
+    folder = tmp_path_factory.mktemp("reports")
+    ckpt = folder / "m.safetensors"
     save_file({"w": torch.tensor([1.0, 1e-10, float("nan")])}, str(ckpt))
-    script = tmp_path / "step.py"
+    script = folder / "step.py"
     script.write_text("import torch\nx = torch.ones(3)\ny = (x * 2).sum()\n")
     runs = {
-        "info": ["info", "fp16"],
-        "info --list": ["info", "--list"],
-        "scan-model": ["scan-model", str(ckpt), "--quiet"],
-        "estimate-memory": ["estimate-memory", str(write_decoder_config(tmp_path)), "--quiet"],
-        "nan-trace": ["nan-trace", str(script), "--quiet"],
+        "info": (["info", "fp16"], 0),
+        "info --list": (["info", "--list"], 0),
+        "scan-model": (["scan-model", str(ckpt), "--quiet"], 1),
+        "estimate-memory": (["estimate-memory", str(write_decoder_config(folder)), "--quiet"], 0),
+        "nan-trace": (["nan-trace", str(script), "--quiet"], 0),
     }
-    for command, args in runs.items():
-        running.append(command)
-        result = cli(*args, "--format", "json")
-        assert result.exit_code in (0, 1), result.stderr
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("dtypecheck.cli._app.render", spy)
+        for command, (args, expected) in runs.items():
+            running.append(command)
+            code, _document = run_json(args)
+            assert code == expected, command
     return seen
 
 
