@@ -294,13 +294,43 @@ def _baseline(comparison: BaselineComparison) -> list[RenderableType]:
     return out
 
 
+def _verdicts(report: ScanReport) -> Panel | None:
+    """The answer first: one line per target from the summary's verdicts, with the worst tensor and the advice."""
+    verdicts = report.summary.verdicts
+    if not verdicts:
+        return None
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True)
+    grid.add_column(no_wrap=True)
+    grid.add_column(overflow="fold")
+    for verdict in verdicts:
+        counts = [f"{verdict.overflow:,} ovf", f"{verdict.underflow:,} unf"]
+        if verdict.underflow:
+            counts[-1] += f" ({percent(verdict.fraction_flushed)})"
+        counts.append(f"{verdict.subnormal:,} sub")
+        if verdict.scaled_underflow is not None:
+            counts.append(f"{verdict.scaled_underflow:,} unf@amax")
+        tensors = " ".join(f"{verdict.tensors.get(level, 0):,} {level}" for level in ("ok", "warn", "fail"))
+        detail = Text(" · ".join(counts) + f" · tensors: {tensors}")
+        if verdict.worst is not None:
+            detail.append("\nworst: ", style="dim")
+            detail.append(printable(verdict.worst))
+        detail.append("\n→ " + printable(verdict.advice), style="bold")
+        grid.add_row(_short(verdict.target), Text(verdict.level, style=LEVEL_STYLE[verdict.level]), detail)
+    return Panel(grid, title=Text("verdict per target"), title_align="left", expand=False)
+
+
 def render_scan(report: ScanReport, limit: int | None = None) -> list[RenderableType]:
-    """The table, worst tensors first: ``limit`` of them (None: every tensor), then the summary."""
+    """The verdict per target, then the table, worst tensors first: ``limit`` of them (None: every tensor), then
+    the summary."""
     ordered = sorted(report.tensors, key=severity)
     shown = ordered if limit is None else ordered[:limit]
     histograms = [t.log2_histogram for t in shown if t.log2_histogram is not None]
     start, stop = _axis(histograms) if histograms else (0, 1)
     out: list[RenderableType] = []
+    verdicts = _verdicts(report)
+    if verdicts is not None:
+        out.append(verdicts)
     if shown:
         out.append(_tensor_table(report, shown, start, stop))
     hidden = len(ordered) - len(shown)

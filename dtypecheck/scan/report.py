@@ -142,6 +142,32 @@ class KeepFloat32:
 
 
 @dataclass(frozen=True)
+class Verdict:
+    """The answer for one target, from the exact counts of the tensors whose casts are judged
+    (``dtypecheck.scan.verdicts``)."""
+
+    target: str
+    level: Level
+    """The worst level of those tensors for this target (their own NaN/inf included)."""
+    overflow: int
+    """Values that overflow, summed over those tensors."""
+    underflow: int
+    """Nonzero values that flush to zero."""
+    subnormal: int
+    """Values that become subnormal."""
+    fraction_flushed: float
+    """``underflow`` as a fraction of every value of those tensors (both parts of complex ones)."""
+    tensors: Mapping[str, int]
+    """Those tensors by their level for this target: ``{"ok", "warn", "fail"}``."""
+    worst: str | None
+    """The tensor worst off in this target: of those at ``level``, the first in the table's order; null at ok."""
+    advice: str
+    """One line: "safe to cast", "cast, keep these 3 tensor(s) in float32: ...", "needs per-tensor scaling"..."""
+    scaled_underflow: int | None = None
+    """float8/fp4 targets: values that flush even after per-tensor scaling; null for other targets."""
+
+
+@dataclass(frozen=True)
 class NotJudged:
     """Tensors of one role rule whose casts are reported but not judged against the targets."""
 
@@ -160,6 +186,8 @@ class ScanSummary:
     warn: int
     fail: int
     level: Level
+    verdicts: tuple[Verdict, ...] = ()
+    """Extra: one verdict per target, in the order of ``targets`` (``dtypecheck.scan.verdicts``)."""
     census: Mapping[str, CensusEntry] = field(default_factory=dict)
     """Extra: tensors, elements and bytes per dtype, the largest share of bytes first."""
     keep_float32: tuple[KeepFloat32, ...] = ()

@@ -33,6 +33,7 @@ from dtypecheck.scan.report import ScanReport, summarise
 from dtypecheck.scan.select import EVERYTHING, Selection
 from dtypecheck.scan.targets import check_targets
 from dtypecheck.scan.tensor import TensorScanner
+from dtypecheck.scan.verdicts import with_verdicts
 
 if TYPE_CHECKING:
     import torch
@@ -82,7 +83,8 @@ def scan_checkpoint(
         report = _scan(opened, specs, progress, workers or default_workers(), kernels(compiled), precision, selection)
     finally:
         opened.close()
-    result = gate.judge(plan, with_keep_float32(apply_policy(report, policy), keep_float32_sqnr_db))
+    judged = with_verdicts(with_keep_float32(apply_policy(report, policy), keep_float32_sqnr_db))
+    result = gate.judge(plan, judged)
     gate.write()
     return result.report
 
