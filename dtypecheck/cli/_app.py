@@ -232,9 +232,10 @@ def emit(report: Report, fmt: OutputFormat, output: Path | None, *, quiet: bool,
         return
     color = fmt is OutputFormat.table and sys.stdout.isatty() and "NO_COLOR" not in os.environ
     width = None
-    if sys.stdout.isatty():
+    if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit():
         import shutil
 
+        # COLUMNS wins when set (also for a file or a pipe, as ls and git honour it); else the terminal's width
         width = shutil.get_terminal_size((120, 24)).columns
     text = render(report, fmt, color=color, width=width, limit=limit)
     # a lone surrogate (a tensor name from a pickle) cannot be encoded: write it as a backslash escape instead
