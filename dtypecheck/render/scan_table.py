@@ -271,6 +271,8 @@ def _summary(report: ScanReport) -> Panel:
             for dtype, row in s.census.items()
         )
         lines.append(Text(f"dtypes: {shares}", style="dim"))
+    if s.aliases:
+        lines.append(Text(f"{s.aliases:,} name(s) view another tensor's data (alias_of): counted once", style="dim"))
     if s.left_out:
         lines.append(Text(f"{s.left_out:,} tensor(s) left out by --include/--exclude/--weights-only", style="dim"))
     if s.not_judged:

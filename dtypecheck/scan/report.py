@@ -123,6 +123,9 @@ class TensorScan:
     not_judged: str | None = None
     """Extra: why its casts are not judged against the targets (its role keeps it in its own dtype by design: the
     counts are reported, their checks are in ``passed``); null when they are judged."""
+    alias_of: str | None = None
+    """Extra: the tensor listed earlier whose data this name views (a tied weight, an LSTM's ``_flat_weights.N``):
+    same statistics, read once and counted once in every total; null for a tensor of its own."""
 
 
 @dataclass(frozen=True)
@@ -197,6 +200,9 @@ class ScanSummary:
     """Extra: the tensors whose casts are not judged against the targets, by role rule (``TensorScan.not_judged``)."""
     left_out: int = 0
     """Extra: tensors of the checkpoint not scanned, left out by ``include``/``exclude``/``weights_only``."""
+    aliases: int = 0
+    """Extra: names that view another listed tensor's data (``TensorScan.alias_of``); every total counts that data
+    once, so ``tensors`` counts distinct tensors and the rows are ``tensors + aliases``."""
 
 
 @dataclass(frozen=True)
@@ -246,12 +252,14 @@ class ScanReport:
 
 def summarise(tensors: tuple[TensorScan, ...], findings: tuple[Finding, ...], left_out: int = 0) -> ScanSummary:
     counts = {"ok": 0, "warn": 0, "fail": 0}
+    every = tensors
+    tensors = tuple(t for t in every if t.alias_of is None)  # every total counts shared data once
     for tensor in tensors:
         counts[tensor.level] += 1
     dtypes = {row.dtype: CensusEntry(row.tensors, row.numel, row.bytes) for row in census(tensors)}
     finding_levels: list[Level] = [f.level for f in findings]
     unjudged: dict[str, list[TensorScan]] = {}
-    for tensor in tensors:
+    for tensor in every:
         if tensor.not_judged is not None:
             unjudged.setdefault(tensor.not_judged, []).append(tensor)
     return ScanSummary(
@@ -265,6 +273,7 @@ def summarise(tensors: tuple[TensorScan, ...], findings: tuple[Finding, ...], le
         census=dtypes,
         not_judged=tuple(_not_judged(reason, group) for reason, group in unjudged.items()),
         left_out=left_out,
+        aliases=len(every) - len(tensors),
     )
 
 

@@ -134,7 +134,9 @@ def _scan(
         _second_pass(pipeline, scanners)
     results = {id(s.record): s.result() for s in scanners}
     for copy, original in copies:
-        results[id(copy)] = dataclasses.replace(results[id(original)], name=copy.name, shape=tuple(copy.shape))
+        results[id(copy)] = dataclasses.replace(
+            results[id(original)], name=copy.name, shape=tuple(copy.shape), alias_of=original.name
+        )
     tensors = tuple(results[id(record)] for records in listed for record in records)
     found = list(checkpoint.findings)
     left_out = sum(map(len, every)) - len(tensors)

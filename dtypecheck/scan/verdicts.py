@@ -50,7 +50,9 @@ def _scaled(target: str) -> bool:
 
 def verdict(target: str, tensors: Sequence[TensorScan]) -> Verdict:
     """The verdict for one target over ``tensors`` (the report's, in any order)."""
-    judged = [(t, t.casts[target]) for t in tensors if t.not_judged is None and target in t.casts]
+    judged = [
+        (t, t.casts[target]) for t in tensors if t.not_judged is None and t.alias_of is None and target in t.casts
+    ]
     judged = [(t, cast) for t, cast in judged if cast.overflow is not None]  # empty tensors have no counts
     levels = {t.name: worst([_own_level(t), cast.level]) for t, cast in judged}
     by_level = {level: sum(1 for name in levels if levels[name] == level) for level in ("ok", "warn", "fail")}

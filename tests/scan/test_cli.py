@@ -108,6 +108,7 @@ def test_json_document_follows_the_contract(cli, example) -> None:
         "keep_float32": [],  # bfloat16 holds every float32 tensor of the example
         "not_judged": [],  # no step counter or other bookkeeping in the example
         "left_out": 0,
+        "aliases": 0,
     }
     assert list(doc["summary"]["census"]) == ["float32", "int64", "bfloat16"]  # largest share of bytes first
     assert result.stderr == ""  # stderr is not a terminal here: no progress bar
