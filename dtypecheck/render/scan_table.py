@@ -231,7 +231,8 @@ def _tensor_table(
     if spark:
         table.add_column("log2|x|", no_wrap=True, min_width=SPARK_WIDTH)
     for tensor in shown:
-        dtype = Text(f"{_short(tensor.dtype)} {_shape(tensor.shape)}")
+        stored = f"{printable(tensor.stored)}→" if tensor.stored else ""
+        dtype = Text(f"{stored}{_short(tensor.dtype)} {_shape(tensor.shape)}")
         casts = [tensor.casts.get(target) for target in report.targets]
         cells: list[RenderableType] = [
             DottedName(tensor.name, LEVEL_STYLE[tensor.level] if tensor.level != "ok" else ""),
@@ -265,7 +266,7 @@ def _summary(report: ScanReport) -> Panel:
         line,
     ]
     if s.census:
-        total = max(s.bytes, 1)
+        total = max(sum(row.bytes for row in s.census.values()), 1)  # as stored: GGUF quantized bytes
         shares = ", ".join(
             f"{dtype} {row.tensors:,} ({fmt_bytes(row.bytes)}, {100 * row.bytes / total:.0f}%)"
             for dtype, row in s.census.items()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar, Literal
 
 from dtypecheck.findings import CAST_CHECKS, CHECK_LEVEL, Check, Finding, Level, rank, worst
@@ -123,6 +123,11 @@ class TensorScan:
     not_judged: str | None = None
     """Extra: why its casts are not judged against the targets (its role keeps it in its own dtype by design: the
     counts are reported, their checks are in ``passed``); null when they are judged."""
+    stored: str | None = None
+    """Extra: how the file stores it when not as ``dtype`` (a GGUF quantization type such as ``Q4_K``: the
+    statistics are of the values dequantized to ``dtype``); null when stored as ``dtype``."""
+    stored_bytes: int | None = None
+    """Extra: the bytes the file holds for it when ``stored`` is set (``bytes`` is its size in ``dtype``)."""
     alias_of: str | None = None
     """Extra: the tensor listed earlier whose data this name views (a tied weight, an LSTM's ``_flat_weights.N``):
     same statistics, read once and counted once in every total; null for a tensor of its own."""
@@ -192,7 +197,8 @@ class ScanSummary:
     verdicts: tuple[Verdict, ...] = ()
     """Extra: one verdict per target, in the order of ``targets`` (``dtypecheck.scan.verdicts``)."""
     census: Mapping[str, CensusEntry] = field(default_factory=dict)
-    """Extra: tensors, elements and bytes per dtype, the largest share of bytes first."""
+    """Extra: tensors, elements and bytes per dtype as stored (a GGUF quantization type such as ``Q4_K`` with the
+    bytes the file holds, not the dequantized float32), the largest share of bytes first."""
     keep_float32: tuple[KeepFloat32, ...] = ()
     """Extra: float32/float64 tensors that fail or lose too much in every requested target narrower than 32 bits
     (see ``dtypecheck.scan.keep_float32``), the worst first; empty when no such target was requested."""
@@ -256,7 +262,8 @@ def summarise(tensors: tuple[TensorScan, ...], findings: tuple[Finding, ...], le
     tensors = tuple(t for t in every if t.alias_of is None)  # every total counts shared data once
     for tensor in tensors:
         counts[tensor.level] += 1
-    dtypes = {row.dtype: CensusEntry(row.tensors, row.numel, row.bytes) for row in census(tensors)}
+    as_stored = [replace(t, dtype=t.stored, bytes=t.stored_bytes or 0) if t.stored else t for t in tensors]
+    dtypes = {row.dtype: CensusEntry(row.tensors, row.numel, row.bytes) for row in census(as_stored)}
     finding_levels: list[Level] = [f.level for f in findings]
     unjudged: dict[str, list[TensorScan]] = {}
     for tensor in every:
