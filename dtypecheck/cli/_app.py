@@ -226,18 +226,25 @@ def emit(report: Report, fmt: OutputFormat, output: Path | None, *, quiet: bool,
     """Render a finished report to stdout, or atomically to ``output``; nothing is written on failure. ``limit``:
     how many ranked rows a table shows (``render``)."""
     if output is not None:
-        text = render(report, fmt, color=False, width=120, limit=limit)
+        write_document(render(report, fmt, color=False, width=120, limit=limit), output, quiet=quiet)
+        return
+    color = fmt.for_people and sys.stdout.isatty() and "NO_COLOR" not in os.environ
+    width = None
+    if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit():
+        import shutil
+
+        # COLUMNS wins when set (also for a file or a pipe, as ls and git honour it); else the terminal's width
+        width = shutil.get_terminal_size((120, 24)).columns
+    write_document(render(report, fmt, color=color, width=width, limit=limit), None, quiet=quiet)
+
+
+def write_document(text: str, output: Path | None, *, quiet: bool) -> None:
+    """Write a rendered document atomically to ``output`` (saying so on stderr unless ``quiet``), else to stdout."""
+    if output is not None:
         write_atomically(output, text)
         if not quiet:
             print(f"wrote {output}", file=sys.stderr)
         return
-    color = fmt.for_people and sys.stdout.isatty() and "NO_COLOR" not in os.environ
-    width = None
-    if sys.stdout.isatty():
-        import shutil
-
-        width = shutil.get_terminal_size((120, 24)).columns
-    text = render(report, fmt, color=color, width=width, limit=limit)
     # a lone surrogate (a tensor name from a pickle) cannot be encoded: write it as a backslash escape instead
     sys.stdout.write(text.encode("utf-8", errors="backslashreplace").decode("utf-8"))
     sys.stdout.flush()

@@ -22,6 +22,7 @@ from dtypecheck.cli._app import (
     pick,
     project_config,
     user_code_guard,
+    write_document,
 )
 from dtypecheck.errors import ExitCode, ParameterError, UsageError
 from dtypecheck.loaders.formats import describe_formats
@@ -29,6 +30,7 @@ from dtypecheck.render import OutputFormat
 
 if TYPE_CHECKING:
     from dtypecheck.scan.gate import CheckpointPlan
+    from dtypecheck.scan.report import ScanReport
     from dtypecheck.scan.select import Selection
 
 DEFAULT_TOP = 20
@@ -223,8 +225,11 @@ def resolve_scan_options(
     naming them; scans nothing."""
     if no_baseline and (baseline is not None or update_baseline):
         raise UsageError("--no-baseline leaves the baseline out; it cannot go with --baseline or --update-baseline")
-    if len(checkpoints) > 1 and (fmt.one_document or output is not None or plot is not None):
-        raise UsageError("one checkpoint per JSON/SARIF document, --output or --plot; scan them one at a time")
+    several = len(checkpoints) > 1
+    if several and (fmt is OutputFormat.json or (output is not None and fmt is not OutputFormat.sarif)):
+        raise UsageError("one checkpoint per JSON document or --output (SARIF takes several); scan them one at a time")
+    if several and plot is not None:
+        raise UsageError("one checkpoint per --plot; scan them one at a time")
     from dtypecheck.scan.select import Selection
 
     chosen = Selection(*selection)
@@ -257,6 +262,10 @@ def execute_scan(options: ScanOptions) -> int:
 
     gate = Gate(options.plans, update=options.update_baseline, missing_hint="write it with --update-baseline")
     code = ExitCode.OK
+    several_sarif = options.fmt is OutputFormat.sarif and len(options.plans) > 1  # one log, one run, every checkpoint
+    # updating a baseline says one line on stderr; the report only when asked for (--output, a machine format)
+    shows_report = not options.update_baseline or options.output is not None or options.fmt is not OutputFormat.table
+    reports: list[ScanReport] = []
     for plan, limit in zip(options.plans, options.limits, strict=True):
         with user_code_guard(plan.checkpoint), progress_bar("scanning", quiet=options.quiet, unit="bytes") as bar:
             report = scan_checkpoint(
@@ -280,10 +289,17 @@ def execute_scan(options: ScanOptions) -> int:
             from dtypecheck.render.scan_plot import write_plot
 
             write_plot(result.report, options.plot)
-        emit(result.report, options.fmt, options.output, quiet=options.quiet, limit=limit)
+        if several_sarif:
+            reports.append(result.report)
+        elif shows_report:
+            emit(result.report, options.fmt, options.output, quiet=options.quiet, limit=limit)
         if options.plot is not None and not options.quiet:
             typer.echo(f"wrote {options.plot}", err=True)
         code = max(code, ExitCode.FINDINGS if result.findings else ExitCode.OK)
+    if several_sarif:
+        from dtypecheck.render.sarif import render_sarif_of_scans
+
+        write_document(render_sarif_of_scans(reports), options.output, quiet=options.quiet)
     for written in gate.write():
         if not options.quiet:
             names = ", ".join(written.updated)

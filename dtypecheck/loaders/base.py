@@ -76,6 +76,11 @@ class TensorRecord:
     """``None`` when only metadata is known (headers read for memory estimates)."""
     saved_device: str | None = None
     """The device the tensor lived on when saved (``cuda:0`` for a GPU-saved file), when the format says."""
+    stored: str | None = None
+    """How the file stores the data when not as ``dtype`` (a GGUF quantization type, ``Q4_K``, dequantized to
+    ``dtype`` when read); None when stored as ``dtype``."""
+    stored_bytes: int | None = None
+    """The bytes the file holds for it when ``stored`` is set (``nbytes`` is the size in ``dtype``)."""
 
     @property
     def numel(self) -> int:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from dtypecheck import __version__
 from dtypecheck.diagnostics import RULES, Diagnostic, diagnostics, report_level
+from dtypecheck.findings import worst
+from dtypecheck.scan.report import ScanReport
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 _SARIF_LEVEL = {"fail": "error", "warn": "warning", "note": "note"}
@@ -48,7 +51,21 @@ def _result(diagnostic: Diagnostic, rule_index: int) -> dict[str, Any]:
 
 def sarif_log(report: object) -> dict[str, Any]:
     """The SARIF log of a report: one result per diagnostic (with a baseline, only the new and worse ones)."""
-    found = diagnostics(report)
+    properties = {"schema": getattr(report, "SCHEMA", None), "level": report_level(report)}
+    return {"$schema": SARIF_SCHEMA, "version": "2.1.0", "runs": [_run(diagnostics(report), properties)]}
+
+
+def sarif_log_of_scans(reports: Sequence[ScanReport]) -> dict[str, Any]:
+    """One SARIF log for several scanned checkpoints (as pre-commit passes them): one run holding every report's
+    results, one artifact per checkpoint, and the worst level as the run's property."""
+    found = [diagnostic for report in reports for diagnostic in diagnostics(report)]
+    properties = {"schema": ScanReport.SCHEMA, "level": worst(report.summary.level for report in reports)}
+    run = _run(found, properties)
+    run["artifacts"] = [{"location": {"uri": _uri(report.source)}} for report in reports]
+    return {"$schema": SARIF_SCHEMA, "version": "2.1.0", "runs": [run]}
+
+
+def _run(found: list[Diagnostic], properties: dict[str, Any]) -> dict[str, Any]:
     index = {rule.id: i for i, rule in enumerate(RULES)}
     rules = [
         {
@@ -68,10 +85,14 @@ def sarif_log(report: object) -> dict[str, Any]:
             }
         },
         "results": [_result(d, index[d.rule_id]) for d in found],
-        "properties": {"schema": getattr(report, "SCHEMA", None), "level": report_level(report)},
+        "properties": properties,
     }
-    return {"$schema": SARIF_SCHEMA, "version": "2.1.0", "runs": [run]}
+    return run
 
 
 def render_sarif(report: object) -> str:
     return json.dumps(sarif_log(report), indent=2, allow_nan=False) + "\n"
+
+
+def render_sarif_of_scans(reports: Sequence[ScanReport]) -> str:
+    return json.dumps(sarif_log_of_scans(reports), indent=2, allow_nan=False) + "\n"

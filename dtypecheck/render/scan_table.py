@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from rich.console import Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.measure import Measurement
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -46,7 +47,7 @@ def _short(name: str) -> str:
     return spec.short_name if spec is not None else name
 
 
-def legend(report: ScanReport, axis: tuple[int, int]) -> str:
+def legend(report: ScanReport, axis: tuple[int, int], *, spark: bool = True) -> str:
     parts = ["ovf: overflows the target's max", "unf: flushed to zero", "sub: becomes subnormal (% of the values)"]
     if any(_is_scaled(t) for t in report.targets):
         parts.append("unf@amax: flushed to zero even after scaling the tensor to the target's max")
@@ -57,7 +58,8 @@ def legend(report: ScanReport, axis: tuple[int, int]) -> str:
         parts.append("sqnr: signal-to-quantisation-noise ratio of the cast (higher is better)")
         if any(_is_scaled(t) for t in report.targets):
             parts.append("ch / mx: the same, scaled per output channel / per 32-value MX block (clip: beyond max)")
-    parts.append(f"log2|x|: values per binade from 2^{axis[0]} to 2^{axis[1]} (log scale)")
+    if spark:
+        parts.append(f"log2|x|: values per binade from 2^{axis[0]} to 2^{axis[1]} (log scale)")
     return " · ".join(parts)
 
 
@@ -87,7 +89,7 @@ def _decibels(value: float | None) -> str:
     return "exact" if math.isinf(value) else f"{value:.1f}dB"
 
 
-def _cast_cell(cast: CastCounts) -> Text:
+def _cast_cell(cast: CastCounts, not_judged: str | None = None) -> Text:
     if cast.overflow is None:
         return Text("-", style="dim")
     counts = [("ovf", "overflow", cast.overflow), ("unf", "underflow", cast.underflow)]
@@ -101,7 +103,7 @@ def _cast_cell(cast: CastCounts) -> Text:
             parts.append(f"{compact(count)} {label}" + (f" {percent(share)}" if share is not None else ""))
     if cast.double_rounding:
         parts.append(f"{compact(cast.double_rounding)} 2xround")
-    text = Text(cast.level, style=LEVEL_STYLE[cast.level])
+    text = Text("not judged", style="dim") if not_judged else Text(cast.level, style=LEVEL_STYLE[cast.level])
     if parts:
         text.append("\n" + "\n".join(parts))
     precision = _precision_lines(cast)
@@ -154,33 +156,97 @@ def sparkline(histogram: Log2Histogram | None, start: int, stop: int, width: int
     )
 
 
+class DottedName:
+    """A tensor name that wraps only after a ``.`` (``encoder.layer.5.`` / ``attention.output.LayerNorm.bias``),
+    never inside a word: rich measures it as wide as the whole name at most and as ``min_width`` at least, and a
+    part too long for the column it gets is shortened from the left with an ellipsis (``…ttention``)."""
+
+    def __init__(self, name: str, style: str = "", min_width: int = NAME_MIN_WIDTH) -> None:
+        self.name = printable(name)
+        self.style = style
+        self.min_width = min(len(self.name), min_width)
+
+    def lines(self, width: int) -> list[str]:
+        width = max(1, width)
+        parts = [part + "." for part in self.name.split(".")]
+        parts[-1] = parts[-1][:-1]
+        lines: list[str] = []
+        for part in parts:
+            if lines and len(lines[-1]) + len(part) <= width:
+                lines[-1] += part
+            else:
+                lines.append(part if len(part) <= width else "…" + part[len(part) - width + 1 :])
+        return lines
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement(self.min_width, len(self.name))
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield Text("\n".join(self.lines(options.max_width)), style=self.style, no_wrap=True, overflow="crop")
+
+
 def _shape(shape: tuple[int, ...]) -> str:
     return "x".join(str(s) for s in shape) if shape else "()"
 
 
-def _tensor_table(report: ScanReport, shown: Sequence[TensorScan], start: int, stop: int) -> Table:
+SPARK_FROM_WIDTH = 100
+"""Narrower consoles leave out the sparkline column (and its legend), and below ``MIN_ABS_FROM_WIDTH`` the
+smallest-magnitude column, so that the names and the target cells keep their room."""
+MIN_ABS_FROM_WIDTH = 90
+
+
+class _TensorRows:
+    """The tensor table and its legend, laid out for the width the console gives them."""
+
+    def __init__(
+        self, report: ScanReport, shown: Sequence[TensorScan], axis: tuple[int, int], hidden: Text | None
+    ) -> None:
+        self.report, self.shown, self.axis, self.hidden = report, shown, axis, hidden
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = options.max_width
+        yield _tensor_table(
+            self.report, self.shown, self.axis, spark=width >= SPARK_FROM_WIDTH, low=width >= MIN_ABS_FROM_WIDTH
+        )
+        if self.hidden is not None:
+            yield self.hidden
+        yield Text(legend(self.report, self.axis, spark=width >= SPARK_FROM_WIDTH), style="dim")
+
+
+def _tensor_table(
+    report: ScanReport, shown: Sequence[TensorScan], axis: tuple[int, int], *, spark: bool = True, low: bool = True
+) -> Table:
+    start, stop = axis
     table = Table(header_style="bold", show_edge=False, pad_edge=False, collapse_padding=True)
     longest = max((len(printable(t.name)) for t in shown), default=6)
-    table.add_column("tensor", overflow="fold", min_width=min(longest, NAME_MIN_WIDTH))
+    table.add_column("tensor", min_width=min(longest, NAME_MIN_WIDTH))
+    table.add_column("level", no_wrap=True)
     table.add_column("dtype shape", overflow="fold")
     table.add_column("absmax", justify="right", no_wrap=True)
-    table.add_column("min|x|>0", justify="right", no_wrap=True)
-    table.add_column("nan/inf", overflow="fold")
+    if low:
+        table.add_column("min|x|>0", justify="right", no_wrap=True)
+    table.add_column("nan/inf", no_wrap=True)
     for target in report.targets:
         table.add_column(_short(target), overflow="fold", max_width=TARGET_WIDTH)
-    table.add_column("log2|x|", no_wrap=True, min_width=SPARK_WIDTH)
+    if spark:
+        table.add_column("log2|x|", no_wrap=True, min_width=SPARK_WIDTH)
     for tensor in shown:
-        dtype = Text(f"{_short(tensor.dtype)} {_shape(tensor.shape)}")
+        stored = f"{printable(tensor.stored)}→" if tensor.stored else ""
+        dtype = Text(f"{stored}{_short(tensor.dtype)} {_shape(tensor.shape)}")
         casts = [tensor.casts.get(target) for target in report.targets]
-        table.add_row(
-            Text(printable(tensor.name), style=LEVEL_STYLE[tensor.level] if tensor.level != "ok" else ""),
+        cells: list[RenderableType] = [
+            DottedName(tensor.name, LEVEL_STYLE[tensor.level] if tensor.level != "ok" else ""),
+            Text(tensor.level, style=LEVEL_STYLE[tensor.level]),
             dtype,
             fmt_float(_as_float(tensor.absmax), 4),
-            fmt_float(_as_float(tensor.min_abs_nonzero), 3),
-            _nonfinite_cell(tensor),
-            *(_cast_cell(c) if c is not None else Text("n/a", style="dim") for c in casts),
-            Text(sparkline(tensor.log2_histogram, start, stop), style="cyan"),
-        )
+        ]
+        if low:
+            cells.append(fmt_float(_as_float(tensor.min_abs_nonzero), 3))
+        cells.append(_nonfinite_cell(tensor))
+        cells += [_cast_cell(c, tensor.not_judged) if c is not None else Text("n/a", style="dim") for c in casts]
+        if spark:
+            cells.append(Text(sparkline(tensor.log2_histogram, start, stop), style="cyan"))
+        table.add_row(*cells)
     return table
 
 
@@ -200,12 +266,14 @@ def _summary(report: ScanReport) -> Panel:
         line,
     ]
     if s.census:
-        total = max(s.bytes, 1)
+        total = max(sum(row.bytes for row in s.census.values()), 1)  # as stored: GGUF quantized bytes
         shares = ", ".join(
             f"{dtype} {row.tensors:,} ({fmt_bytes(row.bytes)}, {100 * row.bytes / total:.0f}%)"
             for dtype, row in s.census.items()
         )
         lines.append(Text(f"dtypes: {shares}", style="dim"))
+    if s.aliases:
+        lines.append(Text(f"{s.aliases:,} name(s) view another tensor's data (alias_of): counted once", style="dim"))
     if s.left_out:
         lines.append(Text(f"{s.left_out:,} tensor(s) left out by --include/--exclude/--weights-only", style="dim"))
     if s.not_judged:
@@ -294,21 +362,52 @@ def _baseline(comparison: BaselineComparison) -> list[RenderableType]:
     return out
 
 
+def _verdicts(report: ScanReport) -> Panel | None:
+    """The answer first: one line per target from the summary's verdicts, with the worst tensor and the advice."""
+    verdicts = report.summary.verdicts
+    if not verdicts:
+        return None
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True)
+    grid.add_column(no_wrap=True)
+    grid.add_column(overflow="fold")
+    for verdict in verdicts:
+        counts = [f"{verdict.overflow:,} ovf", f"{verdict.underflow:,} unf"]
+        if verdict.underflow:
+            counts[-1] += f" ({percent(verdict.fraction_flushed)})"
+        counts.append(f"{verdict.subnormal:,} sub")
+        if verdict.scaled_underflow is not None:
+            counts.append(f"{verdict.scaled_underflow:,} unf@amax")
+        tensors = " ".join(f"{verdict.tensors.get(level, 0):,} {level}" for level in ("ok", "warn", "fail"))
+        detail = Text(" · ".join(counts) + f" · tensors: {tensors}")
+        if verdict.worst is not None:
+            detail.append("\nworst: ", style="dim")
+            detail.append(printable(verdict.worst))
+        detail.append("\n→ " + printable(verdict.advice), style="bold")
+        grid.add_row(_short(verdict.target), Text(verdict.level, style=LEVEL_STYLE[verdict.level]), detail)
+    return Panel(grid, title=Text("verdict per target"), title_align="left", expand=False)
+
+
 def render_scan(report: ScanReport, limit: int | None = None) -> list[RenderableType]:
-    """The table, worst tensors first: ``limit`` of them (None: every tensor), then the summary."""
+    """The verdict per target, then the table, worst tensors first: ``limit`` of them (None: every tensor), then
+    the summary."""
     ordered = sorted(report.tensors, key=severity)
     shown = ordered if limit is None else ordered[:limit]
     histograms = [t.log2_histogram for t in shown if t.log2_histogram is not None]
     start, stop = _axis(histograms) if histograms else (0, 1)
     out: list[RenderableType] = []
-    if shown:
-        out.append(_tensor_table(report, shown, start, stop))
+    verdicts = _verdicts(report)
+    if verdicts is not None:
+        out.append(verdicts)
     hidden = len(ordered) - len(shown)
+    note = None
     if hidden:
         worst_hidden = ordered[len(shown)].level
-        out.append(Text(f"{hidden} more tensors not shown (the next is {worst_hidden}); --all shows every tensor"))
+        note = Text(f"{hidden} more tensors not shown (the next is {worst_hidden}); --all shows every tensor")
     if shown:
-        out.append(Text(legend(report, (start, stop)), style="dim"))
+        out.append(_TensorRows(report, shown, (start, stop), note))
+    elif note is not None:
+        out.append(note)
     out.append(_summary(report))
     if report.baseline is not None:
         out += _baseline(report.baseline)

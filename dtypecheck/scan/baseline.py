@@ -20,6 +20,7 @@ from typing import Any
 
 from dtypecheck.errors import InputError
 from dtypecheck.findings import CHECK_LEVEL, Level, worst
+from dtypecheck.render.json import document
 from dtypecheck.scan.document import read_scan_document
 from dtypecheck.scan.report import (
     GATED_STATES,
@@ -41,6 +42,7 @@ __all__ = [
     "Change",
     "State",
     "checkpoint_key",
+    "compact_document",
     "compare",
     "load_baseline",
     "nothing_before",
@@ -80,6 +82,28 @@ def checkpoint_key(target: str, root: Path) -> str:
         return target
     key = Path(os.path.relpath(path.resolve(), root.resolve())).as_posix()
     return f"{key}:{python[1]}" if python is not None and python[1] else key
+
+
+_KEPT_TENSOR_KEYS = ("name", "dtype", "nan", "posinf", "neginf", "level", "passed")
+_KEPT_CAST_KEYS = ("overflow", "underflow", "subnormal", "scaled_underflow", "level")
+
+
+def compact_document(report: ScanReport) -> dict[str, Any]:
+    """What a baseline entry needs: a ``dtypecheck.scan/1`` document holding only what the gate compares (the
+    tensors with a check that gates, their counts and levels, and the findings above ``ok``), a few KB where the
+    whole report of a large checkpoint is megabytes. ``read_scan_document`` reads it back like any report."""
+    whole = document(report)
+    gating = {tensor.name for tensor in report.tensors if any(True for _ in gated_checks(tensor))}
+    tensors = []
+    for entry in whole["tensors"]:
+        if entry["name"] not in gating:
+            continue
+        kept = {key: entry[key] for key in _KEPT_TENSOR_KEYS if key in entry}
+        kept["casts"] = {t: {k: c[k] for k in _KEPT_CAST_KEYS if k in c} for t, c in entry["casts"].items()}
+        tensors.append(kept)
+    findings = [finding for finding in whole["findings"] if finding["level"] != "ok"]
+    keys = ("schema", "dtypecheck_version", "source", "format", "targets")
+    return {**{key: whole[key] for key in keys}, "tensors": tensors, "findings": findings}
 
 
 def nothing_before(source: str = "") -> ScanReport:

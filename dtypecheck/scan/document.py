@@ -145,6 +145,9 @@ def _tensor(doc: Mapping[str, Any]) -> TensorScan:
         passed=_strings(doc.get("passed"), f"{what}.passed"),
         role=_role(doc.get("role", "model"), f"{what}.role"),
         not_judged=_optional_str(doc.get("not_judged"), f"{what}.not_judged"),
+        alias_of=_optional_str(doc.get("alias_of"), f"{what}.alias_of"),
+        stored=_optional_str(doc.get("stored"), f"{what}.stored"),
+        stored_bytes=_count(doc.get("stored_bytes"), f"{what}.stored_bytes"),
     )
 
 

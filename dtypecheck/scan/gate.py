@@ -18,8 +18,15 @@ from typing import TYPE_CHECKING
 from dtypecheck import __version__
 from dtypecheck.findings import Level, at_least
 from dtypecheck.render import write_atomically
-from dtypecheck.render.json import document
-from dtypecheck.scan.baseline import BASELINE_SCHEMA, Baseline, checkpoint_key, compare, load_baseline, nothing_before
+from dtypecheck.scan.baseline import (
+    BASELINE_SCHEMA,
+    Baseline,
+    checkpoint_key,
+    compact_document,
+    compare,
+    load_baseline,
+    nothing_before,
+)
 from dtypecheck.scan.keep_float32 import DEFAULT_MIN_SQNR_DB
 from dtypecheck.scan.select import EVERYTHING, Selection
 
@@ -155,7 +162,7 @@ class Gate:
         for path, fresh in self.written.items():
             before = self.files[path]
             kept = {} if before.single else {k: d for k, d in before.documents.items() if k not in fresh}
-            entries = {**kept, **{key: document(report) for key, report in fresh.items()}}
+            entries = {**kept, **{key: compact_document(report) for key, report in fresh.items()}}
             text = {
                 "schema": BASELINE_SCHEMA,
                 "dtypecheck_version": __version__,

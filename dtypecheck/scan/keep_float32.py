@@ -65,7 +65,7 @@ def keep_float32(report: ScanReport, min_sqnr_db: float = DEFAULT_MIN_SQNR_DB) -
         return ()
     found = []
     for tensor in sorted(report.tensors, key=severity):
-        if not _wide(tensor) or not tensor.numel or tensor.not_judged is not None:
+        if not _wide(tensor) or not tensor.numel or tensor.not_judged is not None or tensor.alias_of is not None:
             continue
         reasons = []
         for target in narrow:

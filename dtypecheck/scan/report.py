@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar, Literal
 
 from dtypecheck.findings import CAST_CHECKS, CHECK_LEVEL, Check, Finding, Level, rank, worst
@@ -123,6 +123,14 @@ class TensorScan:
     not_judged: str | None = None
     """Extra: why its casts are not judged against the targets (its role keeps it in its own dtype by design: the
     counts are reported, their checks are in ``passed``); null when they are judged."""
+    stored: str | None = None
+    """Extra: how the file stores it when not as ``dtype`` (a GGUF quantization type such as ``Q4_K``: the
+    statistics are of the values dequantized to ``dtype``); null when stored as ``dtype``."""
+    stored_bytes: int | None = None
+    """Extra: the bytes the file holds for it when ``stored`` is set (``bytes`` is its size in ``dtype``)."""
+    alias_of: str | None = None
+    """Extra: the tensor listed earlier whose data this name views (a tied weight, an LSTM's ``_flat_weights.N``):
+    same statistics, read once and counted once in every total; null for a tensor of its own."""
 
 
 @dataclass(frozen=True)
@@ -139,6 +147,32 @@ class KeepFloat32:
     tensor: str
     reason: str
     """Why, per target: ``"float16: 3 values overflow; bfloat16: SQNR 18.2 dB < 20 dB"``."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The answer for one target, from the exact counts of the tensors whose casts are judged
+    (``dtypecheck.scan.verdicts``)."""
+
+    target: str
+    level: Level
+    """The worst level of those tensors for this target (their own NaN/inf included)."""
+    overflow: int
+    """Values that overflow, summed over those tensors."""
+    underflow: int
+    """Nonzero values that flush to zero."""
+    subnormal: int
+    """Values that become subnormal."""
+    fraction_flushed: float
+    """``underflow`` as a fraction of every value of those tensors (both parts of complex ones)."""
+    tensors: Mapping[str, int]
+    """Those tensors by their level for this target: ``{"ok", "warn", "fail"}``."""
+    worst: str | None
+    """The tensor worst off in this target: of those at ``level``, the first in the table's order; null at ok."""
+    advice: str
+    """One line: "safe to cast", "cast, keep these 3 tensor(s) in float32: ...", "needs per-tensor scaling"..."""
+    scaled_underflow: int | None = None
+    """float8/fp4 targets: values that flush even after per-tensor scaling; null for other targets."""
 
 
 @dataclass(frozen=True)
@@ -160,8 +194,11 @@ class ScanSummary:
     warn: int
     fail: int
     level: Level
+    verdicts: tuple[Verdict, ...] = ()
+    """Extra: one verdict per target, in the order of ``targets`` (``dtypecheck.scan.verdicts``)."""
     census: Mapping[str, CensusEntry] = field(default_factory=dict)
-    """Extra: tensors, elements and bytes per dtype, the largest share of bytes first."""
+    """Extra: tensors, elements and bytes per dtype as stored (a GGUF quantization type such as ``Q4_K`` with the
+    bytes the file holds, not the dequantized float32), the largest share of bytes first."""
     keep_float32: tuple[KeepFloat32, ...] = ()
     """Extra: float32/float64 tensors that fail or lose too much in every requested target narrower than 32 bits
     (see ``dtypecheck.scan.keep_float32``), the worst first; empty when no such target was requested."""
@@ -169,6 +206,9 @@ class ScanSummary:
     """Extra: the tensors whose casts are not judged against the targets, by role rule (``TensorScan.not_judged``)."""
     left_out: int = 0
     """Extra: tensors of the checkpoint not scanned, left out by ``include``/``exclude``/``weights_only``."""
+    aliases: int = 0
+    """Extra: names that view another listed tensor's data (``TensorScan.alias_of``); every total counts that data
+    once, so ``tensors`` counts distinct tensors and the rows are ``tensors + aliases``."""
 
 
 @dataclass(frozen=True)
@@ -218,12 +258,15 @@ class ScanReport:
 
 def summarise(tensors: tuple[TensorScan, ...], findings: tuple[Finding, ...], left_out: int = 0) -> ScanSummary:
     counts = {"ok": 0, "warn": 0, "fail": 0}
+    every = tensors
+    tensors = tuple(t for t in every if t.alias_of is None)  # every total counts shared data once
     for tensor in tensors:
         counts[tensor.level] += 1
-    dtypes = {row.dtype: CensusEntry(row.tensors, row.numel, row.bytes) for row in census(tensors)}
+    as_stored = [replace(t, dtype=t.stored, bytes=t.stored_bytes or 0) if t.stored else t for t in tensors]
+    dtypes = {row.dtype: CensusEntry(row.tensors, row.numel, row.bytes) for row in census(as_stored)}
     finding_levels: list[Level] = [f.level for f in findings]
     unjudged: dict[str, list[TensorScan]] = {}
-    for tensor in tensors:
+    for tensor in every:
         if tensor.not_judged is not None:
             unjudged.setdefault(tensor.not_judged, []).append(tensor)
     return ScanSummary(
@@ -237,6 +280,7 @@ def summarise(tensors: tuple[TensorScan, ...], findings: tuple[Finding, ...], le
         census=dtypes,
         not_judged=tuple(_not_judged(reason, group) for reason, group in unjudged.items()),
         left_out=left_out,
+        aliases=len(every) - len(tensors),
     )
 
 

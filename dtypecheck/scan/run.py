@@ -33,6 +33,7 @@ from dtypecheck.scan.report import ScanReport, summarise
 from dtypecheck.scan.select import EVERYTHING, Selection
 from dtypecheck.scan.targets import check_targets
 from dtypecheck.scan.tensor import TensorScanner
+from dtypecheck.scan.verdicts import with_verdicts
 
 if TYPE_CHECKING:
     import torch
@@ -82,7 +83,8 @@ def scan_checkpoint(
         report = _scan(opened, specs, progress, workers or default_workers(), kernels(compiled), precision, selection)
     finally:
         opened.close()
-    result = gate.judge(plan, with_keep_float32(apply_policy(report, policy), keep_float32_sqnr_db))
+    judged = with_verdicts(with_keep_float32(apply_policy(report, policy), keep_float32_sqnr_db))
+    result = gate.judge(plan, judged)
     gate.write()
     return result.report
 
@@ -132,7 +134,9 @@ def _scan(
         _second_pass(pipeline, scanners)
     results = {id(s.record): s.result() for s in scanners}
     for copy, original in copies:
-        results[id(copy)] = dataclasses.replace(results[id(original)], name=copy.name, shape=tuple(copy.shape))
+        results[id(copy)] = dataclasses.replace(
+            results[id(original)], name=copy.name, shape=tuple(copy.shape), alias_of=original.name
+        )
     tensors = tuple(results[id(record)] for records in listed for record in records)
     found = list(checkpoint.findings)
     left_out = sum(map(len, every)) - len(tensors)

@@ -325,6 +325,8 @@ class TensorScanner:
             level=level,
             log2_histogram=histogram,
             note=note,
+            stored=record.stored,
+            stored_bytes=record.stored_bytes,
         )
 
     def _applicable_targets(self) -> list[DtypeSpec]:

@@ -91,6 +91,11 @@ def test_json_document_follows_the_contract(cli, example) -> None:
         row["tensors"] += 1
         row["numel"] += t["numel"]
         row["bytes"] += t["bytes"]
+    verdicts = doc["summary"].pop("verdicts")  # every field is checked against numpy in test_verdicts.py
+    assert [(v["target"], v["level"], v["overflow"]) for v in verdicts] == [
+        ("float16", "fail", 3),
+        ("bfloat16", "fail", 0),
+    ]
     assert doc["summary"] == {
         "tensors": 7,
         "numel": sum(t["numel"] for t in doc["tensors"]),
@@ -103,6 +108,7 @@ def test_json_document_follows_the_contract(cli, example) -> None:
         "keep_float32": [],  # bfloat16 holds every float32 tensor of the example
         "not_judged": [],  # no step counter or other bookkeeping in the example
         "left_out": 0,
+        "aliases": 0,
     }
     assert list(doc["summary"]["census"]) == ["float32", "int64", "bfloat16"]  # largest share of bytes first
     assert result.stderr == ""  # stderr is not a terminal here: no progress bar

@@ -175,6 +175,7 @@ class GgufCheckpoint:
             numel *= size
         start = data_start + info.offset
         source: TensorSource | None
+        stored_as: str | None = None
         if info.ggml_type in PLAIN_TYPES:
             dtype = PLAIN_TYPES[info.ggml_type]
             from dtypecheck.loaders._io.mapped import itemsize_of
@@ -203,11 +204,12 @@ class GgufCheckpoint:
             source = source if numel else EMPTY_SOURCE
             from gguf import GGMLQuantizationType
 
-            type_name = GGMLQuantizationType(info.ggml_type).name
+            type_name = stored_as = GGMLQuantizationType(info.ggml_type).name
             self.findings.append(Finding("gguf-quantized", "ok", f"{type_name} dequantized to float32", info.name))
         if start + stored > self._map.size:
             raise InputError(f"{self.source}: tensor {info.name!r} lies outside the file (truncated?)")
-        return TensorRecord(info.name, dtype, info.shape, nbytes, source)
+        as_stored = stored if stored_as is not None else None
+        return TensorRecord(info.name, dtype, info.shape, nbytes, source, stored=stored_as, stored_bytes=as_stored)
 
     def records(self) -> Iterator[TensorRecord]:
         return iter(self._records)
