@@ -63,3 +63,22 @@ def test_a_pickle_stopped_at_a_limit_is_a_finding(tmp_path: Path, cli: Callable[
     (finding,) = [f for f in result.json()["findings"] if f["level"] == "fail"]  # (and a "skipped" warning)
     assert finding["kind"] == "unreadable-file"
     assert finding["detail"].startswith("optimizer.pt: torch.load would run a pickle that dtypecheck stopped reading")
+
+
+def test_a_payload_after_a_storage_of_a_legacy_tar_is_found(tmp_path: Path) -> None:
+    """The second storage's header pickle lies after the first storage's raw bytes: it is found by walking the
+    member as torch.load does (count, header, int64 element count, elements, ...)."""
+    import pickle
+    import struct
+
+    import torch
+
+    from dtypecheck.loaders._io.pickle_files import file_globals
+
+    header = pickle.dumps(("0", "cpu", torch.FloatStorage), 2)
+    payload = pickle.dumps(corpus._Payload(tmp_path / "canary"), 2)
+    storages = pickle.dumps(2, 2) + header + struct.pack("<q", 3) + struct.pack("<3f", 1, 2, 3) + payload
+    path = corpus.legacy_tar(tmp_path / "old.pt", storages)
+    report = file_globals(path)
+    assert [ref.qualname for ref in report.globals] == ["torch.FloatStorage", "builtins.exec"]
+    assert not report.limited
