@@ -11,7 +11,9 @@ oversized and malformed files, hostile user code; nothing is stored, everything 
   would create its own canary file if anything in it ran;
 - **canaries proven live**: the same inputs handed to ``torch.load(weights_only=False)`` (or ``dcp.load``) in a
   throwaway process, which does create the canary: the payloads are real, so "0 executed" means something;
-- **crashes**: processes killed by a signal (SIGBUS, SIGSEGV...), and **hangs**: runs past the timeout.
+- **crashes**: processes killed by a signal (SIGBUS, SIGSEGV...), and **hangs**: runs past the timeout;
+- **peak memory** of the ``special-files`` class (FIFOs, sockets, devices and symlinks to ``/dev/zero`` where a
+  scan reads a small file): the largest maximum resident set size of those runs (``wait4``), to stay <= 1 GiB.
 
     .venv/bin/python benchmarks/hostile_corpus.py [--timeout 120] [--keep DIR] [--only CLASS ...] [--code DIR]
 
@@ -82,6 +84,7 @@ def run(folder: Path, classes: tuple[str, ...], timeout: float) -> None:
         last = stderr.strip().splitlines()[-1][:110] if stderr.strip() else ""
         line = f"{state:7} {hostile.klass:15} {hostile.name:34} exit {returncode:>4} {seconds:6.1f} s  {last}"
         print(line, flush=True)
+    peaks = [peak_rss(h, timeout) for h in inputs if h.klass == "special-files"]
     carriers = [h for h in inputs if h.canary is not None]
     for hostile in carriers:
         if hostile.canary is not None:
@@ -102,9 +105,38 @@ def run(folder: Path, classes: tuple[str, ...], timeout: float) -> None:
     if dead:
         print(f"  not run by torch: {', '.join(dead)}")
         print("  (torch reads one copy of a duplicated entry; __main__.evil does not exist in a plain process)")
+    if peaks:
+        print(
+            f"peak memory:           {max(peaks) / 1024:.0f} MiB (largest max RSS of {len(peaks)} special-files runs)"
+        )
     print(f"crashes:               {tally['crashes']}")
     print(f"hangs:                 {tally['hangs']} (timeout {timeout:.0f} s)")
     print(f"total time:            {time.monotonic() - started:.0f} s")
+
+
+def peak_rss(hostile: corpus.Hostile, timeout: float) -> int:
+    """The maximum resident set size of one run, in KiB (``wait4``'s ``ru_maxrss``)."""
+    from tests.security.harness import code_under_test, environment
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dtypecheck", *hostile.args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        env=environment(),
+        cwd=code_under_test(),
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pid, _status, usage = os.wait4(process.pid, os.WNOHANG)
+        if pid:
+            process.returncode = 0  # reaped here: keep Popen from waiting again
+            return int(usage.ru_maxrss)
+        time.sleep(0.01)
+    process.kill()
+    _pid, _status, usage = os.wait4(process.pid, 0)
+    process.returncode = -9
+    return int(usage.ru_maxrss)
 
 
 if __name__ == "__main__":

@@ -273,17 +273,26 @@ def validate(table: Mapping[str, Any], origin: str) -> Config:
     return Config(Path(origin), sections, policy)
 
 
+MAX_CONFIG_BYTES = 16 << 20
+
+
 def _read_toml(path: Path) -> dict[str, Any]:
+    from dtypecheck.errors import InputError
+    from dtypecheck.loaders._io.regular import read_regular_file
+
     try:
-        with path.open("rb") as handle:
-            document: dict[str, Any] = tomllib.load(handle)
-            return document
+        document: dict[str, Any] = tomllib.loads(read_regular_file(path, MAX_CONFIG_BYTES).decode("utf-8"))
+        return document
+    except InputError as exc:  # a FIFO, a device, an oversized file: refused before reading
+        raise UsageError(f"cannot read config {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path}: not valid TOML (not UTF-8: {exc.reason} at byte {exc.start})") from None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path}: not valid TOML ({exc})") from None
+    except ValueError as exc:  # an integer of more digits than Python converts (4300)
+        raise UsageError(f"{path}: not valid TOML ({str(exc).splitlines()[0]})") from None
     except RecursionError:
         raise UsageError(f"{path}: not valid TOML (nested too deeply)") from None
-    except OSError as exc:
-        raise UsageError(f"cannot read config {path}: {exc.strerror or exc}") from None
 
 
 def _table_of(path: Path, document: dict[str, Any]) -> dict[str, Any] | None:
@@ -305,7 +314,7 @@ def find_config(start: Path | None = None) -> Path | None:
             try:
                 with candidate.open("rb") as handle:
                     document = tomllib.load(handle)
-            except (OSError, tomllib.TOMLDecodeError, RecursionError):
+            except (OSError, ValueError, RecursionError):  # ValueError: invalid TOML, UTF-8, or a huge integer
                 # someone else's broken pyproject is not ours to judge unless it mentions our table
                 with contextlib.suppress(OSError):
                     if b"dtypecheck" in candidate.read_bytes():

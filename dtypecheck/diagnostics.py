@@ -49,7 +49,7 @@ class Diagnostic:
     def fingerprint(self) -> str:
         """Stable across runs for the same check on the same thing: lets code scanning track it."""
         key = f"{self.rule_id}|{self.logical or ''}|{self.message.split(':')[0]}"
-        return hashlib.sha256(key.encode()).hexdigest()[:32]
+        return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:32]  # names may hold lone surrogates
 
 
 def _severity(level: Level) -> Severity:

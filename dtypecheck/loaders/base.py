@@ -40,11 +40,33 @@ from dtypecheck.findings import Finding, Level
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["MAX_TENSORS_PER_FILE", "Checkpoint", "Finding", "Level", "TensorRecord", "TensorSource", "check_count"]
+__all__ = [
+    "MAX_TENSORS_PER_FILE",
+    "MAX_TENSOR_DIMS",
+    "Checkpoint",
+    "Finding",
+    "Level",
+    "TensorRecord",
+    "TensorSource",
+    "check_count",
+    "check_dims",
+]
 
 MAX_TENSORS_PER_FILE = 250_000
 """Most tensors one checkpoint file may hold. The largest real files hold tens of thousands (a sharded model's files
 each hold a share); a header of 1.4 million empty tensors costs 80 MB to write and would cost an hour to report."""
+
+
+MAX_TENSOR_DIMS = 64
+"""Most dimensions a tensor may have: what torch's kernels are built for (``TensorIterator``, CUDA's
+``MAX_DIMS``); this CPU build of torch makes a 1500-dimension view of one element, which no real checkpoint holds
+and whose walk would only recurse (a scan of it once ended in a ``RecursionError``)."""
+
+
+def check_dims(shape: tuple[int, ...] | list[int], name: str, where: str) -> None:
+    """An ``InputError`` for a tensor with more than ``MAX_TENSOR_DIMS`` dimensions."""
+    if len(shape) > MAX_TENSOR_DIMS:
+        raise InputError(f"{where}: tensor {name!r} has {len(shape)} dimensions, over the {MAX_TENSOR_DIMS} limit")
 
 
 def check_count(count: int, where: str) -> None:

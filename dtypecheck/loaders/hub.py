@@ -52,6 +52,7 @@ def resolve_hub_id(target: str) -> Path | None:
             f"{target}: no such file or directory; as a Hugging Face Hub id it needs huggingface_hub "
             "(pip install 'dtypecheck[hf]')"
         ) from None
+    _refuse_special_ref(huggingface_hub, repo_id, revision)
     cached = _cached_snapshot(huggingface_hub, repo_id, revision)
     if cached is not None and _holds_weights(cached):
         return cached
@@ -78,6 +79,17 @@ def _cache_dir() -> str | None:
     if os.environ.get("HF_HOME"):
         return str(Path(os.environ["HF_HOME"]) / "hub")
     return None
+
+
+def _refuse_special_ref(hub: Any, repo_id: str, revision: str | None) -> None:
+    """An ``InputError`` when the cache's ``refs/<branch>`` for ``repo_id`` is a FIFO, socket or device:
+    huggingface_hub reads it with a plain ``open().read()``, which a FIFO blocks forever."""
+    from dtypecheck.loaders._io.regular import require_regular
+
+    cache = Path(_cache_dir() or hub.constants.HF_HUB_CACHE)
+    ref = cache / ("models--" + repo_id.replace("/", "--")) / "refs" / (revision or "main")
+    if ref.is_symlink() or ref.exists():
+        require_regular(ref)
 
 
 def _cached_snapshot(hub: Any, repo_id: str, revision: str | None) -> Path | None:

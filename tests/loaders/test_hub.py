@@ -142,3 +142,15 @@ def test_online_downloads_only_the_weight_files(cache: Path, monkeypatch: pytest
         "pytorch_model-1.bin",
         "pytorch_model.bin.index.json",
     ]
+
+
+def test_a_cache_ref_that_is_a_fifo_is_refused(cli, cache: Path) -> None:
+    import os
+
+    snapshot = _cache_model(cache, "org/tiny", MAIN, TINY, None)
+    refs = snapshot.parents[1] / "refs"
+    refs.mkdir()
+    os.mkfifo(refs / "main")  # huggingface_hub would block reading it
+    result = cli("scan-model", "org/tiny")
+    assert result.exit_code == 3
+    assert result.stderr == f"error: {refs / 'main'}: a FIFO, not a regular file: refused before reading\n"

@@ -16,7 +16,20 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-CLASSES = ("globals", "unread-pickles", "crashes", "tracebacks", "hangs", "other", "fuzz")
+CLASSES = (
+    "globals",
+    "unread-pickles",
+    "crashes",
+    "tracebacks",
+    "hangs",
+    "other",
+    "fuzz",
+    "differentials",
+    "loadable-files",
+    "gadgets",
+    "special-files",
+    "robustness",
+)
 
 
 @dataclass(frozen=True)
@@ -625,6 +638,296 @@ def fuzz_inputs(folder: Path) -> list[Hostile]:
     return out
 
 
+# --- round 3 (issue 20): what torch.load reads that the scan once did not ------------------------------------------
+
+
+def _local(name: str, data: bytes, method: int = zipfile.ZIP_STORED) -> tuple[bytes, bytes, int]:
+    """A zip local record for ``name`` (its header and data) and the data's size once read."""
+    import zlib
+
+    raw = name.encode()
+    body = data
+    if method == zipfile.ZIP_DEFLATED:
+        packer = zlib.compressobj(9, zlib.DEFLATED, -15)
+        body = packer.compress(data) + packer.flush()
+    crc = zlib.crc32(data)
+    header = struct.pack("<4sHHHHHIIIHH", b"PK\x03\x04", 20, 0, method, 0, 0x21, crc, len(body), len(data), len(raw), 0)
+    return header + raw + body, body, len(data)
+
+
+def _central(name: str, header_at: int, local: tuple[bytes, bytes, int], method: int = zipfile.ZIP_STORED) -> bytes:
+    import zlib
+
+    raw = name.encode()
+    record, body, size = local
+    crc = struct.unpack("<I", record[14:18])[0] if record else zlib.crc32(b"")
+    fields = (b"PK\x01\x02", 20, 20, 0, method, 0, 0x21, crc, len(body), size, len(raw), 0, 0, 0, 0, 0, header_at)
+    return struct.pack("<4sHHHHHHIIIHHHHHII", *fields) + raw
+
+
+def two_central_directories(path: Path, benign: bytes, hostile: bytes, storages: dict[str, bytes]) -> Path:
+    """A torch zip with two central directories of the same size: the end record's offset points torch's reader
+    (miniz) at the one listing the hostile ``data.pkl``, while Python's ``zipfile`` finds the directory just before
+    the end record and "corrects" every offset by the difference, reading the benign one."""
+    others = [("archive/byteorder", b"little"), ("archive/version", b"3\n")]
+    others += [(f"archive/data/{key}", data) for key, data in storages.items()]
+    blob = b""
+    at: dict[str, int] = {}
+    records: dict[str, tuple[bytes, bytes, int]] = {}
+    # The hostile record first (only miniz reads it, at its own offset), then padding no directory lists, so every
+    # record the benign directory lists lies past the shift zipfile adds to its offsets.
+    layout = [("hostile", "archive/data.pkl", hostile), ("padding", "archive/padding", b"\0" * 1024)]
+    for label, name, data in [*layout, ("benign", "archive/data.pkl", benign), *((n, n, d) for n, d in others)]:
+        records[label] = _local(name, data)
+        at[label] = len(blob)
+        blob += records[label][0]
+    hostile_cd_at = len(blob)
+
+    def directory(pickle_label: str, shift: int) -> bytes:
+        out = _central("archive/data.pkl", at[pickle_label] - shift, records[pickle_label])
+        return out + b"".join(_central(name, at[name] - shift, records[name]) for name, _ in others)
+
+    hostile_cd = directory("hostile", 0)
+    shift = len(hostile_cd)  # the benign directory lies this far past where the end record says a directory is
+    benign_cd = directory("benign", shift)
+    assert len(benign_cd) == len(hostile_cd)
+    count = 1 + len(others)
+    end = struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, count, count, len(benign_cd), hostile_cd_at, 0)
+    path.write_bytes(blob + hostile_cd + benign_cd + end)
+    return path
+
+
+def deflated_torch_zip(path: Path, pickle_bytes: bytes, storages: dict[str, bytes] | None = None) -> Path:
+    """A torch zip whose ``data.pkl`` is DEFLATED (torch writes it stored, and inflates it all the same)."""
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("archive/data.pkl", pickle_bytes, compress_type=zipfile.ZIP_DEFLATED)
+        archive.writestr("archive/byteorder", b"little")
+        for key, data in (storages or {}).items():
+            archive.writestr(f"archive/data/{key}", data)
+        archive.writestr("archive/version", b"3\n")
+    return path
+
+
+def _one_float_checkpoint() -> tuple[bytes, dict[str, bytes]]:
+    return tensor_pickle({"w": ((1,), (1,), 0)}, 1), {"0": struct.pack("<f", 1.0)}
+
+
+def differential_inputs(folder: Path) -> list[Hostile]:
+    out: list[Hostile] = []
+    benign, storages = _one_float_checkpoint()
+
+    def add(name: str, target: Path, loads: Path) -> None:
+        marker = folder / f"canary-{name}"
+        out.append(Hostile(name, "differentials", ("scan-model", str(target)), frozenset({1}), marker, loads))
+
+    def payload(name: str) -> bytes:  # the same tensor, and beside it the payload
+        weight = text("w") + rebuild((1,), (1,), 0, 1)
+        return program(b"}(" + weight + text("x") + gadgets(folder / f"canary-{name}")["exec"][1] + b"u")
+
+    name = "zip-two-central-directories"
+    path = two_central_directories(folder / f"{name}.pt", benign, payload(name), storages)
+    add(name, path, path)
+    name = "deflated-data-pkl"
+    add(name, deflated_torch_zip(folder / f"{name}.pt", payload(name), storages), folder / f"{name}.pt")
+    twin = folder / "deflated-twin"
+    twin.mkdir()
+    _safetensors_weights(twin / "model.safetensors")
+    name = "deflated-side-file"
+    side = program(gadgets(folder / f"canary-{name}")["exec"][1])  # no tensor: as training_args.bin holds none
+    add(name, twin, deflated_torch_zip(twin / "training_args.bin", side))
+    return out
+
+
+def _safetensors_weights(path: Path) -> Path:
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.ones(2)}, path)
+    return path
+
+
+def legacy_tar(path: Path, storages_pickle: bytes) -> Path:
+    """torch's oldest format, a tar of ``storages``, ``tensors`` and ``pickle``, whose ``storages`` member opens
+    with ``storages_pickle`` (where torch reads the storage count)."""
+    import io
+    import pickle
+    import tarfile
+
+    members = {"sys_info": pickle.dumps({"little_endian": True}, 2), "storages": storages_pickle}
+    members |= {"tensors": pickle.dumps(0, 2), "pickle": pickle.dumps({}, 2)}
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def loadable_inputs(folder: Path) -> list[Hostile]:
+    """Files torch.load accepts that the scan did not recognise: raw pickles of protocol 0 and 1 (no ``\\x80``
+    header), a legacy tar, alone, as a side file or as the ``pytorch_model.bin`` twin."""
+    import pickle
+
+    out: list[Hostile] = []
+
+    def add(name: str, target: Path, loads: Path) -> None:
+        marker = folder / f"canary-{name}"
+        out.append(Hostile(name, "loadable-files", ("scan-model", str(target)), frozenset({1}), marker, loads))
+
+    for protocol in (0, 1):
+        name = f"raw-protocol-{protocol}"
+        path = folder / f"{name}.pt"
+        path.write_bytes(pickle.dumps(_Payload(folder / f"canary-{name}"), protocol=protocol))
+        add(name, path, path)
+        name = f"side-file-protocol-{protocol}"
+        sharded = folder / name
+        sharded.mkdir()
+        _safetensors_weights(sharded / "model-00001-of-00001.safetensors")
+        index = {"metadata": {"total_size": 8}, "weight_map": {"w": "model-00001-of-00001.safetensors"}}
+        (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
+        args = sharded / "training_args.bin"
+        args.write_bytes(pickle.dumps(_Payload(folder / f"canary-{name}"), protocol=protocol))
+        add(name, sharded, args)
+    twin = folder / "twin-protocol-0"
+    twin.mkdir()
+    _safetensors_weights(twin / "model.safetensors")
+    (twin / "pytorch_model.bin").write_bytes(pickle.dumps(_Payload(folder / "canary-twin-protocol-0"), protocol=0))
+    add("twin-protocol-0", twin, twin / "pytorch_model.bin")
+    name = "legacy-tar"
+    tar = legacy_tar(folder / f"{name}.pt", pickle.dumps(_Payload(folder / f"canary-{name}"), protocol=2))
+    add(name, tar, tar)
+    side = folder / "legacy-tar-side-file"
+    side.mkdir()
+    _safetensors_weights(side / "model.safetensors")
+    loads = legacy_tar(side / "optimizer.pt", pickle.dumps(_Payload(folder / "canary-legacy-tar-side-file"), 2))
+    add("legacy-tar-side-file", side, loads)
+    return out
+
+
+def gadget_inputs(folder: Path) -> list[Hostile]:
+    """Classes of packages that ship with torch, called with arguments by the pickle: ``sympy.Lambda`` evals its
+    body (live); the others take a string the way a gadget would (the policy, not a proven payload). Each sits
+    beside a real tensor, so the call is the only thing wrong with the file."""
+    out: list[Hostile] = []
+    storage = {"0": struct.pack("<f", 1.0)}
+    weight = text("w") + rebuild((1,), (1,), 0, 1)
+    classes = {
+        "sympy-lambda": ("sympy.core.function", "Lambda", True),
+        "sympy-lambda-top-level": ("sympy", "Lambda", True),
+        "sympy-matrix": ("sympy.matrices.dense", "MutableDenseMatrix", False),
+        "networkx-graph": ("networkx.classes.graph", "Graph", False),
+        "jinja2-template": ("jinja2.environment", "Template", False),
+        "mpmath-mpf": ("mpmath.ctx_mp_python", "mpf", False),
+    }
+    for name, (module, cls, live) in classes.items():
+        marker = folder / f"canary-{name}"
+        code = text(code_payload(marker))
+        args = (text("x"), code) if cls == "Lambda" else (code,)
+        body = b"}(" + weight + text("gadget") + call(glob(module, cls), *args) + b"u"
+        path = torch_zip(folder / f"{name}.pt", program(body), storage)
+        canary = marker if live else None
+        out.append(Hostile(name, "gadgets", ("scan-model", str(path)), frozenset({1}), canary, path if live else None))
+    return out
+
+
+def special_file_inputs(folder: Path) -> list[Hostile]:
+    """FIFOs, sockets and devices (or symlinks to them) where a scan reads a small file: refused before opening."""
+    import os
+    import socket
+
+    out: list[Hostile] = []
+
+    def add(name: str, target: Path | str, *extra: str) -> None:
+        out.append(Hostile(name, "special-files", ("scan-model", str(target), *extra), frozenset({3})))
+
+    def sharded(name: str) -> Path:
+        where = folder / name
+        where.mkdir()
+        _safetensors_weights(where / "model-00001-of-00001.safetensors")
+        return where
+
+    index = sharded("index-fifo")
+    os.mkfifo(index / "model.safetensors.index.json")
+    add("index-fifo", index)
+    index = sharded("index-dev-zero")
+    (index / "model.safetensors.index.json").symlink_to("/dev/zero")
+    add("index-dev-zero", index)
+    dcp = folder / "dcp-metadata-fifo"
+    dcp.mkdir()
+    os.mkfifo(dcp / ".metadata")
+    (dcp / "__0_0.distcp").write_bytes(b"")
+    add("dcp-metadata-fifo", dcp)
+    dcp = folder / "dcp-metadata-dev-zero"
+    dcp.mkdir()
+    (dcp / ".metadata").symlink_to("/dev/zero")
+    (dcp / "__0_0.distcp").write_bytes(b"")
+    add("dcp-metadata-dev-zero", dcp)
+    side = folder / "side-fifo"
+    side.mkdir()
+    _safetensors_weights(side / "model.safetensors")
+    os.mkfifo(side / "training_args.bin")
+    add("side-file-fifo", side)
+    side = folder / "side-dev-zero"
+    side.mkdir()
+    _safetensors_weights(side / "model.safetensors")
+    (side / "optimizer.pt").symlink_to("/dev/zero")
+    add("side-file-dev-zero", side)
+    side = folder / "side-socket"
+    side.mkdir()
+    _safetensors_weights(side / "model.safetensors")
+    server = socket.socket(socket.AF_UNIX)
+    try:
+        server.bind(str(side / "scheduler.pt"))
+    except OSError:  # a path too long for AF_UNIX: the socket case is left out
+        pass
+    else:
+        add("side-file-socket", side)
+    finally:
+        server.close()
+    add("checkpoint-dev-zero", "/dev/zero")
+    return out
+
+
+def robustness_inputs(folder: Path) -> list[Hostile]:
+    """dtypecheck's own tracebacks: configs, baselines, names and shapes it once failed to handle."""
+    out: list[Hostile] = []
+    good = _safetensors_weights(folder / "good.safetensors")
+
+    def add(name: str, args: tuple[str, ...], expect: int) -> None:
+        out.append(Hostile(name, "robustness", args, frozenset({expect})))
+
+    for name, content in {
+        "config-huge-integer": b"[tool.dtypecheck]\nx = " + b"9" * 5000 + b"\n",
+        "config-invalid-utf8": b"[tool.dtypecheck]\n# \xff\xfe dtypecheck\n",
+        "config-invalid-toml": b"[tool.dtypecheck\n",
+    }.items():
+        where = folder / name
+        where.mkdir()
+        (where / "pyproject.toml").write_bytes(content)
+        add(name, ("scan-model", str(good), "--config", str(where / "pyproject.toml")), 2)
+        found = folder / f"{name}-found"
+        found.mkdir()
+        (found / "pyproject.toml").write_bytes(content)
+        copy = found / "model.safetensors"
+        copy.write_bytes(good.read_bytes())
+        add(f"{name}-found", ("scan-model", str(copy)), 2)
+    baseline = folder / "baseline-invalid-utf8.json"
+    baseline.write_bytes(b'{"schema": "dtypecheck.scan/1", "source": "\xff\xfe"}')
+    add("baseline-invalid-utf8", ("scan-model", str(good), "--baseline", str(baseline)), 3)
+    baseline = folder / "baseline-huge-integer.json"
+    baseline.write_bytes(b'{"schema": "dtypecheck.scan/1", "tensors": [' + b"9" * 5000 + b"]}")
+    add("baseline-huge-integer", ("scan-model", str(good), "--baseline", str(baseline)), 3)
+    four = struct.pack("<f", float("inf"))
+    surrogate = torch_zip(folder / "surrogate.pt", tensor_pickle({"bad\udc80name": ((1,), (1,), 0)}, 1), {"0": four})
+    for output in ("table", "json", "sarif", "github"):
+        add(f"surrogate-name-{output}", ("scan-model", str(surrogate), "--format", output), 1)
+    dims = {"x": ((1,) * 65, (1,) * 65, 0)}
+    add("dims-65", ("scan-model", str(torch_zip(folder / "dims-65.pt", tensor_pickle(dims, 1), {"0": four}))), 3)
+    header = {"x": {"dtype": "F32", "shape": [1] * 65, "data_offsets": [0, 4]}}
+    add("safetensors-dims-65", ("scan-model", str(safetensors_raw(folder / "dims-65.safetensors", header, four))), 3)
+    return out
+
+
 BUILDERS: dict[str, Callable[[Path], list[Hostile]]] = {
     "fuzz": fuzz_inputs,
     "crashes": crash_inputs,
@@ -633,6 +936,11 @@ BUILDERS: dict[str, Callable[[Path], list[Hostile]]] = {
     "globals": globals_inputs,
     "unread-pickles": unread_pickle_inputs,
     "tracebacks": traceback_inputs,
+    "differentials": differential_inputs,
+    "loadable-files": loadable_inputs,
+    "gadgets": gadget_inputs,
+    "special-files": special_file_inputs,
+    "robustness": robustness_inputs,
 }
 
 

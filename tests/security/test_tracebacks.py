@@ -21,7 +21,9 @@ def test_every_input_is_handled_per_contract(tmp_path: Path, cli: Callable[..., 
         outcomes[hostile.name] = result.exit_code
     # sizes and offsets beyond int64 are refused; empty views of any size read nothing
     assert outcomes["shape-4300-digits"] == outcomes["offset-4300-digits"] == 3
-    assert outcomes["huge-shape-empty"] == outcomes["dims-1500"] == outcomes["dims-1500-empty"] == 0
+    assert outcomes["huge-shape-empty"] == 0
+    # more dimensions than torch's kernels are built for (64) is refused, empty or not
+    assert outcomes["dims-1500"] == outcomes["dims-1500-empty"] == 3
     assert outcomes["deep-pyproject-toml"] == 2
 
 

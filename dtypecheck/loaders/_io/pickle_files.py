@@ -95,8 +95,9 @@ def _zip_globals(buffer: mmap.mmap, size: int, where: str) -> PickleReport:
     seen: dict[GlobalRef, None] = {}
     problems: list[str] = []
     view = torch_view(buffer, 0, size)
-    if view is not None and view.pickle is not None:
-        report = bytes_globals(view.pickle, where)
+    theirs = view.pickle() if view is not None else None
+    if theirs is not None:
+        report = bytes_globals(theirs, where)
         seen.update(dict.fromkeys(report.globals))
         problems += [report.problem] if report.problem else []
     elif view is not None and "data.pkl" in view.records:

@@ -18,9 +18,13 @@ The rule is an allowlist, not a list of known-bad names (a denylist misses ``pkg
   path is judged) or touches a dunder; any name that is not a plain identifier; any function-like (not CapWords)
   name of any other module; the extension registry (``EXT1``/``EXT2``/``EXT4``).
 - ``warn``: a CapWords class of a package outside the standard library, torch and numpy (Lightning's
-  ``AttributeDict``, ``transformers.TrainingArguments``, ``omegaconf.DictConfig``, the user's own classes):
-  ``torch.load(weights_only=False)`` would import that package and construct the class, which is as safe as the
-  package. ``--fail-on warn`` makes those fail too.
+  ``AttributeDict``, ``transformers.TrainingArguments``, ``omegaconf.DictConfig``, the user's own classes) that the
+  pickle only rebuilds from plain state (no-argument ``NEWOBJ`` then ``BUILD`` of a dict) or calls with one plain
+  value (an enum member): ``torch.load(weights_only=False)`` would import that package and make a bare instance,
+  which is as safe as the package. ``fail_on="warn"`` (``--fail-on warn``) makes those fail too.
+- ``fail`` as well: such a class that the pickle *calls* with arguments (``REDUCE``, ``NEWOBJ``/``NEWOBJ_EX``,
+  ``INST``, ``OBJ``, or ``BUILD`` of a state only a custom ``__setstate__`` takes), since its code then runs on the
+  pickle's data (``sympy.Lambda("x", code)`` evals ``code``); see ``_judge_class``.
 """
 
 from __future__ import annotations
@@ -117,6 +121,12 @@ standard library pickle with. Nothing here calls a callable it was not handed as
 TRUSTED_ROOTS: frozenset[str] = frozenset({"torch", "numpy", "__builtin__", "copy_reg"} | set(sys.stdlib_module_names))
 """Top-level packages whose names are fully known here: whatever of theirs is not allowed fails."""
 
+SHIPPED_WITH_TORCH: frozenset[str] = frozenset(
+    {"sympy", "mpmath", "networkx", "jinja2", "markupsafe", "fsspec", "filelock", "typing_extensions", "setuptools"}
+)
+"""Packages installed with torch (its requirements and theirs): present wherever a checkpoint is loaded, and none of
+them defines data a checkpoint needs, so a class of theirs that a pickle calls fails even with one argument."""
+
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CLASS_NAME = re.compile(r"^_?[A-Z][A-Za-z0-9_]*$")
 _SUBCLASS_RULES: tuple[tuple[str, str, str], ...] = (
@@ -152,8 +162,25 @@ def judge(ref: GlobalRef) -> tuple[Level, str]:
     if parts[0] in TRUSTED_ROOTS:
         return "fail", "can run code or touch files under torch.load(weights_only=False)"
     if _CLASS_NAME.match(name):
-        return "warn", f"class of an unvetted package: torch.load(weights_only=False) would import {module}"
+        return _judge_class(ref, parts[0])
     return "fail", "a function of an unvetted package: torch.load(weights_only=False) would call it"
+
+
+def _judge_class(ref: GlobalRef, root: str) -> tuple[Level, str]:
+    """A class of a package outside the standard library, torch and numpy: ``warn`` when it is only rebuilt from
+    plain state (as a dataclass or ``TrainingArguments`` is), ``fail`` when the pickle calls it with arguments (its
+    ``__init__``/``__new__``/``__setstate__`` then runs on the pickle's data: ``sympy.Lambda("x", code)`` evals
+    ``code``). A call with one plain value is how an enum member is pickled (``IntervalStrategy("steps")`` in
+    ``training_args.bin``) and stays ``warn``, except in the packages that ship with torch, whose names are known."""
+    module = ref.module
+    if ref.called and (not ref.single_value or root in SHIPPED_WITH_TORCH):
+        return (
+            "fail",
+            f"a class of {module} that the pickle calls with arguments: torch.load would run its code on them",
+        )
+    if ref.called:
+        return "warn", f"a class of an unvetted package called with one value (an enum member?): imports {module}"
+    return "warn", f"class of an unvetted package: torch.load(weights_only=False) would import {module}"
 
 
 def _known_safe_class(module: str, name: str) -> bool:

@@ -40,6 +40,12 @@ class GlobalRef:
 
     module: str
     name: str
+    called: bool = field(default=False, compare=False)
+    """The stream calls it with arguments (``REDUCE``, ``NEWOBJ``/``NEWOBJ_EX``, ``INST``, ``OBJ``, or ``BUILD``
+    of a state other than a plain ``__dict__``): ``pickle.load`` would run its code on the pickle's data. Not part
+    of equality: a global is one global however it is used."""
+    single_value: bool = field(default=False, compare=False)
+    """Every call passes exactly one plain value (a str, a number): how an enum member is pickled."""
 
     @property
     def qualname(self) -> str:
@@ -129,6 +135,7 @@ class SafeUnpickler:
         self.persistent_load = persistent_load
         self.globals_seen: list[GlobalRef] = []
         self._seen: set[GlobalRef] = set()
+        self._index: dict[GlobalRef, int] = {}
 
     def _error(self, what: str) -> InputError:
         return InputError(f"{self.where}: malformed pickle ({what})")
@@ -147,8 +154,29 @@ class SafeUnpickler:
         ref = GlobalRef(module, name)
         if ref not in self._seen:
             self._seen.add(ref)
+            self._index[ref] = len(self.globals_seen)
             self.globals_seen.append(ref)
         return ref
+
+    def _called(self, factory: Any, args: tuple[Any, ...], kwargs: dict[Any, Any] | None = None) -> None:
+        """Record that ``factory`` is called with ``args``: a global called with arguments runs its own code."""
+        if isinstance(factory, GlobalRef) and factory.qualname in _REBUILD_HELPERS:
+            cls = args[0] if args else None
+            plain = _REBUILD_HELPERS[factory.qualname](args)
+            if isinstance(cls, GlobalRef) and not plain:
+                self._mark(cls, args[1:])
+            return
+        if isinstance(factory, GlobalRef) and (args or kwargs):
+            self._mark(factory, args if not kwargs else (*args, kwargs))
+
+    def _mark(self, ref: GlobalRef, args: tuple[Any, ...]) -> None:
+        index = self._index.get(ref)
+        if index is None:
+            return
+        before = self.globals_seen[index]
+        single = len(args) == 1 and (args[0] is None or isinstance(args[0], str | int | float | bool))
+        single = single and (before.single_value or not before.called)
+        self.globals_seen[index] = GlobalRef(ref.module, ref.name, called=True, single_value=single)
 
     def load(self) -> Any:
         """Interpret the pickle that starts at the stream's current position."""
@@ -274,23 +302,30 @@ class SafeUnpickler:
                 factory = pop()
                 if not isinstance(args, tuple):
                     raise self._error("REDUCE arguments are not a tuple")
+                self._called(factory, args)
                 stack.append(self.call(factory, args, None))
             elif op == "NEWOBJ":
                 args = pop()
                 cls = pop()
-                stack.append(self.call(cls, tuple(args) if isinstance(args, tuple | list) else (args,), None))
+                args = tuple(args) if isinstance(args, tuple | list) else (args,)
+                self._called(cls, args)
+                stack.append(self.call(cls, args, None))
             elif op == "NEWOBJ_EX":
                 kwargs = pop()
                 args = pop()
                 cls = pop()
+                self._called(cls, tuple(args), kwargs if isinstance(kwargs, dict) else None)
                 stack.append(self.call(cls, tuple(args), kwargs if isinstance(kwargs, dict) else None))
             elif op == "INST":
                 module, _, name = str(arg).partition(" ")
-                stack.append(self.call(self._global(module, name), tuple(pop_mark()), None))
+                ref, args = self._global(module, name), tuple(pop_mark())
+                self._called(ref, args)
+                stack.append(self.call(ref, args, None))
             elif op == "OBJ":
                 items = pop_mark()
                 if not items:
                     raise self._error("OBJ without a class")
+                self._called(items[0], tuple(items[1:]))
                 stack.append(self.call(items[0], tuple(items[1:]), None))
             elif op == "BUILD":
                 state = pop()
@@ -328,11 +363,40 @@ class SafeUnpickler:
             raise self._error(f"SETITEMS onto a {type(target).__name__}")
 
     def _build(self, target: Any, state: Any) -> None:
+        if isinstance(target, PickleObject) and isinstance(target.factory, GlobalRef) and not _plain_state(state):
+            built = target.factory
+            if built.qualname in _REBUILD_HELPERS and target.args and isinstance(target.args[0], GlobalRef):
+                built = target.args[0]  # copyreg._reconstructor(cls, ...): the instance is cls's
+            self._mark(built, (state,))  # BUILD of such a state only means something to a __setstate__
         if isinstance(target, PickleObject):
             target.state = state if target.state is None else (target.state, state)
         elif isinstance(target, dict) and isinstance(state, dict):
             target.update((_safe_key(k), v) for k, v in state.items())
         # BUILD on anything else (a tensor record, a string) carries nothing a scan needs.
+
+
+def _plain_state(state: Any) -> bool:
+    """A state the default ``__setstate__`` takes (a ``__dict__``, or ``(__dict__, slots)``), as a dataclass, an
+    ``argparse.Namespace`` or ``TrainingArguments`` pickles."""
+    if state is None or isinstance(state, dict):
+        return True
+    pairs = isinstance(state, tuple) and len(state) == 2
+    return pairs and all(part is None or isinstance(part, dict) for part in state)
+
+
+def _reconstructor_is_plain(args: tuple[Any, ...]) -> bool:
+    """``copyreg._reconstructor(cls, object, None)`` is ``object.__new__(cls)``; another base runs that base's
+    ``__new__``/``__init__`` on the state."""
+    return len(args) == 3 and args[1] == GlobalRef("builtins", "object") and args[2] is None
+
+
+_REBUILD_HELPERS: dict[str, Callable[[tuple[Any, ...]], bool]] = {
+    "copyreg._reconstructor": _reconstructor_is_plain,
+    "copyreg.__newobj__": lambda args: len(args) <= 1,  # protocol 2's NEWOBJ spelled as REDUCE: cls(*args[1:])
+    "copyreg.__newobj_ex__": lambda args: len(args) == 3 and not args[1] and not args[2],
+}
+"""Allowed helpers that call the class they are handed (their first argument): whether a call only makes a bare
+instance, which is then rebuilt from plain state."""
 
 
 def _literal(arg: Any) -> Any:

@@ -15,7 +15,7 @@ from typing import Any
 
 from dtypecheck.errors import InputError
 from dtypecheck.loaders._io.pickle_vm import GlobalRef, IdentityKey, PickleObject, _safe_key
-from dtypecheck.loaders.base import Finding, check_count
+from dtypecheck.loaders.base import MAX_TENSOR_DIMS, Finding, check_count
 
 MAX_WALK_DEPTH = 1000
 """Deepest nesting of containers a checkpoint may have; deeper is a hostile file (names would grow quadratically)."""
@@ -155,6 +155,8 @@ def _rebuild_tensor(args: tuple[Any, ...], dtype: str | None) -> TensorRef:
     shape, stride = _int_tuple(args[2], "shape"), _int_tuple(args[3], "stride")
     if len(shape) != len(stride):
         raise ValueError("tensor shape and stride differ in length")
+    if len(shape) > MAX_TENSOR_DIMS:
+        raise ValueError(f"a tensor of {len(shape)} dimensions, over the {MAX_TENSOR_DIMS} limit")
     return TensorRef(storage, dtype or storage.dtype, offset, shape, stride)
 
 

@@ -15,7 +15,8 @@ import mmap
 import struct
 import zipfile
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from dtypecheck.errors import InputError
 from dtypecheck.loaders._io.mapped import Window, read_range
@@ -150,9 +151,19 @@ class TorchView:
 
     records: dict[str, tuple[int, int]]
     """Record name (under the archive's folder, which torch strips) -> (absolute data offset, size as read)."""
-    pickle: bytes | None
-    """The ``data.pkl`` torch would unpickle (inflated if it is deflated), or None when it has none or it is
-    over ``MAX_INFLATED_BYTES``."""
+    reader: Any = field(repr=False, compare=False)
+
+    def pickle(self) -> bytes | None:
+        """The ``data.pkl`` torch would unpickle (inflated if it is deflated), read now; None when the archive has
+        none, it is over ``MAX_INFLATED_BYTES``, or torch's reader fails on it (``torch.load`` would fail too)."""
+        found = self.records.get("data.pkl")
+        if found is None or found[1] > MAX_INFLATED_BYTES:
+            return None
+        try:
+            data = self.reader.get_record("data.pkl")
+        except (RuntimeError, ValueError, OSError, MemoryError):
+            return None
+        return bytes(data) if isinstance(data, bytes | bytearray) else None
 
 
 def torch_view(buffer: mmap.mmap, start: int, length: int) -> TorchView | None:
@@ -169,14 +180,9 @@ def torch_view(buffer: mmap.mmap, start: int, length: int) -> TorchView | None:
         if len(names) > MAX_ZIP_ENTRIES:
             return None
         records = {name: (start + reader.get_record_offset(name), reader.get_record_size(name)) for name in names}
-        found = records.get("data.pkl")
-        pickle = None
-        if found is not None and found[1] <= MAX_INFLATED_BYTES:
-            data = reader.get_record("data.pkl")
-            pickle = bytes(data) if isinstance(data, bytes | bytearray) else None
     except (RuntimeError, ValueError, OSError, OverflowError, MemoryError):
         return None
-    return TorchView(records, pickle)
+    return TorchView(records, reader)
 
 
 def differential_findings(copies: dict[str, list[ZipEntry]], view: TorchView | None, where: str) -> list[Finding]:

@@ -18,7 +18,7 @@ from dtypecheck.loaders._io.pickle_globals import global_findings, worst_first
 from dtypecheck.loaders._io.pickle_vm import PickleObject, SafeUnpickler
 from dtypecheck.loaders._io.regular import read_regular_file
 from dtypecheck.loaders._io.torch_objects import dtype_from_global, torch_call
-from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord
+from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord, check_dims
 from dtypecheck.loaders.formats.torch_zip import TorchArchive
 
 MAX_METADATA_BYTES = 256 * 1024 * 1024
@@ -126,6 +126,7 @@ class DcpCheckpoint:
         chunks = entry.get("chunks")
         if dtype is None or shape is None or not isinstance(chunks, list):
             raise InputError(f"{where}: tensor {name!r} has malformed metadata")
+        check_dims(shape, name, where)
         sources = []
         covered = 0
         described = [(_ints(_fields(c).get("offsets")), _ints(_fields(c).get("sizes"))) for c in chunks]

@@ -18,7 +18,7 @@ from dtypecheck.dtypes import SAFETENSORS_DTYPES
 from dtypecheck.errors import InputError
 from dtypecheck.loaders._io.mapped import EMPTY_SOURCE, FileMap, MappedSource
 from dtypecheck.loaders._io.pickle_files import polyglot_findings
-from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord, check_count
+from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord, check_count, check_dims
 
 MAX_HEADER_BYTES = 100_000_000  # the reference reader's limit (``safetensors`` MAX_HEADER_SIZE)
 
@@ -113,6 +113,7 @@ class SafetensorsCheckpoint:
             isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**63 for s in shape
         ):
             raise InputError(f"{self.path}: tensor {name!r} has a malformed shape {shape!r}")
+        check_dims(shape, name, str(self.path))
         if (
             not isinstance(offsets, list)
             or len(offsets) != 2

@@ -79,11 +79,12 @@ class TorchArchive:
         self.findings.extend(duplicates)
         view = torch_view(self.buffer, self.start, self.length)
         differential = differential_findings(copies, view, self.where)
-        if differential and view is not None and view.pickle is not None:
+        theirs = view.pickle() if differential and view is not None else None
+        if theirs is not None:
             from dtypecheck.loaders._io.pickle_files import bytes_globals
 
             # The scan reads zipfile's bytes; the data.pkl torch would run instead is judged too.
-            differential += global_findings(list(bytes_globals(view.pickle, self.where).globals))
+            differential += global_findings(list(bytes_globals(theirs, self.where).globals))
         self.findings.extend(differential)
         self.prefix = archive_prefix(copies, self.where)
         order = self.entries.get(self.prefix + "byteorder")
