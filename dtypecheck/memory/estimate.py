@@ -21,6 +21,7 @@ from dtypecheck.memory.report import (
 from dtypecheck.memory.tracing import (
     ActivationProfile,
     ExtrapolatedProfile,
+    OpTraceError,
     Profile,
     Traceable,
     linear_profiles,
@@ -209,6 +210,15 @@ class TraceCache:
                 return ExtrapolatedProfile(profiles[0], profiles[1], SHALLOW_LAYERS[0], layers)
         return self._trace(traceable, row, compute, amp)
 
+    @staticmethod
+    def _what(row: Row, compute: DtypeSpec) -> str:
+        return f"{'a training step' if row.mode == 'training' else 'an inference pass'} in {compute.name}"
+
+    def notes(self) -> tuple[str, ...]:
+        """What the traces assumed, each once."""
+        found = (note for profile in self.cache.values() if profile is not None for note in profile.notes)
+        return tuple(dict.fromkeys(found))
+
     def _trace(self, traceable: Traceable, row: Row, compute: DtypeSpec, amp: bool) -> ActivationProfile:
         import torch
 
@@ -227,10 +237,12 @@ class TraceCache:
                     checkpointing=self.checkpointing,
                     input_dtype=None if amp else weights_dtype,
                 )
+        except OpTraceError as exc:
+            raise InputError(f"{self.subject.source}: cannot trace {self._what(row, compute)}: {exc}") from exc
         except DtypecheckError:
             raise
         except Exception as exc:  # noqa: BLE001  (the model's own code, or an op fake tensors cannot run)
-            what = f"{'a training step' if row.mode == 'training' else 'an inference pass'} in {compute.name}"
+            what = self._what(row, compute)
             if self.subject.user_file is not None:
                 raise_user_error(exc, f"tracing {what}", self.subject.user_file)
             first = (str(exc).strip().splitlines() or [""])[0]
@@ -355,6 +367,8 @@ def estimate_subject(
     estimates = tuple(estimate_row(subject, row, options, profiles.get(row)) for row in rows)
     progress(len(rows), len(rows), "done")
     info = subject.model_info()
+    if profiles.notes():
+        info = dataclasses.replace(info, notes=(*info.notes, *profiles.notes()))
     if profiles.extrapolated:
         note = (
             f"activations of {subject.traceable.layers if subject.traceable else 0} identical blocks extrapolated "
