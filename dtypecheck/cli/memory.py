@@ -67,6 +67,12 @@ def estimate_memory(
     ] = None,
     context: Annotated[int | None, typer.Option(min=1, help="Decoder inference: tokens held in the KV cache.")] = None,
     checkpointing: Annotated[bool, typer.Option(help="Activation checkpointing of every block.")] = False,
+    grad_accum: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="Gradient accumulation: micro-batches (of --batch-size) per optimizer step [default: 1]."
+        ),
+    ] = None,
     world_size: Annotated[
         int | None, typer.Option(min=1, help="Devices sharing the model (with --strategy) [default: 1].")
     ] = None,
@@ -140,6 +146,7 @@ def estimate_memory(
         seq_len=seq_len,
         context=context,
         checkpointing=checkpointing,
+        grad_accum=grad_accum,
         world_size=world_size,
         strategy=strategy,
         keep_unquantized=keep_unquantized,
@@ -187,6 +194,7 @@ def resolve_memory_options(
     seq_len: int | None,
     context: int | None,
     checkpointing: bool,
+    grad_accum: int | None,
     world_size: int | None,
     strategy: Strategy | None,
     keep_unquantized: bool,
@@ -219,6 +227,7 @@ def resolve_memory_options(
             world_size=pick(world_size, settings, section, "world-size", 1),
             context=context,
             checkpointing=checkpointing,
+            grad_accum=pick(grad_accum, settings, section, "grad-accum", 1),
             keep_unquantized=keep_unquantized,
             group_size=group_size,
             optimizer_impl=optimizer_impl,

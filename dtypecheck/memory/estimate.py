@@ -53,6 +53,9 @@ class EstimateOptions:
     world_size: int = 1
     context: int | None = None
     checkpointing: bool = False
+    grad_accum: int = 1
+    """Micro-batches per optimizer step (gradient accumulation): each micro-batch's forward and backward run
+    while the gradients of the earlier ones are held."""
     keep_unquantized: bool = False
     group_size: int = 128
     optimizer_impl: OptimizerImpl | None = None
@@ -312,6 +315,11 @@ def estimate_row(subject: Subject, row: Row, options: EstimateOptions, profile: 
     # None before the forward pass and accumulate during backward.
     resident = weights + buffers + optimizer_states + master + ddp_buckets
     forward_backward = resident + gathered + (profile.peak(1 / grad_parts) if profile else gradients)
+    if options.grad_accum > 1:
+        # From the second micro-batch on, the forward and backward pass run beside the gradients accumulated so
+        # far; each new gradient is added into them and freed, so the gradients stay at their full size.
+        activations = profile.peak_activations if profile else 0
+        forward_backward = max(forward_backward, resident + gathered + gradients + activations)
     optimizer_step = resident + gradients + transient + (profile.retained_bytes if profile else 0)
     total = max(forward_backward, optimizer_step)
     return MemoryEstimate(
@@ -339,6 +347,7 @@ def estimate_row(subject: Subject, row: Row, options: EstimateOptions, profile: 
         checkpointing=options.checkpointing,
         peak_phase="forward-backward" if forward_backward >= optimizer_step else "optimizer-step",
         optimizer_impl=options.impl,
+        grad_accum=options.grad_accum,
     )
 
 
@@ -347,6 +356,8 @@ def validate(subject: Subject, options: EstimateOptions) -> None:
         raise ParameterError("{world_size} needs a {strategy} (ddp, zero1, zero2, zero3 or fsdp)")
     if options.world_size < 1:
         raise ParameterError(f"{{world_size}} must be at least 1, not {options.world_size}")
+    if options.grad_accum < 1:
+        raise ParameterError(f"{{grad_accum}} must be at least 1, not {options.grad_accum}")
     if options.group_size < 1:
         raise ParameterError(f"{{group_size}} must be at least 1, not {options.group_size}")
     if options.context is not None and subject.decoder is None:

@@ -105,6 +105,8 @@ class MemoryEstimate:
     optimizer_impl: str | None = None
     """*(extra)* the torch optimizer implementation whose step transient is counted (``foreach``, ``for-loop``,
     ``fused``); null for inference."""
+    grad_accum: int = 1
+    """*(extra)* micro-batches per optimizer step (training); ``batch_size`` is one micro-batch."""
     fit: Fit | None = None
     """*(extra)* with ``--fit``: whether the row fits the device, and the largest batch (and sequence) that does."""
 
