@@ -117,6 +117,10 @@ def estimate_memory(
             "the device, or both (2GiB+5%) [default: 1GiB+5%]."
         ),
     ] = None,
+    fit_timeout: Annotated[
+        float,
+        typer.Option(help="With --fit: seconds the search may take before it reports the best bounds so far (>=)."),
+    ] = 60.0,
     measure: Annotated[
         bool,
         typer.Option(
@@ -156,6 +160,7 @@ def estimate_memory(
         device=device,
         fit=fit,
         reserve=reserve,
+        fit_timeout=fit_timeout,
         measure=measure,
         fmt=fmt,
         output=output,
@@ -176,6 +181,7 @@ class MemoryCommand:
     fit: str | None
     """A device name or a size; None: no fit."""
     reserve: str | None
+    fit_timeout: float
     measure: bool
     fmt: OutputFormat
     output: Path | None
@@ -204,6 +210,7 @@ def resolve_memory_options(
     device: DeviceKind | None,
     fit: str | None,
     reserve: str | None,
+    fit_timeout: float,
     measure: bool,
     fmt: OutputFormat,
     output: Path | None,
@@ -242,6 +249,7 @@ def resolve_memory_options(
         loss=LossName(configured_loss) if configured_loss is not None else None,
         fit=pick(fit, settings, section, "fit", None),
         reserve=pick(reserve, settings, section, "reserve", None),
+        fit_timeout=fit_timeout,
         measure=measure,
         fmt=fmt,
         output=output,
@@ -268,6 +276,7 @@ def execute_memory(command: MemoryCommand) -> int:
             loss=command.loss,
             fit=command.fit,
             reserve=command.reserve,
+            fit_timeout=command.fit_timeout,
             measure=command.measure,
         )
     emit(report, command.fmt, command.output, quiet=command.quiet)
