@@ -233,6 +233,7 @@ SECTION_KEYS: dict[str, dict[str, Validator]] = {
         "strategy": _one_of(*Strategy.names()),
         "batch-size": _positive_int,
         "seq-len": _positive_int,
+        "grad-accum": _positive_int,
         "loss": _one_of(*LossName.names()),
         "device": _one_of(*DeviceKind.names()),
         "fit": _string,

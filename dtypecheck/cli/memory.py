@@ -67,6 +67,12 @@ def estimate_memory(
     ] = None,
     context: Annotated[int | None, typer.Option(min=1, help="Decoder inference: tokens held in the KV cache.")] = None,
     checkpointing: Annotated[bool, typer.Option(help="Activation checkpointing of every block.")] = False,
+    grad_accum: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="Gradient accumulation: micro-batches (of --batch-size) per optimizer step [default: 1]."
+        ),
+    ] = None,
     world_size: Annotated[
         int | None, typer.Option(min=1, help="Devices sharing the model (with --strategy) [default: 1].")
     ] = None,
@@ -111,6 +117,10 @@ def estimate_memory(
             "the device, or both (2GiB+5%) [default: 1GiB+5%]."
         ),
     ] = None,
+    fit_timeout: Annotated[
+        float,
+        typer.Option(help="With --fit: seconds the search may take before it reports the best bounds so far (>=)."),
+    ] = 60.0,
     measure: Annotated[
         bool,
         typer.Option(
@@ -140,6 +150,7 @@ def estimate_memory(
         seq_len=seq_len,
         context=context,
         checkpointing=checkpointing,
+        grad_accum=grad_accum,
         world_size=world_size,
         strategy=strategy,
         keep_unquantized=keep_unquantized,
@@ -149,6 +160,7 @@ def estimate_memory(
         device=device,
         fit=fit,
         reserve=reserve,
+        fit_timeout=fit_timeout,
         measure=measure,
         fmt=fmt,
         output=output,
@@ -169,6 +181,7 @@ class MemoryCommand:
     fit: str | None
     """A device name or a size; None: no fit."""
     reserve: str | None
+    fit_timeout: float
     measure: bool
     fmt: OutputFormat
     output: Path | None
@@ -187,6 +200,7 @@ def resolve_memory_options(
     seq_len: int | None,
     context: int | None,
     checkpointing: bool,
+    grad_accum: int | None,
     world_size: int | None,
     strategy: Strategy | None,
     keep_unquantized: bool,
@@ -196,6 +210,7 @@ def resolve_memory_options(
     device: DeviceKind | None,
     fit: str | None,
     reserve: str | None,
+    fit_timeout: float,
     measure: bool,
     fmt: OutputFormat,
     output: Path | None,
@@ -219,6 +234,7 @@ def resolve_memory_options(
             world_size=pick(world_size, settings, section, "world-size", 1),
             context=context,
             checkpointing=checkpointing,
+            grad_accum=pick(grad_accum, settings, section, "grad-accum", 1),
             keep_unquantized=keep_unquantized,
             group_size=group_size,
             optimizer_impl=optimizer_impl,
@@ -233,6 +249,7 @@ def resolve_memory_options(
         loss=LossName(configured_loss) if configured_loss is not None else None,
         fit=pick(fit, settings, section, "fit", None),
         reserve=pick(reserve, settings, section, "reserve", None),
+        fit_timeout=fit_timeout,
         measure=measure,
         fmt=fmt,
         output=output,
@@ -259,6 +276,7 @@ def execute_memory(command: MemoryCommand) -> int:
             loss=command.loss,
             fit=command.fit,
             reserve=command.reserve,
+            fit_timeout=command.fit_timeout,
             measure=command.measure,
         )
     emit(report, command.fmt, command.output, quiet=command.quiet)

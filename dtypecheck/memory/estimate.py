@@ -21,6 +21,7 @@ from dtypecheck.memory.report import (
 from dtypecheck.memory.tracing import (
     ActivationProfile,
     ExtrapolatedProfile,
+    OpTraceError,
     Profile,
     Traceable,
     linear_profiles,
@@ -52,6 +53,9 @@ class EstimateOptions:
     world_size: int = 1
     context: int | None = None
     checkpointing: bool = False
+    grad_accum: int = 1
+    """Micro-batches per optimizer step (gradient accumulation): each micro-batch's forward and backward run
+    while the gradients of the earlier ones are held."""
     keep_unquantized: bool = False
     group_size: int = 128
     optimizer_impl: OptimizerImpl | None = None
@@ -209,6 +213,15 @@ class TraceCache:
                 return ExtrapolatedProfile(profiles[0], profiles[1], SHALLOW_LAYERS[0], layers)
         return self._trace(traceable, row, compute, amp)
 
+    @staticmethod
+    def _what(row: Row, compute: DtypeSpec) -> str:
+        return f"{'a training step' if row.mode == 'training' else 'an inference pass'} in {compute.name}"
+
+    def notes(self) -> tuple[str, ...]:
+        """What the traces assumed, each once."""
+        found = (note for profile in self.cache.values() if profile is not None for note in profile.notes)
+        return tuple(dict.fromkeys(found))
+
     def _trace(self, traceable: Traceable, row: Row, compute: DtypeSpec, amp: bool) -> ActivationProfile:
         import torch
 
@@ -227,10 +240,12 @@ class TraceCache:
                     checkpointing=self.checkpointing,
                     input_dtype=None if amp else weights_dtype,
                 )
+        except OpTraceError as exc:
+            raise InputError(f"{self.subject.source}: cannot trace {self._what(row, compute)}: {exc}") from exc
         except DtypecheckError:
             raise
         except Exception as exc:  # noqa: BLE001  (the model's own code, or an op fake tensors cannot run)
-            what = f"{'a training step' if row.mode == 'training' else 'an inference pass'} in {compute.name}"
+            what = self._what(row, compute)
             if self.subject.user_file is not None:
                 raise_user_error(exc, f"tracing {what}", self.subject.user_file)
             first = (str(exc).strip().splitlines() or [""])[0]
@@ -300,6 +315,11 @@ def estimate_row(subject: Subject, row: Row, options: EstimateOptions, profile: 
     # None before the forward pass and accumulate during backward.
     resident = weights + buffers + optimizer_states + master + ddp_buckets
     forward_backward = resident + gathered + (profile.peak(1 / grad_parts) if profile else gradients)
+    if options.grad_accum > 1:
+        # From the second micro-batch on, the forward and backward pass run beside the gradients accumulated so
+        # far; each new gradient is added into them and freed, so the gradients stay at their full size.
+        activations = profile.peak_activations if profile else 0
+        forward_backward = max(forward_backward, resident + gathered + gradients + activations)
     optimizer_step = resident + gradients + transient + (profile.retained_bytes if profile else 0)
     total = max(forward_backward, optimizer_step)
     return MemoryEstimate(
@@ -327,6 +347,7 @@ def estimate_row(subject: Subject, row: Row, options: EstimateOptions, profile: 
         checkpointing=options.checkpointing,
         peak_phase="forward-backward" if forward_backward >= optimizer_step else "optimizer-step",
         optimizer_impl=options.impl,
+        grad_accum=options.grad_accum,
     )
 
 
@@ -335,6 +356,8 @@ def validate(subject: Subject, options: EstimateOptions) -> None:
         raise ParameterError("{world_size} needs a {strategy} (ddp, zero1, zero2, zero3 or fsdp)")
     if options.world_size < 1:
         raise ParameterError(f"{{world_size}} must be at least 1, not {options.world_size}")
+    if options.grad_accum < 1:
+        raise ParameterError(f"{{grad_accum}} must be at least 1, not {options.grad_accum}")
     if options.group_size < 1:
         raise ParameterError(f"{{group_size}} must be at least 1, not {options.group_size}")
     if options.context is not None and subject.decoder is None:
@@ -355,6 +378,8 @@ def estimate_subject(
     estimates = tuple(estimate_row(subject, row, options, profiles.get(row)) for row in rows)
     progress(len(rows), len(rows), "done")
     info = subject.model_info()
+    if profiles.notes():
+        info = dataclasses.replace(info, notes=(*info.notes, *profiles.notes()))
     if profiles.extrapolated:
         note = (
             f"activations of {subject.traceable.layers if subject.traceable else 0} identical blocks extrapolated "

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from dtypecheck.errors import InputError
 from dtypecheck.memory.devices import DeviceBudget
 from dtypecheck.memory.estimate import EstimateOptions, Row, TraceCache, estimate_row, plan_rows
+from dtypecheck.memory.names import Mode
 from dtypecheck.memory.report import Fit, MemoryReport
 from dtypecheck.progress import ProgressCallback, no_progress
 
@@ -22,57 +26,89 @@ if TYPE_CHECKING:
     from dtypecheck.memory.subject import Subject
 
 SEARCH_LIMIT = 2**24
-"""No batch or sequence length beyond this is searched (a peak that barely grows would otherwise run away)."""
+"""No batch or sequence length beyond this is searched (a peak that barely grows would otherwise run away): a limit
+found there is reported as at least this."""
+DEFAULT_FIT_TIMEOUT = 60.0
+"""Seconds the search may take before it reports the best bounds found so far."""
+
+
+class FitTimeoutError(Exception):
+    """The search ran out of time; ``best`` is the largest value known to fit."""
+
+    def __init__(self, best: int) -> None:
+        super().__init__(best)
+        self.best = best
 
 
 class _Shapes:
     """The row totals at any (batch, seq), traced once per shape and shared by every row."""
 
-    def __init__(self, subject: Subject, options: EstimateOptions, progress: ProgressCallback) -> None:
+    def __init__(
+        self, subject: Subject, options: EstimateOptions, progress: ProgressCallback, deadline: float | None
+    ) -> None:
         self.subject = subject
         self.options = options
         self.progress = progress
+        self.deadline = deadline
         self.cache: dict[tuple[int | None, int | None], tuple[Subject, TraceCache]] = {}
 
-    def total(self, row: Row, batch: int | None, seq: int | None) -> int:
+    def total(self, row: Row, batch: int | None, seq: int | None, *, kv_for_seq: bool = False) -> int:
         key = (batch, seq)
         if key not in self.cache:
+            if self.deadline is not None and time.monotonic() > self.deadline:
+                raise FitTimeoutError(0)
             self.progress(len(self.cache), len(self.cache) + 1, f"fitting: batch {batch}, seq {seq}")
             shaped = self.subject.reshaped(batch, seq)
             self.cache[key] = (shaped, TraceCache(shaped, self.options.checkpointing, no_progress, total=1))
         shaped, profiles = self.cache[key]
-        return estimate_row(shaped, row, self.options, profiles.get(row)).bytes.total
+        options = self.options
+        if kv_for_seq and row.mode == Mode.inference and shaped.decoder is not None:
+            # A decoder generating ``seq`` tokens holds their keys and values: the cache grows with the sequence.
+            options = dataclasses.replace(options, context=max(options.context or 0, seq or 0))
+        return estimate_row(shaped, row, options, profiles.get(row)).bytes.total
 
     def total_at_batch(self, row: Row, seq: int | None, batch: int) -> int:
         return self.total(row, batch, seq)
 
     def total_at_seq(self, row: Row, batch: int | None, seq: int) -> int:
-        return self.total(row, batch, seq)
+        return self.total(row, batch, seq, kv_for_seq=True)
 
 
-def _largest(fits: Callable[[int], bool], low: int, high: int | None) -> int:
-    """The largest x with ``fits(x)``, given ``fits(low)`` and (when known) not ``fits(high)``."""
-    if high is None:
-        high = max(2 * low, 2)
-        while high <= SEARCH_LIMIT and fits(high):
-            low, high = high, 2 * high
-        if high > SEARCH_LIMIT:
-            return SEARCH_LIMIT if fits(SEARCH_LIMIT) else _largest(fits, low, SEARCH_LIMIT)
-    while high - low > 1:
-        middle = (low + high) // 2
-        if fits(middle):
-            low = middle
-        else:
-            high = middle
+def _largest(fits: Callable[[int], bool], low: int, high: int | None, limit: int) -> int:
+    """The largest x <= ``limit`` with ``fits(x)``, given ``fits(low)`` and (when known) not ``fits(high)``."""
+    try:
+        if high is None:
+            high = max(2 * low, 2)
+            while high <= limit and fits(high):
+                low, high = high, 2 * high
+            if high > limit:
+                if fits(limit):
+                    return limit
+                high = limit
+        while high - low > 1:
+            middle = (low + high) // 2
+            if fits(middle):
+                low = middle
+            else:
+                high = middle
+    except FitTimeoutError:
+        raise FitTimeoutError(low) from None
     return low
 
 
-def largest_fitting(total: Callable[[int], int], usable: int) -> tuple[int | None, str]:
-    """The largest x >= 1 with ``total(x) <= usable`` (0 when even 1 does not fit; None when the total does not
-    grow with x), and how it was found."""
-    t1, t2, t3 = total(1), total(2), total(3)
+def largest_fitting(total: Callable[[int], int], usable: int, limit: int = SEARCH_LIMIT) -> tuple[int | None, str]:
+    """The largest x in 1..``limit`` with ``total(x) <= usable`` (0 when even 1 does not fit; None when the total
+    does not grow with x), and how it was found. Raises ``FitTimeoutError`` with the best bound found so far."""
+    t1 = total(1)
     if t1 > usable:
         return 0, "direct"
+    if limit == 1:
+        return 1, "direct"
+    try:
+        t2 = total(2)
+        t3 = total(3) if limit >= 3 else 2 * t2 - t1
+    except FitTimeoutError:
+        raise FitTimeoutError(1) from None
     d1, d2 = t2 - t1, t3 - 2 * t2 + t1
     if d1 <= 0 and d2 <= 0:
         return None, "constant"
@@ -84,14 +120,35 @@ def largest_fitting(total: Callable[[int], int], usable: int) -> tuple[int | Non
     if d2 == 0:
         guess = 1 + (usable - t1) // d1
     elif d2 > 0:
-        guess = _largest(lambda x: model(x) <= usable, 1, None)
+        guess = _largest(lambda x: model(x) <= usable, 1, None, limit)
     else:
         guess, method = 0, "bisection"
-    guess = min(guess, SEARCH_LIMIT)
-    if guess >= 1 and total(guess) <= usable and (guess == SEARCH_LIMIT or total(guess + 1) > usable):
-        return guess, method
-    known_fit = max([x for x in (1, 2, 3) if total(x) <= usable])
-    return _largest(lambda x: total(x) <= usable, known_fit, None), "bisection"
+    guess = min(guess, limit)
+    known_fit = max([x for x, t in ((1, t1), (2, t2), (3, t3)) if x <= limit and t <= usable])
+    try:
+        if guess >= 1 and total(guess) <= usable and (guess == limit or total(guess + 1) > usable):
+            return guess, method
+        return _largest(lambda x: total(x) <= usable, known_fit, None, limit), "bisection"
+    except FitTimeoutError as exc:
+        raise FitTimeoutError(max(exc.best, known_fit)) from None
+
+
+@dataclass(frozen=True)
+class _Search:
+    value: int | None
+    method: str
+    bound: str | None
+    """Why ``value`` is a lower bound or a cap (see ``Fit``), or None when it is the answer."""
+
+
+def _search(total: Callable[[int], int], usable: int, limit: int, limit_name: str | None) -> _Search:
+    try:
+        value, method = largest_fitting(total, usable, limit)
+    except FitTimeoutError as exc:
+        return _Search(exc.best, "timeout", "timeout")
+    if value is not None and value >= limit:
+        return _Search(limit, method, limit_name or "search-limit")
+    return _Search(value, method, None)
 
 
 def fit_report(
@@ -100,32 +157,55 @@ def fit_report(
     report: MemoryReport,
     budget: DeviceBudget,
     progress: ProgressCallback = no_progress,
+    timeout: float | None = DEFAULT_FIT_TIMEOUT,
 ) -> MemoryReport:
-    """``report`` with each row's ``fit`` on ``budget``."""
+    """``report`` with each row's ``fit`` on ``budget``; the search stops after ``timeout`` seconds with the
+    best bounds found so far, marked as such."""
     rows, _ = plan_rows(options)
-    shapes = _Shapes(subject, options, progress)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    shapes = _Shapes(subject, options, progress, deadline)
     usable = budget.usable_bytes
     batch, seq = subject.batch_size, subject.seq_len
+    seq_limit = subject.seq_limit
     fitted = []
+    notes: list[str] = []
     for row, estimate in zip(rows, report.estimates, strict=True):
-        max_batch: int | None = None
-        max_seq: int | None = None
-        methods = []
+        by_batch: _Search | None = None
+        by_seq: _Search | None = None
         if subject.traceable is not None:
-            max_batch, method = largest_fitting(functools.partial(shapes.total_at_batch, row, seq), usable)
-            methods.append(method)
+            try:
+                by_batch = _search(functools.partial(shapes.total_at_batch, row, seq), usable, SEARCH_LIMIT, None)
+            except InputError as exc:
+                # A model that runs only at its own batch (a fixed reshape, a batch-sized buffer).
+                fixed = batch or 1
+                note = f"the model does not run at other batch sizes than {fixed}: batch not searched ({exc})"
+                if note not in notes:
+                    notes.append(note)
+                fits_own = estimate.bytes.total <= usable
+                by_batch = _Search(fixed if fits_own else 0, "fixed", "fixed-batch")
             if seq is not None:
-                max_seq, method = largest_fitting(functools.partial(shapes.total_at_seq, row, batch), usable)
-                methods.append(method)
+                limit = seq_limit.tokens if seq_limit else SEARCH_LIMIT
+                name = seq_limit.name if seq_limit else None
+                by_seq = _search(functools.partial(shapes.total_at_seq, row, batch), usable, limit, name)
+        searches = [s for s in (by_batch, by_seq) if s is not None]
         fit = Fit(
             device=budget.name,
             capacity_bytes=budget.capacity_bytes,
             reserve_bytes=budget.reserve_bytes,
             usable_bytes=usable,
             fits=estimate.bytes.total <= usable,
-            max_batch_size=max_batch,
-            max_seq_len=max_seq,
-            search="/".join(methods) or "direct",
+            max_batch_size=by_batch.value if by_batch else None,
+            max_seq_len=by_seq.value if by_seq else None,
+            search="/".join(s.method for s in searches) or "direct",
+            max_batch_size_bound=by_batch.bound if by_batch else None,
+            max_seq_len_bound=by_seq.bound if by_seq else None,
         )
         fitted.append(dataclasses.replace(estimate, fit=fit))
-    return dataclasses.replace(report, estimates=tuple(fitted))
+    if any(s == "timeout" for f in fitted if f.fit for s in (f.fit.max_batch_size_bound, f.fit.max_seq_len_bound)):
+        notes.append(
+            f"the fit search stopped after {timeout:g} s: limits marked '>=' are the largest found to fit so far"
+        )
+    model = report.model
+    if notes:
+        model = dataclasses.replace(model, notes=(*model.notes, *notes))
+    return dataclasses.replace(report, model=model, estimates=tuple(fitted))

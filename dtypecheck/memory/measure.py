@@ -74,6 +74,8 @@ def run_step(
     autocast_dtype: torch.dtype | None,
     device: torch.device,
     input_dtype: torch.dtype | None = None,
+    grad_accum: int = 1,
+    between_micro_batches: Callable[[], None] | None = None,
 ) -> None:
     """One training step (or, without an optimizer, one no-grad forward pass); every reference it made (the batch,
     the output, the loss) lives until it returns, as in a loop's ``train_step(batch)``."""
@@ -87,9 +89,15 @@ def run_step(
         with torch.no_grad():
             forward_and_loss(module, inputs, None, autocast)
         return
-    _output, value = forward_and_loss(module, inputs, loss, autocast)
-    assert value is not None
-    value.backward()  # type: ignore[no-untyped-call]
+    for micro in range(grad_accum):
+        if micro:
+            if between_micro_batches is not None:
+                between_micro_batches()
+            inputs = to_device(cast_inputs(make_inputs(), input_dtype), device)
+        _output, value = forward_and_loss(module, inputs, loss, autocast)
+        assert value is not None
+        value.backward()  # type: ignore[no-untyped-call]
+        del _output, value
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
@@ -102,12 +110,13 @@ def measured_peak(
     autocast_dtype: torch.dtype | None,
     device: torch.device,
     input_dtype: torch.dtype | None = None,
+    grad_accum: int = 1,
 ) -> int:
     """Warm up, then the peak bytes of one more step (model states included)."""
     import torch
 
     module.train(optimizer is not None)
-    step = (module, make_inputs, loss, optimizer, autocast_dtype, device, input_dtype)
+    step = (module, make_inputs, loss, optimizer, autocast_dtype, device, input_dtype, grad_accum)
     run_step(*step)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -123,7 +132,9 @@ def measured_peak(
         # Its module tracker warns about autograd nodes of modules already collected; the bytes are unaffected.
         warnings.simplefilter("ignore", UserWarning)
         with tracker:
-            run_step(*step)
+            # MemTracker refuses a module called twice in one tracked region unless its module stats are reset;
+            # its peak is kept.
+            run_step(*step, tracker.reset_mod_stats)
     return int(tracker.get_tracker_snapshot("peak")[device]["Total"])
 
 
@@ -177,7 +188,9 @@ def measure_row(subject: Subject, row: MemoryEstimate, device_name: str | None =
         optimizer = make_optimizer(row.optimizer or "adamw", params, impl)
     autocast_dtype = spec.torch_dtype() if amp else None
     input_dtype = None if amp else spec.torch_dtype()
-    peak = measured_peak(module, make_inputs, subject.loss, optimizer, autocast_dtype, device, input_dtype)
+    peak = measured_peak(
+        module, make_inputs, subject.loss, optimizer, autocast_dtype, device, input_dtype, row.grad_accum
+    )
     estimate = row.bytes.total
     return Measurement(
         device=str(device) if device.type == "cpu" else f"{device.type}:{device.index or 0}",

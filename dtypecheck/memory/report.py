@@ -81,7 +81,13 @@ class Fit:
     """For a config: the longest sequence whose peak fits at this batch size; else null."""
     search: str
     """How the limits were found: ``linear`` (sizes checked to grow by the same step), ``quadratic``, or
-    ``bisection`` (traced at each candidate)."""
+    ``bisection`` (traced at each candidate); ``fixed`` (the model runs at its own batch only) or ``timeout``."""
+    max_batch_size_bound: str | None = None
+    """Null when ``max_batch_size`` is the answer; else why it is a bound: ``search-limit`` or ``timeout`` (the
+    largest found to fit: at least this), ``fixed-batch`` (the model runs at no other batch)."""
+    max_seq_len_bound: str | None = None
+    """Null when ``max_seq_len`` is the answer; ``search-limit`` or ``timeout`` (at least this), or the config
+    field whose limit it reached (``max_position_embeddings``, ``n_positions``, ``max_target_positions``)."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +111,8 @@ class MemoryEstimate:
     optimizer_impl: str | None = None
     """*(extra)* the torch optimizer implementation whose step transient is counted (``foreach``, ``for-loop``,
     ``fused``); null for inference."""
+    grad_accum: int = 1
+    """*(extra)* micro-batches per optimizer step (training); ``batch_size`` is one micro-batch."""
     fit: Fit | None = None
     """*(extra)* with ``--fit``: whether the row fits the device, and the largest batch (and sequence) that does."""
 

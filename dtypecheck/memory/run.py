@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from dtypecheck.errors import ParameterError
 from dtypecheck.memory.devices import DeviceBudget, default_device, parse_fit
 from dtypecheck.memory.estimate import EstimateOptions, estimate_subject
+from dtypecheck.memory.fit import DEFAULT_FIT_TIMEOUT
 from dtypecheck.memory.names import DeviceKind, Mode
 from dtypecheck.memory.subject import Subject, open_subject
 from dtypecheck.progress import ProgressCallback, no_progress
@@ -37,16 +38,20 @@ def estimate_memory(
     loss: LossName | str | None = None,
     fit: str | DeviceBudget | None = None,
     reserve: str | None = None,
+    fit_timeout: float | None = DEFAULT_FIT_TIMEOUT,
     measure: bool = False,
 ) -> MemoryReport:
     """What ``model`` needs per device, for every row ``options`` asks for; nothing is allocated unless ``measure``.
 
     ``model`` is ``file.py:factory``, a checkpoint file or folder, a ``config.json`` (or a folder with one), or a
     ``Subject`` already opened by ``open_subject`` (then ``batch_size``, ``seq_len`` and ``loss`` were given
-    there). ``fit`` is a device name (``h100-80gb``) or a size (``80GiB``), ``reserve`` what of it is held back;
+    there). ``fit`` is a device name (``h100-80gb``) or a size (``80GiB``), ``reserve`` what of it is held back,
+    ``fit_timeout`` the seconds its search may take (None: no bound) before it reports the bounds found so far;
     ``measure`` runs one real step of every float row and puts the first training one in ``measured``.
     """
     options = options or EstimateOptions()
+    if fit_timeout is not None and fit_timeout <= 0:
+        raise ParameterError(f"{{fit_timeout}} must be a positive number of seconds, not {fit_timeout}")
     budget = parse_fit(fit, reserve) if isinstance(fit, str) else fit
     options = dataclasses.replace(options, device=resolve_device(options.device, budget))
     progress(0, 1, "reading the model")
@@ -60,7 +65,7 @@ def estimate_memory(
     if budget is not None:
         from dtypecheck.memory.fit import fit_report
 
-        report = fit_report(subject, options, report, budget, progress)
+        report = fit_report(subject, options, report, budget, progress, fit_timeout)
     if measure:
         from dtypecheck.memory.measure import measure_rows
 

@@ -55,6 +55,28 @@ class DecoderShape:
         return cls(int(layers), int(kv_heads), int(head_dim))
 
 
+@dataclass(frozen=True)
+class SeqLimit:
+    """The longest sequence a model takes, and the config field that says so."""
+
+    tokens: int
+    name: str
+
+    @classmethod
+    def from_config(cls, config: Any) -> SeqLimit | None:
+        """From a config dict or object: the decoder's positions of an encoder-decoder (``max_target_positions``),
+        else ``max_position_embeddings``, ``n_positions`` or ``n_ctx``; None when it names none."""
+
+        def get(name: str) -> Any:
+            return config.get(name) if isinstance(config, dict) else getattr(config, name, None)
+
+        for name in ("max_target_positions", "max_position_embeddings", "n_positions", "n_ctx"):
+            value = get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return cls(value, name)
+        return None
+
+
 RealBuilder = Callable[[], "tuple[torch.nn.Module, Callable[[], Any]]"]
 
 
@@ -77,6 +99,8 @@ class Subject:
     """The loss the training step takes (traced and measured alike)."""
     user_file: Path | None = None
     """The factory's file: an exception in the model's own code is reported with that file's frames."""
+    seq_limit: SeqLimit | None = None
+    """For a config: the longest sequence the model takes (``--fit`` searches no further)."""
 
     def reshaped(self, batch_size: int | None, seq_len: int | None) -> Subject:
         """The same model fed ``batch_size`` x ``seq_len`` inputs (for ``--fit``'s search; not measurable)."""
@@ -260,6 +284,16 @@ def open_hf_config(
     from dtypecheck.memory.config_models import build_from_config
 
     data = read_hf_config(path)
-    return build_from_config(
-        path, data, batch_size=batch_size or 1, seq_len=seq_len or DEFAULT_SEQ_LEN, loss=step_loss(None, loss, None)
+    limit = SeqLimit.from_config(data)
+    notes: tuple[str, ...] = ()
+    if seq_len is not None and limit is not None and seq_len > limit.tokens:
+        raise ParameterError(f"{{seq_len}} {seq_len:,} is beyond this model's {limit.name} ({limit.tokens:,})")
+    if seq_len is None:
+        seq_len = DEFAULT_SEQ_LEN
+        if limit is not None and limit.tokens < seq_len:
+            seq_len = limit.tokens
+            notes = (f"default sequence length {DEFAULT_SEQ_LEN} capped at the model's {limit.name} ({seq_len})",)
+    subject = build_from_config(
+        path, data, batch_size=batch_size or 1, seq_len=seq_len, loss=step_loss(None, loss, None)
     )
+    return dataclasses.replace(subject, seq_limit=limit, notes=(*notes, *subject.notes))

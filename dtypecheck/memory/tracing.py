@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from dtypecheck.errors import DtypecheckError, InputError
+from dtypecheck.memory.routing import DataDependentOpError, Shadows
 from dtypecheck.memory.workspaces import real_workspace_bytes, run_op, workspace_output
 from dtypecheck.training_step import DEFAULT_LOSS, StepLoss, forward_and_loss
 
@@ -39,6 +41,9 @@ class Profile(Protocol):
 
     def peak(self, gradient_scale: float = 1.0) -> int: ...
 
+    @property
+    def notes(self) -> tuple[str, ...]: ...
+
 
 @dataclass(frozen=True)
 class ActivationProfile:
@@ -53,6 +58,8 @@ class ActivationProfile:
     retained_bytes: int = 0
     """What the training loop still references during the optimizer step: the batch, the model's output (the
     logits) and the loss, and anything the model keeps after backward."""
+    notes: tuple[str, ...] = ()
+    """Assumptions the trace made (balanced routing of a mixture of experts)."""
 
     def peak(self, gradient_scale: float = 1.0) -> int:
         """Peak live bytes when each device keeps ``gradient_scale`` of the gradients (1/N under ZeRO-2)."""
@@ -86,6 +93,10 @@ class ExtrapolatedProfile:
     def peak(self, gradient_scale: float = 1.0) -> int:
         return self._extend(self.smaller.peak(gradient_scale), self.larger.peak(gradient_scale))
 
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return self.larger.notes
+
 
 def linear_profiles(profiles: list[ActivationProfile]) -> bool:
     """True when consecutive block counts add the same bytes to every figure the estimate reads."""
@@ -100,6 +111,44 @@ def linear_profiles(profiles: list[ActivationProfile]) -> bool:
     return True
 
 
+class OpTraceError(InputError):
+    """An op of the model that fake tensors could not run: which op, in which module, and why."""
+
+    def __init__(self, op: str, module: str | None, cause: BaseException) -> None:
+        self.op = op
+        self.module = module
+        self.cause = cause
+        where = f" in module {module!r}" if module else ""
+        if isinstance(cause, DataDependentOpError):
+            why = "its output size depends on tensor values the trace does not know"
+        else:
+            why = f"{type(cause).__name__}: {(str(cause).strip().splitlines() or [''])[0]}"
+        super().__init__(f"{op}{where}: {why}")
+
+
+@contextlib.contextmanager
+def module_paths(module: torch.nn.Module, stack: list[str]) -> Iterator[None]:
+    """Keep ``stack`` at the dotted paths of the submodules of ``module`` that are running."""
+    from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+    names = {id(sub): name or type(module).__name__ for name, sub in module.named_modules()}
+
+    def enter(sub: torch.nn.Module, _args: Any) -> None:
+        if id(sub) in names:
+            stack.append(names[id(sub)])
+
+    def leave(sub: torch.nn.Module, _args: Any, _out: Any) -> None:
+        if id(sub) in names and stack:
+            stack.pop()
+
+    handles = [register_module_forward_pre_hook(enter), register_module_forward_hook(leave)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 class LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Counts each storage an op returns while it is alive; storages registered as external are not counted."""
 
@@ -108,8 +157,11 @@ class LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
         # Nothing here is compiled: without this, torch wraps every op's dispatch in a dynamo-disable frame.
         return False
 
-    def __init__(self) -> None:
+    def __init__(self, shadows: Shadows | None = None) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
+        self.shadows = shadows
+        self.modules: list[str] = []
+        """The dotted paths of the modules running, innermost last (for errors naming where an op failed)."""
         self.activations = 0
         self.gradients = 0
         self.ops = 0
@@ -160,7 +212,14 @@ class LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
         import torch
         from torch.utils._pytree import tree_flatten
 
-        out = run_op(func, args, kwargs or {})
+        try:
+            out = (
+                self.shadows.run(func, args, kwargs or {}, run_op) if self.shadows else run_op(func, args, kwargs or {})
+            )
+        except DtypecheckError:
+            raise
+        except Exception as exc:
+            raise OpTraceError(str(func), self.modules[-1] if self.modules else None, exc) from exc
         workspace = workspace_output(func)
         if workspace is not None and isinstance(out[workspace], torch.Tensor) and out[workspace].numel() == 0:
             self.track(out[workspace], real_workspace_bytes(func, workspace, args, kwargs or {}))
@@ -174,7 +233,7 @@ class LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._timeline.append((self.activations, self.gradients))
         return out
 
-    def profile(self, retained_bytes: int = 0) -> ActivationProfile:
+    def profile(self, retained_bytes: int = 0, notes: tuple[str, ...] = ()) -> ActivationProfile:
         frontier: list[tuple[int, int]] = []
         best_gradients = -1
         # Sweep by activations, largest first: a point is on the front when it holds more gradients than
@@ -184,7 +243,7 @@ class LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 frontier.append((activations, gradients))
                 best_gradients = gradients
         peak = max((a for a, _ in self._timeline), default=0)
-        return ActivationProfile(peak, tuple(frontier), self.ops, retained_bytes)
+        return ActivationProfile(peak, tuple(frontier), self.ops, retained_bytes, notes)
 
 
 @dataclass
@@ -291,7 +350,8 @@ def trace_pass(
     from torch.utils._pytree import tree_flatten
 
     module = traceable.module
-    tracker = LiveBytes()
+    shadows = Shadows(traceable.fake_mode)
+    tracker = LiveBytes(shadows)
     for tensor in (*module.parameters(), *module.buffers()):
         tracker.register_external(tensor)
     hooks = []
@@ -304,7 +364,7 @@ def trace_pass(
     grad_mode = torch.enable_grad() if train else torch.no_grad()
     block_list = traceable.blocks() if (checkpointing and train) else []
     try:
-        with traceable.fake_mode, tracker, grad_mode, checkpointed(block_list):
+        with traceable.fake_mode, tracker, grad_mode, checkpointed(block_list), module_paths(module, tracker.modules):
             inputs = cast_inputs(traceable.inputs(), input_dtype)
             for value in tree_flatten(inputs)[0]:
                 if isinstance(value, torch.Tensor):
@@ -324,4 +384,4 @@ def trace_pass(
             handle.remove()
         for param in module.parameters():
             param.grad = None
-    return tracker.profile(retained)
+    return tracker.profile(retained, shadows.notes())

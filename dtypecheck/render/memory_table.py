@@ -50,8 +50,22 @@ def stacked_bar(terms: tuple[int, ...], width: int = BAR_WIDTH) -> Text:
     return bar
 
 
-def _limit(value: int | None) -> str:
-    return "-" if value is None else f"{value:,}"
+_SEARCH_BOUNDS = {"search-limit", "timeout", "fixed-batch"}
+
+
+def _limit(value: int | None, bound: str | None = None) -> str:
+    """A fit limit; ``>= N`` when the search stopped before the answer, ``N (field)`` at the model's own limit."""
+    if value is None:
+        return "-"
+    if bound in ("search-limit", "timeout"):
+        return f">= {value:,}"
+    if bound == "fixed-batch":
+        return f"{value:,} (fixed)"
+    return f"{value:,} (limit)" if bound else f"{value:,}"
+
+
+def _batch_limit(row: MemoryEstimate) -> tuple[int | None, str | None]:
+    return (row.fit.max_batch_size, row.fit.max_batch_size_bound) if row.fit else (None, None)
 
 
 def _measured(measured: dict[tuple[str, str, str], Measurement], row: MemoryEstimate) -> str:
@@ -114,11 +128,11 @@ def render_memory(report: MemoryReport) -> list[RenderableType]:
         columns.append(("measured", lambda r: _measured(measured, r), True))
     if any(r.fit is not None for r in rows):
         columns.append(("fits", lambda r: "yes" if r.fit and r.fit.fits else "no", True))
-        columns.append(("max batch", lambda r: _limit(r.fit.max_batch_size if r.fit else None), True))
+        columns.append(("max batch", lambda r: _limit(*_batch_limit(r)), True))
         columns.append(
             (
                 "max seq",
-                lambda r: _limit(r.fit.max_seq_len if r.fit else None),
+                lambda r: _limit(r.fit.max_seq_len, r.fit.max_seq_len_bound) if r.fit else "-",
                 any(r.fit is not None and r.fit.max_seq_len is not None for r in rows),
             )
         )
@@ -152,6 +166,9 @@ def render_memory(report: MemoryReport) -> list[RenderableType]:
         lines.append(f"measured: one real step per row on {m.device} ({m.referee}), error against the total\n")
     for note in model.notes:
         lines.append(f"note: {note}\n", style="dim")
+    limits = sorted({r.fit.max_seq_len_bound for r in rows if r.fit and r.fit.max_seq_len_bound} - _SEARCH_BOUNDS)
+    for limit in limits:
+        lines.append(f"max seq (limit): the model's own {limit}\n", style="dim")
     for skipped in report.skipped:
         lines.append(f"skipped: {skipped}\n", style="dim")
     legend = ", ".join(f"{letter} {label}" for letter, _, label in SEGMENTS)

@@ -81,6 +81,8 @@ def test_fit_inference_by_hand(cli, wide):
         "max_batch_size": 384,
         "max_seq_len": None,
         "search": "linear",
+        "max_batch_size_bound": None,
+        "max_seq_len_bound": None,
     }
     # Training needs 1,572,868 B before any batch (weights, gradients, AdamW states and step, the transient).
     assert training["fit"]["fits"] is False
@@ -111,8 +113,10 @@ def test_fit_of_a_config_brackets_the_limits(cli, tmp_path):
         # Re-estimated independently at the limit and one past it.
         assert total("--seq-len", "64", "--batch-size", str(batch)) <= usable
         assert total("--seq-len", "64", "--batch-size", str(batch + 1)) > usable
-        assert total("--seq-len", str(seq)) <= usable
-        assert total("--seq-len", str(seq + 1)) > usable
+        # An inference pass of a decoder generating seq tokens holds their KV cache too.
+        kv = (lambda s: ("--context", str(s))) if row["mode"] == "inference" else (lambda s: ())
+        assert total("--seq-len", str(seq), *kv(seq)) <= usable
+        assert total("--seq-len", str(seq + 1), *kv(seq + 1)) > usable
 
 
 def test_fit_table_and_named_gpu_uses_foreach(cli, wide):
@@ -147,3 +151,86 @@ def test_fit_reserve_and_loss_from_the_project_config(cli, wide, tmp_path):
     result = cli("estimate-memory", wide, "--config", str(config))
     assert result.exit_code == 2
     assert "loss" in result.stderr
+
+
+def _limited_config(tmp_path, positions: int):
+    import json
+
+    from tests.memory._fixtures import DECODER
+
+    folder = tmp_path / "limited"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({**DECODER, "max_position_embeddings": positions}), "utf-8")
+    return str(folder)
+
+
+def test_max_seq_len_stops_at_the_models_own_limit_and_names_it(cli, tmp_path):
+    config = _limited_config(tmp_path, 1024)
+    doc = cli("estimate-memory", config, "-d", "bf16", "--seq-len", "64", "--fit", "80GiB", "-f", "json").json()
+    for row in doc["estimates"]:
+        assert (row["fit"]["max_seq_len"], row["fit"]["max_seq_len_bound"]) == (1024, "max_position_embeddings")
+    table = cli("estimate-memory", config, "-d", "bf16", "--seq-len", "64", "--fit", "80GiB").stdout
+    assert "1,024 (limit)" in table
+    assert "max seq (limit): the model's own max_position_embeddings" in table
+
+
+def test_default_sequence_respects_the_limit_and_a_longer_one_is_refused(cli, tmp_path):
+    config = _limited_config(tmp_path, 256)
+    doc = cli("estimate-memory", config, "-d", "bf16", "-f", "json").json()
+    assert doc["estimates"][0]["seq_len"] == 256
+    assert "default sequence length 512 capped at the model's max_position_embeddings (256)" in doc["model"]["notes"]
+    refused = cli("estimate-memory", config, "--seq-len", "300")
+    assert refused.exit_code == 2
+    assert refused.stderr == "error: --seq-len 300 is beyond this model's max_position_embeddings (256)\n"
+
+
+def test_a_search_cap_is_marked_as_a_lower_bound(cli, wide):
+    # Linear(256, 256) inference: 2 KiB per row, so 2**24 rows (32 GiB) still fit in 80 GiB: the search stops there.
+    doc = cli("estimate-memory", wide, "-d", "fp32", "-m", "inference", "--fit", "80GiB", "-f", "json").json()
+    fit = doc["estimates"][0]["fit"]
+    assert (fit["max_batch_size"], fit["max_batch_size_bound"]) == (2**24, "search-limit")
+    table = cli("estimate-memory", wide, "-d", "fp32", "-m", "inference", "--fit", "80GiB").stdout
+    assert ">= 16,777,216" in table
+
+
+FIXED = """
+import torch
+from torch import nn
+
+
+class PerRow(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+        self.register_buffer("row_bias", torch.zeros(4, 16))  # one bias per row of a batch of 4
+
+    def forward(self, x):
+        return self.proj(x) + self.row_bias
+
+
+def fixed():
+    return PerRow(), torch.randn(4, 16)
+"""
+
+
+def test_a_fixed_batch_model_degrades_to_its_batch_with_a_note(cli, tmp_path):
+    path = tmp_path / "fixed.py"
+    path.write_text(FIXED, encoding="utf-8")
+    result = cli("estimate-memory", f"{path}:fixed", "-d", "fp32", "--fit", "2GiB", "-f", "json")
+    assert result.exit_code == 0, result.stderr
+    doc = result.json()
+    for row in doc["estimates"]:
+        fit = row["fit"]
+        assert (fit["max_batch_size"], fit["max_batch_size_bound"], fit["search"]) == (4, "fixed-batch", "fixed")
+    assert any(note.startswith("the model does not run at other batch sizes than 4") for note in doc["model"]["notes"])
+
+
+def test_fit_timeout_reports_the_bounds_found_so_far(cli, tmp_path):
+    config = write_decoder_config(tmp_path)
+    args = ("estimate-memory", str(config), "-d", "bf16", "-m", "training", "--fit", "80GiB", "-f", "json")
+    doc = cli(*args, "--fit-timeout", "0.000001").json()
+    fit = doc["estimates"][0]["fit"]
+    assert fit["max_batch_size_bound"] == "timeout"
+    assert fit["search"].startswith("timeout")
+    assert any("the fit search stopped after 1e-06 s" in note for note in doc["model"]["notes"])
+    assert cli(*args, "--fit-timeout", "0").exit_code == 2

@@ -18,6 +18,7 @@ from torch.distributed._tools.mem_tracker import MemTracker
 
 from dtypecheck.dtypes import lookup
 from dtypecheck.memory import EstimateOptions, estimate_memory, open_subject
+from dtypecheck.memory.names import Mode
 
 LM = """
 import torch
@@ -264,3 +265,58 @@ def test_large_lstm_workspace_is_extended_from_small_probes(monkeypatch):
     monkeypatch.setattr(workspaces, "PROBE_LIMIT", real_bytes // 3)
     extended = workspaces.real_workspace_bytes(rnn, 3, args(48), {})
     assert extended == pytest.approx(exact, rel=0.005)
+
+
+def _accumulation_peak(model: nn.Module, ids: torch.Tensor, loss_fn, micro_batches: int) -> int:
+    """MemTracker's peak of a plain accumulation loop (after a warm-up step): every micro-batch's backward, then
+    one AdamW step; each micro-batch is loaded as the previous one is let go."""
+    optimizer = torch.optim.AdamW(model.parameters())
+
+    def step(between=None) -> None:
+        for i in range(micro_batches):
+            if i and between is not None:
+                between()
+            batch = ids.clone()
+            logits = model(batch)
+            loss = loss_fn(logits, batch)
+            loss.backward()
+            del logits, loss
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()
+    tracker = MemTracker()
+    tracker.track_external(model, optimizer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with tracker:
+            step(tracker.reset_mod_stats)
+    return int(tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"])
+
+
+def test_gradient_accumulation_equals_a_measured_accumulation_loop(lm):
+    model, ids, loss_fn = _namespace(lm)["with_loss"]()
+    measured = _accumulation_peak(model, ids, loss_fn, 2)
+    subject = open_subject(f"{lm}:with_loss")
+    options = EstimateOptions(dtypes=(lookup("float32"),), modes=(Mode.training,), grad_accum=2)
+    row = estimate_memory(subject, options).estimates[0]
+    assert row.grad_accum == 2
+    assert row.bytes.total == pytest.approx(measured, rel=0.001)
+    # Without accumulation the second micro-batch's gradients are not held: the single step is smaller.
+    single = _training_total(f"{lm}:with_loss")
+    assert single < measured
+    # From the second micro-batch on, the whole set of float32 gradients is held beside the activations.
+    params = sum(p.numel() for p in model.parameters())
+    assert row.bytes.activations is not None
+    assert row.bytes.total - row.bytes.activations - row.bytes.parameters - row.bytes.optimizer_states == 4 * params
+
+
+def test_grad_accum_option_and_config_key(cli, lm, tmp_path):
+    args = ("estimate-memory", f"{lm}:with_loss", "-d", "fp32", "-m", "training", "-f", "json")
+    flagged = cli(*args, "--grad-accum", "2").json()["estimates"][0]
+    config = tmp_path / "dtypecheck.toml"
+    config.write_text("[estimate-memory]\ngrad-accum = 2\n", encoding="utf-8")
+    configured = cli(*args, "--config", str(config)).json()["estimates"][0]
+    assert flagged["grad_accum"] == configured["grad_accum"] == 2
+    assert flagged["bytes"] == configured["bytes"]
+    assert cli(*args, "--grad-accum", "0").exit_code == 2

@@ -1,0 +1,246 @@
+"""Data-dependent shapes on fake tensors: mixture-of-experts dispatch traced under balanced routing.
+
+Fake tensors have shapes but no values, so an op whose output size depends on values (``nonzero``, one-argument
+``where``, boolean masking, ``bincount``, ``.item()``) cannot run on them. Routing is where models do this: a
+router's ``topk`` picks each token's experts, and the dispatch gathers every expert's tokens.
+
+The tracer keeps real values beside the fake tensors for the small integer and boolean tensors whose values it can
+know: those made without data (``arange``, ``zeros``, ``full``), anything computed from known values only, and the
+expert indices of every ``topk`` over a router's scores, which are replaced by a **balanced routing**: row ``r``'s
+``k`` choices among ``E`` are ``(r*k + j) mod E``, so that each expert receives its share ``T*k/E`` of the
+tokens. A data-dependent op whose inputs are all known is then run on the real values and its output shaped from
+the result. The activations of the dispatched tokens are what a perfectly balanced router would allocate; a real
+router's imbalance shifts bytes between experts (within the 5% the tests check against MemTracker).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+SHADOW_LIMIT = 1 << 22
+"""Integer and boolean tensors of more elements than this are not shadowed (attention masks at long sequences):
+routing tensors are a few times the number of tokens."""
+
+ROUTING_NOTE = (
+    "data-dependent routing traced as balanced: each token's top-{k} of {experts} experts chosen in turn, so "
+    "that every expert receives its share of the tokens"
+)
+
+
+class DataDependentOpError(Exception):
+    """An op whose output size depends on values the trace does not know."""
+
+    def __init__(self, op: str) -> None:
+        super().__init__(op)
+        self.op = op
+
+
+def _is_index_dtype(tensor: torch.Tensor) -> bool:
+    import torch
+
+    return tensor.dtype == torch.bool or not (tensor.is_floating_point() or tensor.is_complex())
+
+
+class KnownValues:
+    """Real tensors by fake tensor, by identity (a tensor's ``==`` is elementwise, so no ``WeakKeyDictionary``);
+    an entry goes when its fake tensor does."""
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}
+
+    def __contains__(self, fake: object) -> bool:
+        entry = self._entries.get(id(fake))
+        return entry is not None and entry[0]() is fake
+
+    def __getitem__(self, fake: torch.Tensor) -> torch.Tensor:
+        if fake not in self:
+            raise KeyError("no known value")
+        return self._entries[id(fake)][1]
+
+    def __setitem__(self, fake: torch.Tensor, real: torch.Tensor) -> None:
+        key = id(fake)
+        self._entries[key] = (weakref.ref(fake, lambda _ref: self._entries.pop(key, None)), real)
+
+    def pop(self, fake: torch.Tensor, default: None = None) -> None:
+        if fake in self:
+            del self._entries[id(fake)]
+
+
+class Shadows:
+    """Real values of the fake integer and boolean tensors whose values are known, by fake tensor."""
+
+    def __init__(self, fake_mode: FakeTensorMode) -> None:
+        self.fake_mode = fake_mode
+        self.values = KnownValues()
+        self.routed: set[tuple[int, int]] = set()
+        """(k, experts) of every top-k replaced by balanced routing."""
+
+    def notes(self) -> tuple[str, ...]:
+        return tuple(ROUTING_NOTE.format(k=k, experts=e) for k, e in sorted(self.routed))
+
+    # --- the dispatch hook -------------------------------------------------------------------------------
+
+    def run(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], run_fake: Any) -> Any:
+        """``func`` on fake tensors, with known values kept beside its integer and boolean outputs, and the
+        data-dependent ops whose inputs are known run on the values instead."""
+        import torch
+        from torch._subclasses.fake_tensor import (
+            DataDependentOutputException,
+            DynamicOutputShapeException,
+            unset_fake_temporarily,
+        )
+        from torch.utils._pytree import tree_flatten
+
+        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        known = all(t in self.values for t in tensors)
+        name = str(func)
+        if name == "aten._local_scalar_dense.default":
+            if known and tensors:
+                with unset_fake_temporarily():
+                    return self.values[tensors[0]].item()
+            raise DataDependentOpError(name)
+        try:
+            out = run_fake(func, args, kwargs)
+        except (DynamicOutputShapeException, DataDependentOutputException):
+            return self._data_dependent(func, args, kwargs, known, run_fake)
+        if name == "aten.topk.default":
+            self._balance(args, kwargs, out)
+        elif known:
+            self._follow(func, args, kwargs, out)
+        else:
+            self._forget_mutated(func, args)
+        return out
+
+    # --- helpers ----------------------------------------------------------------------------------------
+
+    def _real(self, value: Any) -> Any:
+        import torch
+        from torch.utils._pytree import tree_map
+
+        return tree_map(lambda v: self.values[v] if isinstance(v, torch.Tensor) else v, value)
+
+    def _run_real(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():
+            return func(*self._real(args), **self._real(kwargs))
+
+    def _remember(self, fake: Any, real: Any) -> None:
+        import torch
+        from torch.utils._pytree import tree_flatten
+
+        fakes, reals = tree_flatten(fake)[0], tree_flatten(real)[0]
+        for f, r in zip(fakes, reals, strict=False):
+            tensors = isinstance(f, torch.Tensor) and isinstance(r, torch.Tensor) and _is_index_dtype(f)
+            if tensors and r.numel() <= SHADOW_LIMIT and tuple(r.shape) == tuple(f.shape):
+                self.values[f] = r
+
+    def _follow(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        """Compute the real values of an op whose inputs are all known (cheap: small integer tensors)."""
+        import torch
+        from torch.utils._pytree import tree_flatten
+
+        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        if not outs or not all(_is_index_dtype(t) and t.numel() <= SHADOW_LIMIT for t in outs):
+            return
+        real = self._run_real(func, args, kwargs)
+        if func._schema.is_mutable:
+            # In place: the real tensors were updated alongside; their shadows still stand.
+            return
+        self._remember(out, real)
+
+    def _forget_mutated(self, func: Any, args: tuple[Any, ...]) -> None:
+        """An in-place op with unknown inputs leaves the tensors it wrote unknown."""
+        import torch
+
+        if not func._schema.is_mutable:
+            return
+        for argument, value in zip(func._schema.arguments, args, strict=False):
+            if argument.alias_info is not None and argument.alias_info.is_write and isinstance(value, torch.Tensor):
+                self.values.pop(value, None)
+
+    def _balance(self, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        """A top-k's indices become a balanced routing: row ``r`` picks ``(r*k + j) mod E`` for ``j < k``."""
+        import torch
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        source: torch.Tensor = args[0]
+        k = int(args[1] if len(args) > 1 else kwargs["k"])
+        dim = int(args[2] if len(args) > 2 else kwargs.get("dim", -1)) % max(source.dim(), 1)
+        indices = out[1]
+        experts = int(source.shape[dim]) if source.dim() else 1
+        if indices.numel() > SHADOW_LIMIT:
+            return
+        with unset_fake_temporarily():
+            moved = list(indices.shape)
+            moved.append(moved.pop(dim))
+            rows = int(torch.tensor(moved[:-1]).prod()) if len(moved) > 1 else 1
+            choice = (torch.arange(rows).unsqueeze(1) * k + torch.arange(k)) % max(experts, 1)
+            real = choice.reshape(moved).movedim(-1, dim).contiguous()
+        self.values[indices] = real
+        self.routed.add((k, experts))
+
+    def _data_dependent(
+        self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], known: bool, run_fake: Any
+    ) -> Any:
+        """An op fake tensors cannot size: run it on the known values, or index with the known mask's positions."""
+        import torch
+
+        name = str(func)
+        if known:
+            real = self._run_real(func, args, kwargs)
+            fake = self._to_fake(real)
+            self._remember(fake, real)
+            return fake
+        masks = self._known_bool_indices(args)
+        if masks is not None:
+            return self.run(func, masks, kwargs, run_fake)
+        if name == "aten.masked_select.default" and args[1] in self.values:
+            mask = self.values[args[1]]
+            shape = torch.broadcast_shapes(mask.shape, args[0].shape)  # type: ignore[no-untyped-call]
+            with torch._subclasses.fake_tensor.unset_fake_temporarily():
+                count = int(torch.broadcast_to(mask, shape).sum())
+            return run_fake(torch.ops.aten.new_empty.default, (args[0], (count,)), {})
+        raise DataDependentOpError(name)
+
+    def _known_bool_indices(self, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        """``index``/``index_put`` arguments with each known boolean mask replaced by its positions (as
+        ``x[mask]`` is ``x[mask.nonzero().unbind(1)]``); None when there is no known mask."""
+        import torch
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        if len(args) < 2 or not isinstance(args[1], list | tuple):
+            return None
+        replaced: list[Any] = []
+        changed = False
+        for index in args[1]:
+            if isinstance(index, torch.Tensor) and index.dtype == torch.bool and index in self.values:
+                with unset_fake_temporarily():
+                    positions = self.values[index].nonzero().unbind(1)
+                for real in positions:
+                    fake = self._to_fake(real)
+                    self.values[fake] = real
+                    replaced.append(fake)
+                changed = True
+            else:
+                replaced.append(index)
+        if not changed:
+            return None
+        return (args[0], replaced, *args[2:])
+
+    def _to_fake(self, real: Any) -> Any:
+        import torch
+        from torch.utils._pytree import tree_map
+
+        def convert(value: Any) -> Any:
+            if not isinstance(value, torch.Tensor):
+                return value
+            # A fresh fake tensor of the result's shape: the op allocated it, so the tracker counts it.
+            return torch.empty(value.shape, dtype=value.dtype)
+
+        return tree_map(convert, real)
