@@ -186,9 +186,17 @@ def user_code_guard(target: str, *, enabled: bool = True, script: bool = False) 
     # A script runs user code whatever its name; otherwise only file.py[:factory] targets do, not checkpoints.
     if script or python_target(target) is not None:
         USER_CODE.append(target)
-    if not enabled:
-        yield
-        return
+    with _standard_streams_kept():
+        if not enabled:
+            yield
+            return
+        with _stdout_to_stderr(target):
+            yield
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr(target: str) -> Iterator[None]:
+    """``print`` and descriptor 1 go to stderr; ``sys.exit``/``os._exit`` become an input error."""
     sys.stdout.flush()
     saved_fd: int | None = None
     try:
@@ -207,7 +215,8 @@ def user_code_guard(target: str, *, enabled: bool = True, script: bool = False) 
         raise UserCodeError(f"{target}: the user's code called sys.exit({exc.code!r}); no report was made") from None
     finally:
         os._exit = real_exit
-        sys.stderr.flush()
+        with contextlib.suppress(OSError, ValueError):  # the user's code may have closed it
+            sys.stderr.flush()
         if saved_fd is not None:
             os.dup2(saved_fd, 1)
             os.close(saved_fd)
@@ -219,6 +228,36 @@ class _OsExit(SystemExit):
 
 def _refuse_os_exit(code: int) -> None:
     raise _OsExit(code)
+
+
+@contextlib.contextmanager
+def _standard_streams_kept() -> Iterator[None]:
+    """Whatever the user's code does to the standard streams (closes or replaces ``sys.stdout``/``sys.stderr``,
+    closes or redirects file descriptors 1 and 2), the document and the ``error:`` line reach the ones this
+    process started with: descriptors duplicated before, put back after."""
+    saved = sys.stdout, sys.stderr
+    copies: dict[int, int] = {}
+    for fd in (1, 2):
+        with contextlib.suppress(OSError):  # no such descriptor (embedded use): nothing to keep
+            copies[fd] = os.dup(fd)
+    try:
+        yield
+    finally:
+        for fd, copy in copies.items():
+            with contextlib.suppress(OSError):
+                os.dup2(copy, fd)
+            os.close(copy)
+        sys.stdout, sys.stderr = (_open_again(stream, fd) for stream, fd in zip(saved, (1, 2), strict=True))
+
+
+def _open_again(stream: Any, fd: int) -> Any:
+    """``stream`` if still open, else a new text stream on descriptor ``fd`` (the user's code closed it)."""
+    if not getattr(stream, "closed", False):
+        return stream
+    import io
+
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    return io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding=encoding, line_buffering=True)
 
 
 def emit(report: Report, fmt: OutputFormat, output: Path | None, *, quiet: bool) -> None:

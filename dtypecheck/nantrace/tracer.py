@@ -21,7 +21,7 @@ from dtypecheck.nantrace.modules import ModuleStack
 from dtypecheck.nantrace.ops import OpInfo, OpKind, classify, iter_tensors, mutated_argument
 from dtypecheck.nantrace.options import TraceOptions
 from dtypecheck.nantrace.raised import RaiseWatch
-from dtypecheck.nantrace.records import CHECKED_DTYPES_NAMES, HALF_NAMES, Checked, OpRecord, plain
+from dtypecheck.nantrace.records import CHECKED_DTYPES_NAMES, HALF_NAMES, Checked, OpRecord, plain, version_of
 from dtypecheck.nantrace.report import Event, NanTraceReport, RaisedException, ScaleCollapse, SkippedStep
 from dtypecheck.nantrace.training import TrainingWatch, untraced
 
@@ -209,7 +209,7 @@ class Tracer:
                 # on one state): that op's check already says what this one reads.
                 local = plain(tensor)
                 earlier = self._recent.get(id(local))
-                if earlier is not None and earlier.tensor is local and earlier.version == local._version:
+                if earlier is not None and earlier.tensor is local and earlier.version == version_of(local):
                     checked: Checked | None = earlier
                 else:
                     checked = self._check(tensor)
@@ -228,12 +228,12 @@ class Tracer:
             if isinstance(value, torch.Tensor):
                 if value.is_floating_point() and id(value) not in written:
                     local = plain(value)
-                    inputs.append((local, local._version))
+                    inputs.append((local, version_of(local)))
             elif isinstance(value, list | tuple):
                 for item in value:
                     if isinstance(item, torch.Tensor) and item.is_floating_point() and id(item) not in written:
                         local = plain(item)
-                        inputs.append((local, local._version))
+                        inputs.append((local, version_of(local)))
 
     def _after(self, record: OpRecord, out: Any) -> None:
         for tensor in written_tensors(record, out):
