@@ -169,6 +169,25 @@ def _root(
     """
 
 
+ORIGIN_PID = os.getpid()
+"""The process dtypecheck runs in. A child the user's code forks (a DataLoader worker, its own ``os.fork``) runs on up
+the same stack; it must end as its own code says, never writing a document or an ``error:`` line."""
+_real_os_exit = os._exit
+
+
+def end_if_forked_child(code: int = 0) -> None:
+    """In a child forked by the user's code: flush and end it here with ``code``; in dtypecheck's process: return.
+
+    Called where a document is emitted and where errors are reported (and by the ``os._exit`` guard), so that
+    a child never speaks for the run, whichever command ran the user's code."""
+    if os.getpid() == ORIGIN_PID:
+        return
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    _real_os_exit(code)
+
+
 USER_CODE: list[str] = []
 """Targets whose user code ran in this process (the console entry then exits the normal, slower way)."""
 
@@ -212,6 +231,7 @@ def _stdout_to_stderr(target: str) -> Iterator[None]:
     except _OsExit as exc:
         raise UserCodeError(f"{target}: the user's code called os._exit({exc.code!r}); no report was made") from None
     except SystemExit as exc:
+        end_if_forked_child(exc.code if isinstance(exc.code, int) else int(exc.code is not None))
         raise UserCodeError(f"{target}: the user's code called sys.exit({exc.code!r}); no report was made") from None
     finally:
         os._exit = real_exit
@@ -227,6 +247,7 @@ class _OsExit(SystemExit):
 
 
 def _refuse_os_exit(code: int) -> None:
+    end_if_forked_child(code)  # multiprocessing's forked children end with os._exit: theirs to call
     raise _OsExit(code)
 
 
@@ -261,7 +282,9 @@ def _open_again(stream: Any, fd: int) -> Any:
 
 
 def emit(report: Report, fmt: OutputFormat, output: Path | None, *, quiet: bool) -> None:
-    """Render a finished report to stdout, or atomically to ``output``; nothing is written on failure."""
+    """Render a finished report to stdout, or atomically to ``output``; nothing is written on failure (nor by a
+    child process the user's code forked: it ends here)."""
+    end_if_forked_child()
     if output is not None:
         text = render(report, fmt, color=False, width=120)
         write_atomically(output, text)
