@@ -91,12 +91,11 @@ DATA_KEYED = frozenset({"casts", "census", "devices", "fraction", "constructors"
 
 
 def _report_types() -> dict[str, type]:
-    from dtypecheck.scan.report import ScanReport
-
     from dtypecheck.info import InfoReport
     from dtypecheck.info.names import DtypeList
     from dtypecheck.memory.report import MemoryReport
     from dtypecheck.nantrace.report import NanTraceReport
+    from dtypecheck.scan.report import ScanReport
 
     return {cls.SCHEMA: cls for cls in (InfoReport, DtypeList, ScanReport, MemoryReport, NanTraceReport)}
 

@@ -139,9 +139,8 @@ def test_json_doc_names_every_finding_kind() -> None:
 
 
 def test_diagnostics_refuse_a_kind_without_a_rule() -> None:
-    from dtypecheck.scan.report import ScanReport, summarise
-
     from dtypecheck.diagnostics import diagnostics
+    from dtypecheck.scan.report import ScanReport, summarise
 
     finding = Finding("made-up-kind", "warn", "nothing")
     report = ScanReport("m.safetensors", "safetensors", ("float16",), (), (finding,), summarise((), (finding,)))

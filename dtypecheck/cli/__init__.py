@@ -15,7 +15,7 @@ from dtypecheck.cli import info as _info  # noqa: F401  (registers the command)
 from dtypecheck.cli import memory as _memory  # noqa: F401  (registers the command)
 from dtypecheck.cli import nantrace as _nantrace  # noqa: F401  (registers the command)
 from dtypecheck.cli import scan as _scan  # noqa: F401  (registers the command)
-from dtypecheck.cli._app import USER_CODE, app
+from dtypecheck.cli._app import USER_CODE, app, end_if_forked_child
 from dtypecheck.errors import ExitCode, UserCodeError, describe
 from dtypecheck.render.cells import printable
 
@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         if mapped is None or _wants_traceback(args):
             raise
         code, message = mapped
+        end_if_forked_child(int(code))
         if isinstance(exc, UserCodeError) and exc.formatted:
             sys.stderr.write(exc.formatted)
         _error(message)

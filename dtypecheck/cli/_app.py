@@ -170,6 +170,25 @@ def _root(
     """
 
 
+ORIGIN_PID = os.getpid()
+"""The process dtypecheck runs in. A child the user's code forks (a DataLoader worker, its own ``os.fork``) runs on up
+the same stack; it must end as its own code says, never writing a document or an ``error:`` line."""
+_real_os_exit = os._exit
+
+
+def end_if_forked_child(code: int = 0) -> None:
+    """In a child forked by the user's code: flush and end it here with ``code``; in dtypecheck's process: return.
+
+    Called where a document is emitted and where errors are reported (and by the ``os._exit`` guard), so that
+    a child never speaks for the run, whichever command ran the user's code."""
+    if os.getpid() == ORIGIN_PID:
+        return
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    _real_os_exit(code)
+
+
 USER_CODE: list[str] = []
 """Targets whose user code ran in this process (the console entry then exits the normal, slower way)."""
 
@@ -187,9 +206,17 @@ def user_code_guard(target: str, *, enabled: bool = True, script: bool = False) 
     # A script runs user code whatever its name; otherwise only file.py[:factory] targets do, not checkpoints.
     if script or python_target(target) is not None:
         USER_CODE.append(target)
-    if not enabled:
-        yield
-        return
+    with _standard_streams_kept():
+        if not enabled:
+            yield
+            return
+        with _stdout_to_stderr(target):
+            yield
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr(target: str) -> Iterator[None]:
+    """``print`` and descriptor 1 go to stderr; ``sys.exit``/``os._exit`` become an input error."""
     sys.stdout.flush()
     saved_fd: int | None = None
     try:
@@ -205,10 +232,12 @@ def user_code_guard(target: str, *, enabled: bool = True, script: bool = False) 
     except _OsExit as exc:
         raise UserCodeError(f"{target}: the user's code called os._exit({exc.code!r}); no report was made") from None
     except SystemExit as exc:
+        end_if_forked_child(exc.code if isinstance(exc.code, int) else int(exc.code is not None))
         raise UserCodeError(f"{target}: the user's code called sys.exit({exc.code!r}); no report was made") from None
     finally:
         os._exit = real_exit
-        sys.stderr.flush()
+        with contextlib.suppress(OSError, ValueError):  # the user's code may have closed it
+            sys.stderr.flush()
         if saved_fd is not None:
             os.dup2(saved_fd, 1)
             os.close(saved_fd)
@@ -219,7 +248,38 @@ class _OsExit(SystemExit):
 
 
 def _refuse_os_exit(code: int) -> None:
+    end_if_forked_child(code)  # multiprocessing's forked children end with os._exit: theirs to call
     raise _OsExit(code)
+
+
+@contextlib.contextmanager
+def _standard_streams_kept() -> Iterator[None]:
+    """Whatever the user's code does to the standard streams (closes or replaces ``sys.stdout``/``sys.stderr``,
+    closes or redirects file descriptors 1 and 2), the document and the ``error:`` line reach the ones this
+    process started with: descriptors duplicated before, put back after."""
+    saved = sys.stdout, sys.stderr
+    copies: dict[int, int] = {}
+    for fd in (1, 2):
+        with contextlib.suppress(OSError):  # no such descriptor (embedded use): nothing to keep
+            copies[fd] = os.dup(fd)
+    try:
+        yield
+    finally:
+        for fd, copy in copies.items():
+            with contextlib.suppress(OSError):
+                os.dup2(copy, fd)
+            os.close(copy)
+        sys.stdout, sys.stderr = (_open_again(stream, fd) for stream, fd in zip(saved, (1, 2), strict=True))
+
+
+def _open_again(stream: Any, fd: int) -> Any:
+    """``stream`` if still open, else a new text stream on descriptor ``fd`` (the user's code closed it)."""
+    if not getattr(stream, "closed", False):
+        return stream
+    import io
+
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    return io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding=encoding, line_buffering=True)
 
 
 def emit(report: Report, fmt: OutputFormat, output: Path | None, *, quiet: bool, limit: int | None = None) -> None:
@@ -239,7 +299,9 @@ def emit(report: Report, fmt: OutputFormat, output: Path | None, *, quiet: bool,
 
 
 def write_document(text: str, output: Path | None, *, quiet: bool) -> None:
-    """Write a rendered document atomically to ``output`` (saying so on stderr unless ``quiet``), else to stdout."""
+    """Write a rendered document atomically to ``output`` (saying so on stderr unless ``quiet``), else to stdout;
+    a child process the user's code forked writes nothing: it ends here."""
+    end_if_forked_child()
     if output is not None:
         write_atomically(output, text)
         if not quiet:

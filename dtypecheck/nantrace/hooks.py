@@ -1,5 +1,5 @@
-"""``TracerHooks``: what the training-loop watch (``training.py``) and the ``torch.compile`` patch (``eager.py``)
-may call on the tracer.
+"""``TracerHooks``: what the training-loop watch (``training.py``), the ``torch.compile`` patch (``eager.py``)
+and the DataLoader worker watch (``workers.py``) may call on the tracer.
 
 They are installed by the tracer and call back into it; typing them against this protocol rather than the
 ``Tracer`` class keeps the tracer the only module that knows them both (no import circle).
@@ -29,6 +29,9 @@ class TracerHooks(Protocol):
 
     def flush(self) -> None:
         """Judge the ops still waiting in the window."""
+
+    def judge_now(self) -> None:
+        """Judge the ops still waiting in the window, never stopping the traced code (a DataLoader worker)."""
 
     def stop_if_failed(self) -> None:
         """End the traced code (``StopTracing``) when the judge has failed and the run stops at the first."""

@@ -17,7 +17,7 @@ from dtypecheck.dtypes import spec_of
 from dtypecheck.nantrace.checks import Follow, op_checks
 from dtypecheck.nantrace.frames import location_of
 from dtypecheck.nantrace.ops import has_nonfinite_scalar, iter_tensors, mutated_argument
-from dtypecheck.nantrace.records import Checked, OpRecord, readable
+from dtypecheck.nantrace.records import Checked, OpRecord, readable, version_of
 from dtypecheck.nantrace.report import Consequence, Event, EventKind, HistoryEntry, Phase, ValueCounts
 from dtypecheck.nantrace.rerun import cause_of, counts_of, output_now_or_rerun
 from dtypecheck.nantrace.taint import NOTES, Taint
@@ -109,7 +109,7 @@ class Judge:
             return nan_in, inf_in, external, origins
         for tensor, version in record.inputs:
             known = self.taint.known(tensor)
-            if known is None and look and tensor._version == version and tensor.numel() and readable(tensor):
+            if known is None and look and version_of(tensor) == version and tensor.numel() and readable(tensor):
                 with torch.no_grad():
                     has_nan = bool(torch.isnan(tensor).any())
                     has_inf = bool(torch.isinf(tensor).any())
@@ -172,7 +172,7 @@ class Judge:
             return
         grad_fn = _grad_fn_of(record.result, record.grad_enabled) if isinstance(record.result, torch.Tensor) else None
         if grad_fn is not None and record.grad_enabled:
-            metadata: dict[str, Any] = grad_fn.metadata  # type: ignore[assignment]
+            metadata: dict[str, Any] = grad_fn.metadata
             metadata[NODE_KEY] = (record.frame, record.module)
             record.grad_fn = grad_fn.name()
         record.phase = "forward" if record.module is not None or grad_fn is not None else "other"

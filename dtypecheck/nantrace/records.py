@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING, Any
 
 from dtypecheck.nantrace.frames import FrameKey
@@ -24,6 +25,18 @@ def plain(tensor: torch.Tensor) -> torch.Tensor:
     return local if local is not None else tensor
 
 
+_UNTRACKED = itertools.count(1)
+
+
+def version_of(tensor: torch.Tensor) -> int:
+    """``tensor._version``; for an inference tensor, which keeps no version counter (torch raises "Inference
+    tensors do not track version counter"), a number never seen before, so that it never reads as unchanged."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return -next(_UNTRACKED)
+
+
 def readable(tensor: torch.Tensor) -> bool:
     """Whether ``tensor``'s memory still holds all its elements: FSDP frees a parameter's unsharded storage after
     use (``resize_(0)``) without touching the tensor, and reading it then would crash the process."""
@@ -42,7 +55,7 @@ class Checked:
 
     def __init__(self, tensor: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, small: torch.Tensor | None) -> None:
         self.tensor = tensor
-        self.version: int = tensor._version
+        self.version: int = version_of(tensor)
         self.lo: torch.Tensor | None = lo
         self.hi: torch.Tensor | None = hi
         self.small: torch.Tensor | None = small

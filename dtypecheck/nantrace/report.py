@@ -104,6 +104,14 @@ class Event:
     """For ``nan``/``inf``: what became of the value (null for warnings)."""
     rank: int | None = None
     """The process (``RANK``) it happened in, in a distributed run; else None."""
+    worker: int | None = None
+    """The DataLoader worker (its id) that made the value, in ``Dataset.__getitem__``, a transform or
+    ``collate_fn``; None when it was made in the main process."""
+    batch: int | None = None
+    """With ``worker``: the 0-based place of the batch it went into (worker ``w``'s k-th batch is
+    ``k * num_workers + w``: the DataLoader hands batches to its workers in turn)."""
+    arrival: Location | None = None
+    """With ``worker``: the main process's line that consumed the batch (where it was first seen non-finite)."""
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from dtypecheck.dtypes import spec_of
 from dtypecheck.nantrace.ops import has_nonfinite_scalar
-from dtypecheck.nantrace.records import OpRecord, plain, readable
+from dtypecheck.nantrace.records import OpRecord, plain, readable, version_of
 from dtypecheck.nantrace.report import Cause, ValueCounts
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ def _original_inputs(record: OpRecord) -> tuple[tuple[Any, ...], dict[str, Any]]
                 return clone.clone()
             if id(value) in overwritten:
                 raise InputsGoneError  # too large to have been copied before the op
-            if id(value) in versions and value._version != versions[id(value)]:
+            if id(value) in versions and version_of(value) != versions[id(value)]:
                 raise InputsGoneError
             if not readable(plain(value)):
                 raise InputsGoneError
@@ -133,7 +133,7 @@ def output_now_or_rerun(record: OpRecord, position: int) -> torch.Tensor | None:
     checked = record.checked[position]
     if not readable(checked.tensor):
         return None
-    if checked.tensor._version == checked.version:
+    if version_of(checked.tensor) == checked.version:
         return checked.tensor
     try:
         outputs = rerun(record)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import runpy
 import sys
 from collections.abc import Iterator
@@ -59,6 +60,7 @@ def run_script(
 
     check_python_file(path)
     saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
+    saved_cwd = Path.cwd()  # a script that changes directory must not move the report's file names
     sys.argv = [str(path), *argv]
     sys.path.insert(0, str(path.resolve().parent))
     tracer = Tracer(dataclasses.replace(settings.options, stop_run=True, restore_default_dtype=True))
@@ -87,6 +89,7 @@ def run_script(
             failure = _dtype_failure_or_raise(tracer, exc, path.name, path)
     finally:
         sys.argv = saved_argv
+        os.chdir(saved_cwd)
         if saved_path0 is not None and sys.path and sys.path[0] == str(path.resolve().parent):
             sys.path.pop(0)
         if session is None:

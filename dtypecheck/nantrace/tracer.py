@@ -9,6 +9,7 @@ judged, and only the one that fired is re-run in detail.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dtypecheck.nantrace.defaults import DefaultDtypeWatch, dtype_name
@@ -21,9 +22,10 @@ from dtypecheck.nantrace.modules import ModuleStack
 from dtypecheck.nantrace.ops import OpInfo, OpKind, classify, iter_tensors, mutated_argument
 from dtypecheck.nantrace.options import TraceOptions
 from dtypecheck.nantrace.raised import RaiseWatch
-from dtypecheck.nantrace.records import CHECKED_DTYPES_NAMES, HALF_NAMES, Checked, OpRecord, plain
+from dtypecheck.nantrace.records import CHECKED_DTYPES_NAMES, HALF_NAMES, Checked, OpRecord, plain, version_of
 from dtypecheck.nantrace.report import Event, NanTraceReport, RaisedException, ScaleCollapse, SkippedStep
 from dtypecheck.nantrace.training import TrainingWatch, untraced
+from dtypecheck.nantrace.workers import WorkerWatch, merge_workers
 
 if TYPE_CHECKING:
     import torch
@@ -84,6 +86,7 @@ class Tracer:
             rank=self.options.rank,
         )
         self.training = TrainingWatch(self)
+        self.workers = WorkerWatch(self, worker_init=TracedWorkerInit)
         self.skipped_steps: list[SkippedStep] = []
         self.scale_collapse: ScaleCollapse | None = None
         self._skip_streak: list[SkippedStep] = []
@@ -119,6 +122,7 @@ class Tracer:
             self.flow.root_started(self._model)
         self.modules.install()
         self.training.install()
+        self.workers.install()
         self._mode = _dispatch_mode_class()(self)
         self._mode.__enter__()
         return self
@@ -132,13 +136,14 @@ class Tracer:
                 # window holds is judged, never raising StopTracing over the script's own exception.
                 self.raised = raised_exception(exc, self.frames)
                 if not self.stopped:
-                    self._judge_window()
+                    self.judge_now()
                     self.judge.settle(final=True, raised=True)
             elif not self.stopped:
                 self.flush()
                 if not self.stopped:
                     self.judge.settle(final=True)
         finally:
+            self.workers.remove()
             self.training.remove()
             self.modules.remove()
             self.defaults.remove()
@@ -209,7 +214,7 @@ class Tracer:
                 # on one state): that op's check already says what this one reads.
                 local = plain(tensor)
                 earlier = self._recent.get(id(local))
-                if earlier is not None and earlier.tensor is local and earlier.version == local._version:
+                if earlier is not None and earlier.tensor is local and earlier.version == version_of(local):
                     checked: Checked | None = earlier
                 else:
                     checked = self._check(tensor)
@@ -228,12 +233,12 @@ class Tracer:
             if isinstance(value, torch.Tensor):
                 if value.is_floating_point() and id(value) not in written:
                     local = plain(value)
-                    inputs.append((local, local._version))
+                    inputs.append((local, version_of(local)))
             elif isinstance(value, list | tuple):
                 for item in value:
                     if isinstance(item, torch.Tensor) and item.is_floating_point() and id(item) not in written:
                         local = plain(item)
-                        inputs.append((local, local._version))
+                        inputs.append((local, version_of(local)))
 
     def _after(self, record: OpRecord, out: Any) -> None:
         for tensor in written_tensors(record, out):
@@ -273,10 +278,11 @@ class Tracer:
 
     def flush(self) -> None:
         """Read back the window's reductions and judge its ops; at the first failure, stop (unless keep-going)."""
-        self._judge_window()
+        self.judge_now()
         self.stop_if_failed()
 
-    def _judge_window(self) -> None:
+    def judge_now(self) -> None:
+        """Judge the window's ops without stopping the traced code (``flush`` stops it at a failure)."""
         window, self._window = self._window, []
         self._recent.clear()
         self._held = 0
@@ -359,7 +365,7 @@ class Tracer:
     ) -> NanTraceReport:
         """The result; ``failure`` is the exception that ended the traced code, explained when it is a dtype
         mismatch that tracing saw happen."""
-        events = tuple(sorted(self.judge.events, key=lambda e: e.op_index))
+        events = merge_workers(tuple(sorted(self.judge.events, key=lambda e: e.op_index)), self.workers.collected())
         dominant = self.flow.dominant
         dtype_error = None
         if failure is not None:
@@ -387,6 +393,23 @@ class Tracer:
             exception=self.raised if nonfinite else None,
         )
         return dataclasses.replace(report, **extra) if extra else report
+
+
+class TracedWorkerInit:
+    """A spawned or forkserver worker's ``worker_init_fn``: start a tracer there (it runs until the worker ends),
+    handing what it finds to the traced process's folder; then the user's own ``worker_init_fn``, if any."""
+
+    def __init__(self, user_init: Any, folder: Path, origin: int) -> None:
+        self.user_init = user_init
+        self.folder = folder
+        self.origin = origin
+
+    def __call__(self, worker_id: int) -> None:
+        tracer = Tracer()
+        tracer.workers = WorkerWatch(tracer, folder=self.folder, origin=self.origin)
+        tracer.__enter__()  # left on: the worker process ends with os._exit, the tracer with it
+        if self.user_init is not None:
+            self.user_init(worker_id)
 
 
 def _ended_normally(exc: BaseException | None) -> bool:
@@ -419,4 +442,4 @@ def _tiny(name: str) -> float:
     return lookup(name).fmt.smallest_normal
 
 
-__all__ = ["StopTracing", "TraceOptions", "Tracer"]
+__all__ = ["StopTracing", "TraceOptions", "TracedWorkerInit", "Tracer"]

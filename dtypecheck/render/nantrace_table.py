@@ -76,6 +76,12 @@ def _event_panel(event: Event, title: str) -> Panel:
         grid.add_row("line" if event.phase != "backward" else "forward line", where)
         if event.location.code:
             grid.add_row("", Text(event.location.code, style="cyan"))
+    if event.worker is not None:
+        grid.add_row("worker", f"DataLoader worker {event.worker}, batch {event.batch}")
+    if event.arrival is not None:
+        grid.add_row("arrived", f"{event.arrival.file}:{event.arrival.line} in {event.arrival.function}")
+        if event.arrival.code:
+            grid.add_row("", Text(event.arrival.code, style="cyan"))
     c = event.counts
     counts = ", ".join(
         f"{name} {'?' if value is None else f'{value:,}'}"
