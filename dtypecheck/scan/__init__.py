@@ -4,8 +4,11 @@
 ``kernel`` (the numba kernel), ``thresholds`` (bit-pattern edges of each target), ``values``
 (exact value paths the kernel does not take), ``report`` (the report dataclasses), ``policy`` (the
 project's tolerance policy), ``document`` (a JSON report read back), ``consistency`` (dtype census and
-mixed-dtype findings) and ``baseline`` (a previous report, compared). The engine loads numba, so it is
-imported only when ``scan_checkpoint`` is used: the report types stay cheap to import for the renderers.
+mixed-dtype findings), ``roles`` (what a training checkpoint's tensors are, and which are judged), ``select``
+(include/exclude globs, weights only), ``verdicts`` (one answer per target), ``baseline`` (a previous report,
+compared) and ``gate`` (several checkpoints against their baseline files, and the exit code). The engine loads
+numba, so it is imported only when ``scan_checkpoint`` is used: the report types stay cheap to import for the
+renderers.
 """
 
 from __future__ import annotations
