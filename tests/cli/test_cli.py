@@ -177,7 +177,7 @@ def test_python_m_dtypecheck_help_smoke() -> None:
 def test_estimate_memory_console_smoke(tmp_path: Path) -> None:
     # The one whole-process run of estimate-memory (the other commands have theirs in tests/cli/test_user_code.py
     # and tests/nantrace/test_modes.py): the console entry's fast exit still delivers the whole document.
-    from tests._memory_fixtures import write_decoder_config
+    from tests.memory._fixtures import write_decoder_config
 
     config = write_decoder_config(tmp_path)
     done = subprocess.run(
