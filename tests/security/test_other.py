@@ -20,10 +20,27 @@ def other(tmp_path_factory: pytest.TempPathFactory) -> dict[str, corpus.Hostile]
     return {h.name: h for h in corpus.build(tmp_path_factory.mktemp("hostile"), ("other",))}
 
 
-def test_every_input_is_handled_per_contract(other: dict[str, corpus.Hostile], cli: Callable[..., CliResult]) -> None:
+@pytest.fixture(scope="module")
+def in_own_process(other: dict[str, corpus.Hostile]) -> Callable[[str], tuple[int, str]]:
+    """Run an input in its own process once for the module: (exit code, stderr). Each such run costs a torch
+    import (and Ctrl-C's a wait for the script to start); two tests read the same runs."""
+    done: dict[str, tuple[int, str]] = {}
+
+    def run(name: str) -> tuple[int, str]:
+        if name not in done:
+            returncode, stderr, _seconds = run_hostile(other[name], timeout=300)
+            done[name] = (returncode, stderr)
+        return done[name]
+
+    return run
+
+
+def test_every_input_is_handled_per_contract(
+    other: dict[str, corpus.Hostile], cli: Callable[..., CliResult], in_own_process: Callable[[str], tuple[int, str]]
+) -> None:
     for hostile in other.values():
         if hostile.needs_subprocess or "/proc/self/fd/1" in hostile.args:
-            returncode, stderr, _ = run_hostile(hostile, timeout=300)
+            returncode, stderr = in_own_process(hostile.name)
         else:
             result = cli(*hostile.args)
             returncode, stderr = result.exit_code, result.stderr
@@ -64,11 +81,11 @@ def test_empty_target_lists_are_usage_errors(other: dict[str, corpus.Hostile], c
         assert result.stderr.startswith("error: empty dtype name")
 
 
-def test_os_exit_and_ctrl_c_in_user_code(other: dict[str, corpus.Hostile]) -> None:
-    returncode, stderr, _ = run_hostile(other["os-exit-in-factory"], timeout=300)
+def test_os_exit_and_ctrl_c_in_user_code(in_own_process: Callable[[str], tuple[int, str]]) -> None:
+    returncode, stderr = in_own_process("os-exit-in-factory")
     assert returncode == 3
     assert stderr.endswith("the user's code called os._exit(7); no report was made\n")
-    returncode, stderr, _ = run_hostile(other["ctrl-c"], timeout=300)
+    returncode, stderr = in_own_process("ctrl-c")
     assert returncode == 130
     assert stderr == "error: interrupted\n"
 
