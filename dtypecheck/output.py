@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from enum import Enum
-from typing import NoReturn
+from typing import Literal, NoReturn
 
 if sys.version_info >= (3, 11):
     from enum import StrEnum
@@ -64,14 +64,17 @@ class OutputFormat(StrEnum):
                 assert_never(self)
 
     @property
-    def one_document(self) -> bool:
-        """Whether the output is one document about one input: several checkpoints cannot share it (a table or a
-        list of annotations can simply follow another)."""
+    def several_inputs(self) -> Literal["follow", "merge", "refuse"]:
+        """How one output holds several inputs (scan-model's checkpoints): ``follow``, one after another (tables,
+        annotations); ``merge``, one document with an entry per input (a SARIF log: one run, one artifact each);
+        ``refuse``, a document describes one input (JSON)."""
         match self:
-            case OutputFormat.json | OutputFormat.sarif:
-                return True
             case OutputFormat.table | OutputFormat.github:
-                return False
+                return "follow"
+            case OutputFormat.sarif:
+                return "merge"
+            case OutputFormat.json:
+                return "refuse"
             case _:
                 assert_never(self)
 

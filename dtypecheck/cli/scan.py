@@ -226,7 +226,7 @@ def resolve_scan_options(
     if no_baseline and (baseline is not None or update_baseline):
         raise UsageError("--no-baseline leaves the baseline out; it cannot go with --baseline or --update-baseline")
     several = len(checkpoints) > 1
-    if several and (fmt is OutputFormat.json or (output is not None and fmt is not OutputFormat.sarif)):
+    if several and (fmt.several_inputs == "refuse" or (output is not None and fmt.several_inputs != "merge")):
         raise UsageError("one checkpoint per JSON document or --output (SARIF takes several); scan them one at a time")
     if several and plot is not None:
         raise UsageError("one checkpoint per --plot; scan them one at a time")
@@ -262,9 +262,10 @@ def execute_scan(options: ScanOptions) -> int:
 
     gate = Gate(options.plans, update=options.update_baseline, missing_hint="write it with --update-baseline")
     code = ExitCode.OK
-    several_sarif = options.fmt is OutputFormat.sarif and len(options.plans) > 1  # one log, one run, every checkpoint
+    # one SARIF log: one run, one artifact per checkpoint
+    several_sarif = options.fmt.several_inputs == "merge" and len(options.plans) > 1
     # updating a baseline says one line on stderr; the report only when asked for (--output, a machine format)
-    shows_report = not options.update_baseline or options.output is not None or options.fmt is not OutputFormat.table
+    shows_report = not options.update_baseline or options.output is not None or not options.fmt.for_people
     reports: list[ScanReport] = []
     for plan, limit in zip(options.plans, options.limits, strict=True):
         with user_code_guard(plan.checkpoint), progress_bar("scanning", quiet=options.quiet, unit="bytes") as bar:

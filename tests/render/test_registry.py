@@ -95,12 +95,12 @@ FORMAT_NAMES = "|".join(fmt.value for fmt in OutputFormat)
 
 
 def test_every_format_has_every_decision() -> None:
-    decisions = {fmt: (fmt.for_people, fmt.one_document, fmt.findings_only, fmt.summary) for fmt in OutputFormat}
+    decisions = {fmt: (fmt.for_people, fmt.several_inputs, fmt.findings_only, fmt.summary) for fmt in OutputFormat}
     assert decisions == {
-        OutputFormat.table: (True, False, False, "rich"),
-        OutputFormat.json: (False, True, False, "one document"),
-        OutputFormat.sarif: (False, True, True, "SARIF 2.1.0"),
-        OutputFormat.github: (False, False, True, "annotations"),
+        OutputFormat.table: (True, "follow", False, "rich"),
+        OutputFormat.json: (False, "refuse", False, "one document"),
+        OutputFormat.sarif: (False, "merge", True, "SARIF 2.1.0"),
+        OutputFormat.github: (False, "follow", True, "annotations"),
     }
     assert [str(fmt) for fmt in OutputFormat] == ["table", "json", "sarif", "github"]
 
