@@ -89,6 +89,13 @@ def nan_trace(
             help="Run it as this many ranks through torch.distributed.run (DDP/FSDP scripts); one merged report.",
         ),
     ] = None,
+    watch: Annotated[
+        bool,
+        typer.Option(
+            "--watch",
+            help="Near-plain speed: check loss, gradients and update each step; trace only the step that failed.",
+        ),
+    ] = False,
     fail_on: FailOnOption = None,
     config: ConfigOption = None,
     fmt: FormatOption = OutputFormat.table,
@@ -137,7 +144,10 @@ def nan_trace(
         warn_frac=pick(warn_frac, settings, COMMAND, "warn-frac", 0.5),
         max_skipped_steps=pick(max_skipped_steps, settings, COMMAND, "max-skipped-steps", 16),
     )
-    run = RunSettings(options, autocast_name, device)
+    watch = pick(True if watch else None, settings, COMMAND, "watch", False)
+    if watch and options.keep_going:
+        raise UsageError("--watch and --keep-going cannot be combined: watch mode replays the first failing step only")
+    run = RunSettings(options, autocast_name, device, watch=watch)
     threshold = FailOn(pick(fail_on, settings, COMMAND, "fail-on", FailOn.fail))
     path, factory = split_target(target)
     info = rank_info()
@@ -157,7 +167,7 @@ def nan_trace(
             "--output": output.resolve() if output is not None else None,
         }
         arguments = [str(path.resolve())] + [f"{flag}={value}" for flag, value in given.items() if value is not None]
-        arguments += [flag for flag, on in (("--keep-going", keep_going), ("--quiet", quiet)) if on]
+        arguments += [flag for flag, on in (("--keep-going", keep_going), ("--quiet", quiet), ("--watch", watch)) if on]
         return launch(nproc, [*arguments, "--", *(script_args or [])])
     if info is not None:
         if factory is not None:
@@ -167,7 +177,7 @@ def nan_trace(
             info,
             path,
             list(script_args or []),
-            RunSettings(options, autocast_name, device),
+            RunSettings(options, autocast_name, device, watch=watch),
             fmt,
             output,
             quiet,
@@ -177,6 +187,8 @@ def nan_trace(
         if script_args:
             raise UsageError("script arguments after '--' apply to scripts, not to file.py:factory")
         with user_code_guard(target), progress_bar("nan-trace", quiet=quiet, unit="steps") as progress:
+            if watch:
+                from dtypecheck.nantrace.watch.run import run_factory_watched as run_factory
             report = run_factory(path, factory, pick(steps, settings, COMMAND, "steps", 3), run, progress=progress)
     else:
         if steps is not None:
@@ -185,6 +197,8 @@ def nan_trace(
         # stderr. With a table the script's output stays where the user expects it.
         script_stdout = sys.stderr if fmt is not OutputFormat.table else None
         with user_code_guard(target, enabled=fmt is not OutputFormat.table, script=True):
+            if watch:
+                from dtypecheck.nantrace.watch.run import run_script_watched as run_script
             report = run_script(path, list(script_args or []), run, stdout=script_stdout)
     emit(report, fmt, output, quiet=quiet)
     if report.dtype_error is not None:
@@ -229,6 +243,8 @@ def _run_rank(
         sys.stderr.flush()
         os._exit(code)
 
+    if run.watch:
+        from dtypecheck.nantrace.watch.run import run_script_watched as run_script
     session = Session(info, deliver, end_process)
     script_stdout = sys.stderr if fmt is not OutputFormat.table or info.rank != 0 else None
     try:

@@ -29,6 +29,8 @@ class RunSettings:
     autocast: str | None = None
     """``float16`` or ``bfloat16``: run under ``torch.autocast`` in that dtype."""
     device: str | None = None
+    watch: bool = False
+    """``--watch``: cheap checks each step, full tracing of the step that failed (``watch/run.py`` runs it)."""
 
 
 def split_target(target: str) -> tuple[Path, str | None]:

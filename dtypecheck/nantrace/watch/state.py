@@ -1,0 +1,264 @@
+"""What watch mode keeps per step: fused finiteness checks, and the state a failing step is replayed from.
+
+Nothing is written to the parameters before the optimizer step, so a step whose loss or gradients went non-finite
+is replayed from the unchanged parameters with what this module saves when the step's first model call starts:
+the RNG states, the buffers that training changes (batch-norm statistics), the call's arguments (references, with
+their version counters) and, once backward has run, the gradient that flowed into the model's output. A NaN born
+inside the optimizer step needs the parameters and optimizer states from before it: ``OptimizerSnapshot`` copies
+them into buffers allocated once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+
+def tensors_in(value: Any) -> Iterator[torch.Tensor]:
+    """The tensors of a model's output: a tensor, or nested tuples, lists and mappings (``ModelOutput``)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            yield from tensors_in(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from tensors_in(item)
+
+
+def all_finite(tensors: list[torch.Tensor]) -> torch.Tensor | None:
+    """One on-device flag (no host sync) that every floating tensor is finite, as GradScaler checks gradients.
+
+    One ``_foreach_norm`` (max-norm: NaN propagates, and unlike a 2-norm it cannot overflow on finite values) per
+    (device, dtype) group, stacked; None when there is nothing floating to check."""
+    import torch
+
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for tensor in tensors:
+        if tensor.is_floating_point() and tensor.numel() and not tensor.is_meta:
+            groups.setdefault((tensor.device, tensor.dtype), []).append(tensor.detach())
+    flags = [torch.stack(torch._foreach_norm(group, float("inf"))).isfinite().all() for group in groups.values()]
+    if not flags:
+        return None
+    return flags[0] if len(flags) == 1 else torch.stack([f.to("cpu") for f in flags]).all()
+
+
+def read_flags(flags: list[torch.Tensor | None]) -> bool:
+    """Whether every flag is true: one read-back for all of them."""
+    import torch
+
+    present = [f.to("cpu") for f in flags if f is not None]
+    return not present or bool(torch.stack(present).all())
+
+
+def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-for-bit the same values, NaN equal to NaN (a replay must reproduce the step, not approximate it)."""
+    import torch
+
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    with torch.no_grad():
+        return bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
+@dataclass
+class RngState:
+    cpu: torch.Tensor
+    cuda: list[torch.Tensor] | None
+
+    @classmethod
+    def take(cls) -> RngState:
+        import torch
+
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None  # type: ignore[no-untyped-call]
+        return cls(torch.get_rng_state(), cuda)
+
+    def put_back(self) -> None:
+        import torch
+
+        torch.set_rng_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state_all(self.cuda)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.cpu.nbytes + sum(t.nbytes for t in self.cuda or ()))
+
+
+@dataclass
+class AutocastState:
+    """The autocast settings a model call ran under, to replay it under the same."""
+
+    modes: tuple[tuple[str, bool, Any], ...]
+
+    @classmethod
+    def take(cls) -> AutocastState:
+        import torch
+
+        devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+        return cls(tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in devices))
+
+    @contextlib.contextmanager
+    def applied(self) -> Iterator[None]:
+        import torch
+
+        with contextlib.ExitStack() as stack:
+            for device, enabled, dtype in self.modes:
+                stack.enter_context(torch.autocast(device, dtype=dtype, enabled=enabled))
+            yield
+
+
+@dataclass
+class ModelCall:
+    """One outermost module call with gradients on, in the step being watched."""
+
+    module: nn.Module
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    versions: list[tuple[torch.Tensor, int]]
+    """The tensor arguments' version counters: changed by the time of the replay means the batch was overwritten."""
+    autocast: AutocastState
+    grads: dict[int, torch.Tensor] = field(default_factory=dict)
+    """The gradient backward sent into the call's output tensors, by position among them."""
+
+    def arguments_unchanged(self) -> bool:
+        return all(t._version == v for t, v in self.versions)
+
+
+def call_of(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ModelCall:
+    arguments = [*tensors_in(args), *tensors_in(kwargs)]
+    return ModelCall(module, args, dict(kwargs), [(t, t._version) for t in arguments], AutocastState.take())
+
+
+class BufferSnapshot:
+    """The buffers of the watched models as a step began. Only buffers that the first step changed are copied
+    (batch-norm statistics, counters): a causal mask is never written, and copying it each step would cost for
+    nothing. In the first step, before anything is known, all of them are; a buffer first changed later is
+    noticed by its version counter, and its replay is then not exact."""
+
+    def __init__(self) -> None:
+        self._changing: set[int] = set()
+        self._learned = False
+        self._saved: list[tuple[torch.Tensor, torch.Tensor | None, int]] = []
+
+    def clear(self) -> None:
+        self._saved = []
+
+    def take(self, module: nn.Module) -> None:
+        for buffer in module.buffers():
+            copy = buffer.detach().clone() if not self._learned or id(buffer) in self._changing else None
+            self._saved.append((buffer, copy, buffer._version))
+
+    def step_ended(self) -> None:
+        import torch
+
+        for buffer, saved, version in self._saved:
+            # Batch norm updates its running statistics inside its kernel without bumping their version counter:
+            # what changed is learned from the values, in the first step.
+            changed = saved is not None and not self._learned and not torch.equal(buffer, saved)
+            if changed or buffer._version != version:
+                self._changing.add(id(buffer))
+        self._learned = self._learned or bool(self._saved)
+
+    def put_back(self) -> bool:
+        """Restore the buffers; False when one changed that was not copied (the replay is then not exact)."""
+        import torch
+
+        exact = True
+        with torch.no_grad():
+            for buffer, copy, version in self._saved:
+                if copy is not None:
+                    buffer.copy_(copy)
+                elif buffer._version != version:
+                    exact = False
+        return exact
+
+    @property
+    def nbytes(self) -> int:
+        return sum(copy.nbytes for _, copy, _ in self._saved if copy is not None)
+
+
+class OptimizerSnapshot:
+    """An optimizer's parameters and state tensors before its update, in buffers allocated once and refilled
+    with one ``_foreach_copy_`` per step (the state an optimizer creates at its first step is noted as absent)."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[int, torch.Tensor] = {}
+        self._taken: list[tuple[Any, list[tuple[torch.Tensor, torch.Tensor]], dict[int, dict[str, Any]]]] = []
+
+    def _buffer_for(self, tensor: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        buffer = self._buffers.get(id(tensor))
+        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
+            buffer = self._buffers[id(tensor)] = torch.empty_like(tensor)
+        return buffer
+
+    def take(self, optimizer: Any) -> None:
+        import torch
+
+        pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        keys: dict[int, dict[str, Any]] = {}
+        for group in optimizer.param_groups:
+            for parameter in group["params"]:
+                pairs.append((parameter, self._buffer_for(parameter)))
+                state = optimizer.state.get(parameter, {})
+                # Plain values (a Python step counter) are kept as they are; tensors are copied below.
+                keys[id(parameter)] = {
+                    k: None if isinstance(v, torch.Tensor) else copy.deepcopy(v) for k, v in state.items()
+                }
+                for value in state.values():
+                    if isinstance(value, torch.Tensor):
+                        pairs.append((value, self._buffer_for(value)))
+        with torch.no_grad():
+            for group_pairs in _by_kind(pairs).values():
+                torch._foreach_copy_([b for _, b in group_pairs], [t.detach() for t, _ in group_pairs])
+        self._taken = [(optimizer, pairs, keys)]
+
+    def put_back(self, optimizer: Any) -> bool:
+        """Restore the optimizer to its state before the update; False when no snapshot of it was taken."""
+        import torch
+
+        taken = next((t for t in self._taken if t[0] is optimizer), None)
+        if taken is None:
+            return False
+        _, pairs, keys = taken
+        with torch.no_grad():
+            for group_pairs in _by_kind(pairs).values():
+                torch._foreach_copy_([t.detach() for t, _ in group_pairs], [b for _, b in group_pairs])
+        for group in optimizer.param_groups:
+            for parameter in group["params"]:
+                state = optimizer.state.get(parameter)
+                if state is None:
+                    continue
+                before = keys.get(id(parameter), {})
+                for key in set(state) - set(before):
+                    del state[key]  # created by the update being replayed: absent before it
+                for key, value in before.items():
+                    if value is not None:
+                        state[key] = copy.deepcopy(value)
+                if not state:
+                    del optimizer.state[parameter]
+        return True
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self._buffers.values())
+
+
+def _by_kind(
+    pairs: list[tuple[torch.Tensor, torch.Tensor]],
+) -> dict[tuple[torch.device, torch.dtype], list[tuple[torch.Tensor, torch.Tensor]]]:
+    groups: dict[tuple[torch.device, torch.dtype], list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    for tensor, buffer in pairs:
+        groups.setdefault((tensor.device, tensor.dtype), []).append((tensor, buffer))
+    return groups
