@@ -33,6 +33,7 @@ from dtypecheck.nantrace.watch.state import (
     RngState,
     all_finite,
     call_of,
+    finite_values,
     read_flags,
     same_values,
     tensors_in,
@@ -279,7 +280,7 @@ class Watcher:
         def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
             looking = watch._landmark()
             if looking:
-                watch._loss_flags.append(all_finite(list(tensors_in(tensors))))
+                watch._loss_flags.append(finite_values(list(tensors_in(tensors))))
             result = original(tensors, *args, **kwargs)
             if looking and not watch.optimizer_seen:
                 # The step ends here unless an optimizer built before watching began steps next: decided at the
@@ -331,10 +332,17 @@ class Watcher:
         if self._tracer is not None:
             self._update_done = True  # the tracer's own post hook judges the update after this one
         elif not self.done and self._fallback is None and not self._fallback_pending:
-            written = [p for group in optimizer.param_groups for p in group["params"]]
-            written += [v for p in written for v in optimizer.state.get(p, {}).values() if _is_float_tensor(v)]
+            written = self._optimizers.written(optimizer)
             if not read_flags([all_finite(written)]):
-                self._detect("optimizer_step")
+                # Inside ``step(closure)`` (Lightning) the loss and gradients come after the check before the
+                # update: what went non-finite first is told here.
+                parameters = [p for group in optimizer.param_groups for p in group["params"]]
+                grads = [p.grad for p in parameters if p.grad is not None]
+                self._detect(
+                    "loss"
+                    if not read_flags(self._loss_flags)
+                    else ("gradients" if not read_flags([all_finite(grads)]) else "optimizer_step")
+                )
                 self._replay_update(optimizer, args, kwargs)
         self._step_ended()
         if self._tracer is not None and not self._update_done:
@@ -452,6 +460,23 @@ class Watcher:
         self._extra_ops = 0
         self._tracer = tracer
         self.replayed_step = self.step
+        with untraced():  # the tracer is on: dtypecheck's own bookkeeping is not the step's
+            failed_replay = self._judge_replay(parameters, original, buffers_exact, outside, tracer)
+        if failed_replay is None:
+            return
+        self._tracer = None
+        tracer.__exit__(None, None, None)
+        self._give_up(failed_replay, replayed=True)
+
+    def _judge_replay(
+        self,
+        parameters: list[nn.Parameter],
+        original: list[torch.Tensor | None],
+        buffers_exact: bool,
+        outside: list[bool],
+        tracer: Tracer,
+    ) -> str | None:
+        """Whether the replay reproduced the step; the reason to give up on it, else None."""
         from torch.nn.parallel import DistributedDataParallel
 
         distributed = any(isinstance(r, DistributedDataParallel) for r in self._roots)
@@ -478,13 +503,11 @@ class Watcher:
         replayed = [p.grad for p in parameters if p.grad is not None]
         if any(outside):
             failed_replay = _BORN_OUTSIDE
-        elif read_flags([all_finite(replayed)]) and not tracer.judge.events:
+        elif read_flags([finite_values(replayed)]) and not tracer.judge.events:
             failed_replay = _CAME_OUT_FINITE  # nothing non-finite came out of the model calls
         else:
-            return
-        self._tracer = None
-        tracer.__exit__(None, None, None)
-        self._give_up(failed_replay, replayed=True)
+            failed_replay = None
+        return failed_replay
 
     def _replay_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """Re-run an update that wrote NaN/Inf from the optimizer snapshot taken before it, traced."""
@@ -501,6 +524,10 @@ class Watcher:
             return
         tracer = self._new_tracer()
         now = RngState.take()
+        if (len(args) > 1 or "closure" in kwargs) and self._rng is not None:
+            # The closure re-runs forward and backward: from the step's own RNG state and buffers.
+            self._rng.put_back()
+            self._buffers.put_back()
         self._busy = True
         try:
             with _post_hooks_apart(), tracer:
@@ -622,12 +649,6 @@ def _keep_grad(call: ModelCall, position: int, grad: torch.Tensor) -> None:
     call.grads[position] = grad if held is None else held + grad
 
 
-def _is_float_tensor(value: Any) -> bool:
-    import torch
-
-    return isinstance(value, torch.Tensor) and value.is_floating_point()
-
-
 def _replay_call(call: ModelCall) -> bool:
     """One model call again, and backward from its outputs with the gradients they received the first time.
 
@@ -638,8 +659,8 @@ def _replay_call(call: ModelCall) -> bool:
         output = _inner(call.module)(*call.args, **call.kwargs)
     tensors = list(tensors_in(output))
     with untraced():
-        finite_out = read_flags([all_finite(tensors)])
-        finite_in = read_flags([all_finite(list(call.grads.values()))])
+        finite_out = read_flags([finite_values(tensors)])
+        finite_in = read_flags([finite_values(list(call.grads.values()))])
     if finite_out and not finite_in:
         return True
     roots = [(t, call.grads[i]) for i, t in enumerate(tensors) if i in call.grads and t.grad_fn is not None]
