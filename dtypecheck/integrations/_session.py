@@ -104,15 +104,17 @@ class WatchSession:
         if watcher is None:
             return self.report
         watcher.__exit__(None, None, None)
-        self._write(watcher.report())
+        self._write(watcher.report(), log=self.report is None)  # a finding was logged when it was found
         return self.report
 
-    def _write(self, report: NanTraceReport) -> None:
+    def _write(self, report: NanTraceReport, *, log: bool = True) -> None:
         from dtypecheck.render import OutputFormat, render, write_atomically
 
         self.report = report
         if self.report_path is not None:
             write_atomically(self.report_path, render(report, OutputFormat.json))
+        if not log:
+            return
         message = log_line(report, self.report_path)
         if report.status == "clean":
             LOG.info(message)
