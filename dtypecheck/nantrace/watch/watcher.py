@@ -52,6 +52,10 @@ _CAME_OUT_FINITE = (
 )
 
 
+_ARRIVED = (
+    "born on another rank: this rank's own gradients came out finite in the replay, the step's arrived "
+    "non-finite through DDP's gradient all-reduce"
+)
 _BORN_OUTSIDE = (
     "the replayed model output was finite while the gradient the step sent into it was not: the value was born "
     "between the model's output and the loss (outside every module), which watch mode does not re-run, or the "
@@ -466,7 +470,8 @@ class Watcher:
             return
         self._tracer = None
         tracer.__exit__(None, None, None)
-        self._give_up(failed_replay, replayed=True)
+        # Born on another rank: tracing this rank's next steps would only meet it again through the all-reduce.
+        self._give_up(failed_replay, replayed=True, trace_next=failed_replay is not _ARRIVED)
 
     def _judge_replay(
         self,
@@ -504,7 +509,9 @@ class Watcher:
         if any(outside):
             failed_replay = _BORN_OUTSIDE
         elif read_flags([finite_values(replayed)]) and not tracer.judge.events:
-            failed_replay = _CAME_OUT_FINITE  # nothing non-finite came out of the model calls
+            # Nothing non-finite came out of the model calls.
+            arrived = distributed and self.detected == "gradients"
+            failed_replay = _ARRIVED if arrived else _CAME_OUT_FINITE
         else:
             failed_replay = None
         return failed_replay
@@ -559,14 +566,14 @@ class Watcher:
             report = dataclasses.replace(report, first=first, events=(first, *report.events[1:]))
         self._finish(shifted(report, self._offset))
 
-    def _give_up(self, reason: str, *, replayed: bool = False) -> None:
+    def _give_up(self, reason: str, *, replayed: bool = False, trace_next: bool = True) -> None:
         """Say why, and trace the following steps fully instead."""
         self.reason = reason
         self.exact = False if replayed else None
         if not replayed:
             self.replayed_step = None
         self.done = True
-        self._fallback_pending = True
+        self._fallback_pending = trace_next
 
     def _start_fallback(self) -> None:
         self.traced_from = self.step
