@@ -281,3 +281,69 @@ def test_trace_api_watch_true() -> None:
     with pytest.raises(ValueError, match="watch=True and keep_going=True"):  # noqa: SIM117
         with dtypecheck.trace(watch=True, keep_going=True):
             pass
+
+
+SCALER = """
+import sys
+import torch
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.head = torch.nn.Linear(8, 1)
+
+    def forward(self, x, boost):
+        return self.head(self.fc(x) * boost)  # boost
+
+
+torch.manual_seed(0)
+net = Net()
+optimizer = torch.optim.SGD(net.parameters(), lr=1e-3)
+scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+mode = sys.argv[1]
+for step in range(1, 9):
+    x = torch.randn(4, 8)
+    boost = 1e5 if (mode == "collapse" and step >= 4) or (mode == "skip" and step == 4) else 1.0
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = net(x, boost).float().pow(2).mean()
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad()
+print("done")
+"""
+
+
+def test_watch_leaves_gradscaler_skipped_steps_as_notes(cli: Any, tmp_path: Path) -> None:
+    path, _ = write_script(tmp_path, "scaler.py", SCALER)
+    code, doc, _ = watch_json(cli, "--watch", str(path), argv=("skip",))
+    assert code == 0
+    assert (doc["status"], doc["first"], doc["steps"]) == ("clean", None, 8)
+    # fp16 overflows at step 4 (1e5 * 2**16 scaled gradients): GradScaler skips it and halves its scale.
+    assert [(s["step"], s["scale_before"], s["scale_after"]) for s in doc["skipped_steps"]] == [(4, 65536.0, 32768.0)]
+    assert (doc["watch"]["detected"], doc["watch"]["replayed_step"]) == (None, None)
+    assert doc["notes"][-1].endswith("none non-finite; GradScaler skipped 1 (notes)")
+
+
+def test_watch_replays_the_step_where_the_scale_collapses(cli: Any, tmp_path: Path) -> None:
+    path, text = write_script(tmp_path, "scaler.py", SCALER)
+    args = ("--max-skipped-steps", "3")
+    code_full, full, _ = watch_json(cli, *args, str(path), argv=("collapse",))
+    code, doc, _ = watch_json(cli, "--watch", *args, str(path), argv=("collapse",))
+    assert (code_full, code) == (1, 1)
+    assert {k: doc["first"][k] for k in SAME} == {k: full["first"][k] for k in SAME}
+    assert doc["first"]["location"] == full["first"]["location"]
+    assert doc["first"]["location"]["line"] == line_of(text, "boost")
+    assert (doc["first"]["step"], doc["first"]["consequence"]) == (6, "scale_collapse")
+    assert doc["scale_collapse"] == full["scale_collapse"]
+    assert (doc["scale_collapse"]["first_step"], doc["scale_collapse"]["last_step"]) == (4, 6)
+    fields = ("step", "scale_before", "scale_after", "kind", "level")
+    assert [{k: n[k] for k in fields} for n in doc["skipped_steps"]] == [
+        {k: n[k] for k in fields} for n in full["skipped_steps"]
+    ]
+    # Skipped steps are not replayed: their producer is unknown in watch mode (a full trace names it).
+    assert [n["first"] for n in doc["skipped_steps"]] == [None, None, None]
+    assert doc["steps"] == full["steps"] == 6
+    assert (doc["watch"]["detected"], doc["watch"]["replayed_step"]) == ("scale_collapse", 6)

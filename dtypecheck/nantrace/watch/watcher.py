@@ -368,9 +368,11 @@ class Watcher:
             note = SkippedStep(watch.step, before, after, None, rank=watch.options.rank)
             watch.skipped.append(note)
             watch._streak.append(note)
-            if len(watch._streak) >= watch.options.max_skipped_steps:
-                watch._collapsed()
-            watch._step_ended()
+            try:
+                if len(watch._streak) >= watch.options.max_skipped_steps:
+                    watch._collapsed()
+            finally:
+                watch._step_ended()  # also when the finding ends the run from here: the skipped step is complete
             return None
 
         return update
@@ -609,8 +611,13 @@ class Watcher:
 
     def notes(self) -> tuple[str, ...]:
         if self.detected is None:
-            return (f"watch mode: {self.step - 1} step(s) checked (loss, gradients, update), none non-finite",)
-        said = f"watch mode: step {self.detected_step}'s {self.detected.replace('_', ' ')} went non-finite"
+            skipped = f"; GradScaler skipped {len(self.skipped)} (notes)" if self.skipped else ""
+            checked = f"watch mode: {self.step - 1} step(s) checked (loss, gradients, update), none non-finite"
+            return (checked + skipped,)
+        if self.detected == "scale_collapse":
+            said = f"watch mode: GradScaler's scale collapsed at step {self.detected_step}"
+        else:
+            said = f"watch mode: step {self.detected_step}'s {self.detected.replace('_', ' ')} went non-finite"
         if self.replayed_step is not None and self.exact:
             return (f"{said}; step {self.replayed_step} was replayed exactly under full tracing",)
         if self.replayed_step is not None and self.exact is None:
