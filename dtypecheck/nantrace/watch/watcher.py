@@ -15,17 +15,24 @@ so in ``WatchSummary.reason``, and the following steps are traced fully instead.
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import dataclasses
 import functools
 import sys
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
 
-from dtypecheck.nantrace.report import Event, NanTraceReport, ScaleCollapse, SkippedStep, WatchSummary
+from dtypecheck.nantrace.report import NanTraceReport, ScaleCollapse, SkippedStep, WatchSummary
 from dtypecheck.nantrace.tracer import StopTracing, TraceOptions, Tracer
 from dtypecheck.nantrace.training import _found_inf, _scale_of, untraced
+from dtypecheck.nantrace.watch.replay import (
+    ARRIVED,
+    BORN_OUTSIDE,
+    CAME_OUT_FINITE,
+    keep_grad,
+    post_hooks_apart,
+    replay_call,
+    shifted,
+)
 from dtypecheck.nantrace.watch.state import (
     BufferSnapshot,
     ModelCall,
@@ -43,46 +50,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-Detected = str
-
-
-_CAME_OUT_FINITE = (
-    "the replay of the step came out finite (a value born outside the model calls watch mode re-runs, such as "
-    "the loss computed from the model's output, a side effect, or a non-deterministic op)"
-)
-
-
-_ARRIVED = (
-    "born on another rank: this rank's own gradients came out finite in the replay, the step's arrived "
-    "non-finite through DDP's gradient all-reduce"
-)
-_BORN_OUTSIDE = (
-    "the replayed model output was finite while the gradient the step sent into it was not: the value was born "
-    "between the model's output and the loss (outside every module), which watch mode does not re-run, or the "
-    "replay took another path than the step (a side effect, a non-deterministic op)"
-)
-
-
-def _inner(module: nn.Module) -> nn.Module:
-    """DDP's wrapped module: a replay on one rank must not start collectives the other ranks will not join."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    return module.module if isinstance(module, DistributedDataParallel) else module
-
-
-def _shift(event: Event, offset: int) -> Event:
-    return dataclasses.replace(event, step=event.step + offset)
-
-
-def shifted(report: NanTraceReport, offset: int) -> NanTraceReport:
-    """A report traced from step 1 renumbered to start at step ``offset + 1``."""
-    return dataclasses.replace(
-        report,
-        first=_shift(report.first, offset) if report.first is not None else None,
-        events=tuple(_shift(e, offset) for e in report.events),
-        warnings=tuple(_shift(e, offset) for e in report.warnings),
-        handled=tuple(_shift(e, offset) for e in report.handled),
-    )
+Detected = Literal["loss", "gradients", "optimizer_step", "scale_collapse"]
 
 
 class Watcher:
@@ -132,8 +100,7 @@ class Watcher:
         self._update_done = False
         """The replayed step's update ran (traced): its tracer is left at the next landmark."""
         self._found: NanTraceReport | None = None
-        self._extra_ops = 0
-        self.detected: str | None = None
+        self.detected: Detected | None = None
         self.detected_step: int | None = None
         self.replayed_step: int | None = None
         self.exact: bool | None = None
@@ -144,6 +111,7 @@ class Watcher:
         self._streak: list[SkippedStep] = []
         self.scale_collapse: ScaleCollapse | None = None
         self._handles: list[Any] = []
+        self._module_handles: list[Any] = []
         self._restore: list[tuple[Any, str, Any]] = []
 
     # -- installing --------------------------------------------------------------------------------------------
@@ -275,7 +243,7 @@ class Watcher:
             return
         for position, tensor in enumerate(tensors_in(output)):
             if tensor.requires_grad and tensor.grad_fn is not None:
-                tensor.register_hook(functools.partial(_keep_grad, call, position))  # type: ignore[no-untyped-call]
+                tensor.register_hook(functools.partial(keep_grad, call, position))  # type: ignore[no-untyped-call]
 
     # -- backward and the update -------------------------------------------------------------------------------
     def _wrap_backward(self, original: Any) -> Any:
@@ -350,7 +318,7 @@ class Watcher:
                 self._replay_update(optimizer, args, kwargs)
         self._step_ended()
         if self._tracer is not None and not self._update_done:
-            self._end_replay(entered=False)  # the update's own replay, already left inside ``_post_hooks_apart``
+            self._end_replay(entered=False)  # the update's own replay, already left inside ``post_hooks_apart``
 
     def _wrap_scaler_update(self, original: Any) -> Any:
         watch = self
@@ -456,14 +424,13 @@ class Watcher:
             with torch.enable_grad():
                 tracer.__enter__()
                 try:
-                    outside = [_replay_call(call) for call in self._calls]
+                    outside = [replay_call(call) for call in self._calls]
                 except BaseException:
                     tracer.__exit__(None, None, None)
                     raise
         finally:
             now.put_back()
             self._busy = False
-        self._extra_ops = 0
         self._tracer = tracer
         self.replayed_step = self.step
         with untraced():  # the tracer is on: dtypecheck's own bookkeeping is not the step's
@@ -473,7 +440,7 @@ class Watcher:
         self._tracer = None
         tracer.__exit__(None, None, None)
         # Born on another rank: tracing this rank's next steps would only meet it again through the all-reduce.
-        self._give_up(failed_replay, replayed=True, trace_next=failed_replay is not _ARRIVED)
+        self._give_up(failed_replay, replayed=True, trace_next=failed_replay is not ARRIVED)
 
     def _judge_replay(
         self,
@@ -509,11 +476,11 @@ class Watcher:
                 parameter.grad = old  # the run goes on with the gradients it computed itself
         replayed = [p.grad for p in parameters if p.grad is not None]
         if any(outside):
-            failed_replay = _BORN_OUTSIDE
+            failed_replay = BORN_OUTSIDE
         elif read_flags([finite_values(replayed)]) and not tracer.judge.events:
             # Nothing non-finite came out of the model calls.
             arrived = distributed and self.detected == "gradients"
-            failed_replay = _ARRIVED if arrived else _CAME_OUT_FINITE
+            failed_replay = ARRIVED if arrived else CAME_OUT_FINITE
         else:
             failed_replay = None
         return failed_replay
@@ -539,7 +506,7 @@ class Watcher:
             self._buffers.put_back()
         self._busy = True
         try:
-            with _post_hooks_apart(), tracer:
+            with post_hooks_apart(), tracer:
                 optimizer.step(*args[1:], **kwargs)  # the hook is given the optimizer as args[0]
         finally:
             now.put_back()
@@ -561,7 +528,7 @@ class Watcher:
         report = tracer.report()
         if report.first is None:
             self.exact = False
-            self._give_up(_CAME_OUT_FINITE, replayed=True)
+            self._give_up(CAME_OUT_FINITE, replayed=True)
             return
         if consequence is not None:
             first = dataclasses.replace(report.first, consequence=consequence)  # type: ignore[arg-type]
@@ -599,7 +566,7 @@ class Watcher:
     def summary(self) -> WatchSummary:
         return WatchSummary(
             steps_checked=self.step - 1,
-            detected=self.detected,  # type: ignore[arg-type]
+            detected=self.detected,
             detected_step=self.detected_step,
             replayed_step=self.replayed_step,
             exact=self.exact,
@@ -642,60 +609,3 @@ class Watcher:
             watch=self.summary(),
         )
         return dataclasses.replace(report, **extra) if extra else report
-
-
-@contextlib.contextmanager
-def _post_hooks_apart() -> Iterator[None]:
-    """Let a tracer add and remove its optimizer post hook from inside a post hook: torch is iterating the live
-    dict of global post hooks, so the tracer registers into a copy that stands in for it meanwhile."""
-    import torch.optim.optimizer as optimizer_module
-
-    running = optimizer_module._global_optimizer_post_hooks
-    optimizer_module._global_optimizer_post_hooks = collections.OrderedDict(running)
-    try:
-        yield
-    finally:
-        optimizer_module._global_optimizer_post_hooks = running
-
-
-def _keep_grad(call: ModelCall, position: int, grad: torch.Tensor) -> None:
-    held = call.grads.get(position)
-    call.grads[position] = grad if held is None else held + grad
-
-
-def _replay_call(call: ModelCall) -> bool:
-    """One model call again, and backward from its outputs with the gradients they received the first time.
-
-    True when the outputs came out finite but a gradient sent into them was not: born outside the model."""
-    import torch
-
-    with call.autocast.applied():
-        output = _inner(call.module)(*call.args, **call.kwargs)
-    tensors = list(tensors_in(output))
-    with untraced():
-        finite_out = read_flags([finite_values(tensors)])
-        finite_in = read_flags([finite_values(list(call.grads.values()))])
-    if finite_out and not finite_in:
-        return True
-    roots = [(t, call.grads[i]) for i, t in enumerate(tensors) if i in call.grads and t.grad_fn is not None]
-    # An output computed from another output (HF's loss from its logits) already sends the other its gradient.
-    roots = [(t, g) for t, g in roots if not any(o is not t and _depends_on(o, t) for o, _ in roots)]
-    if roots:
-        torch.autograd.backward([t for t, _ in roots], [g for _, g in roots])
-    return False
-
-
-def _depends_on(later: torch.Tensor, earlier: torch.Tensor) -> bool:
-    """Whether ``later`` was computed from ``earlier`` (its autograd node is reachable from ``later``'s)."""
-    target = earlier.grad_fn
-    seen: set[int] = set()
-    stack = [later.grad_fn]
-    while stack:
-        node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        if node is target:
-            return True
-        seen.add(id(node))
-        stack.extend(n for n, _ in node.next_functions)
-    return False
