@@ -238,6 +238,7 @@ class OptimizerSnapshot:
 
     def __init__(self) -> None:
         self._buffers: dict[int, torch.Tensor] = {}
+        self._nbytes = 0
         self._layouts: dict[int, _Layout] = {}
         self._taken: dict[int, list[Any]] = {}
         """By optimizer: the plain values of its state before the update, in the layout's ``plain`` order."""
@@ -247,7 +248,10 @@ class OptimizerSnapshot:
 
         buffer = self._buffers.get(id(tensor))
         if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
+            if buffer is not None:
+                self._nbytes -= buffer.nbytes
             buffer = self._buffers[id(tensor)] = torch.empty_like(tensor, requires_grad=False)
+            self._nbytes += buffer.nbytes
         return buffer
 
     def _layout(self, optimizer: Any) -> _Layout:
@@ -322,7 +326,7 @@ class OptimizerSnapshot:
 
     @property
     def nbytes(self) -> int:
-        return sum(b.nbytes for b in self._buffers.values())
+        return self._nbytes
 
 
 @dataclass
