@@ -347,3 +347,21 @@ def test_watch_replays_the_step_where_the_scale_collapses(cli: Any, tmp_path: Pa
     assert [n["first"] for n in doc["skipped_steps"]] == [None, None, None]
     assert doc["steps"] == full["steps"] == 6
     assert (doc["watch"]["detected"], doc["watch"]["replayed_step"]) == ("scale_collapse", 6)
+
+
+def test_trace_api_watch_true_fills_the_report_when_the_block_raises() -> None:
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    handle = None
+    with pytest.raises(KeyError, match="user's own"):  # noqa: PT012, SIM117  (two steps run, then it raises)
+        with dtypecheck.trace(model, watch=True) as handle:
+            for _ in range(2):
+                model(torch.ones(3, 2)).sum().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+            raise KeyError("user's own")
+    assert handle is not None
+    report = handle.report
+    assert (report.status, report.steps) == ("clean", 2)
+    assert report.watch is not None
+    assert report.watch.steps_checked == 2
