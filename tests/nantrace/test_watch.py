@@ -365,3 +365,27 @@ def test_trace_api_watch_true_fills_the_report_when_the_block_raises() -> None:
     assert (report.status, report.steps) == ("clean", 2)
     assert report.watch is not None
     assert report.watch.steps_checked == 2
+
+
+def test_without_the_optimizer_snapshot_a_nan_born_in_the_update_is_said_not_replayable() -> None:
+    from dtypecheck.nantrace.watch import Watcher
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    watcher = Watcher(model=model, optimizer_snapshot=False)
+    with watcher:
+        for step in range(1, 6):
+            loss = model(torch.randn(8, 4)).pow(2).mean() * (1e30 if step == 3 else 1.0)
+            loss.backward()
+            optimizer.param_groups[0]["lr"] = 1e10 if step == 3 else 1e-2  # 1e10 * ~1e30 overflows the update
+            optimizer.step()
+            optimizer.zero_grad()
+    summary = watcher.report().watch
+    assert summary is not None
+    assert (summary.detected, summary.detected_step, summary.replayed_step) == ("optimizer_step", 3, None)
+    assert summary.reason == "the NaN was born in the optimizer step, and the optimizer snapshot is off"
+    assert summary.traced_from_step == 4
+    assert summary.optimizer_snapshot is False
+    # Only RNG state and the output's gradient were held: 5056 + 8 float32 bytes.
+    assert summary.snapshot_bytes == torch.get_rng_state().nbytes + 8 * 4

@@ -236,7 +236,9 @@ class OptimizerSnapshot:
     with one ``_foreach_copy_`` per (device, dtype) each step. The state an optimizer creates at its first step is
     noted as absent; plain values in its state (a Python step counter) are copied as they are."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, copies: bool = True) -> None:
+        self.copies = copies
+        """False: only the layout (what an update writes, for the check after it) is kept, no copy."""
         self._buffers: dict[int, torch.Tensor] = {}
         self._nbytes = 0
         self._layouts: dict[int, _Layout] = {}
@@ -266,14 +268,15 @@ class OptimizerSnapshot:
         pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
         keys: dict[int, set[str]] = {}
         plain: list[tuple[dict[str, Any], str]] = []
+        buffer_for = self._buffer_for if self.copies else (lambda tensor: tensor)
         for group in optimizer.param_groups:
             for parameter in group["params"]:
-                pairs.append((parameter.detach(), self._buffer_for(parameter)))
+                pairs.append((parameter.detach(), buffer_for(parameter)))
                 state = optimizer.state.get(parameter, {})
                 keys[id(parameter)] = set(state)
                 for key, value in state.items():
                     if isinstance(value, torch.Tensor):
-                        pairs.append((value.detach(), self._buffer_for(value)))
+                        pairs.append((value.detach(), buffer_for(value)))
                     else:
                         plain.append((state, key))
         grouped = list(_by_kind(pairs).values())

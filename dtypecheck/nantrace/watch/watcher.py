@@ -88,7 +88,7 @@ class Watcher:
         self._call_open: ModelCall | None = None
         self._rng: RngState | None = None
         self._buffers = BufferSnapshot()
-        self._optimizers = OptimizerSnapshot()
+        self._optimizers = OptimizerSnapshot(copies=optimizer_snapshot)
         self._snapshotted: set[int] = set()
         self._loss_flags: list[torch.Tensor | None] = []
         self._tracer: Tracer | None = None
