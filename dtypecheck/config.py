@@ -221,6 +221,7 @@ SECTION_KEYS: dict[str, dict[str, Validator]] = {
         "history": _positive_int,
         "steps": _positive_int,
         "keep-going": _boolean,
+        "watch": _boolean,
         "max-skipped-steps": _positive_int,
         "autocast": _one_of("float16", "bfloat16", "fp16", "bf16"),
         "device": _string,

@@ -91,6 +91,13 @@ def nan_trace(
             help="Run it as this many ranks through torch.distributed.run (DDP/FSDP scripts); one merged report.",
         ),
     ] = None,
+    watch: Annotated[
+        bool,
+        typer.Option(
+            "--watch",
+            help="Near-plain speed: check loss, gradients and update each step; trace only the step that failed.",
+        ),
+    ] = False,
     fail_on: FailOnOption = None,
     config: ConfigOption = None,
     fmt: FormatOption = OutputFormat.table,
@@ -106,7 +113,9 @@ def nan_trace(
     Exit codes: 0 clean, 1 NaN/Inf found (or warnings with --fail-on warn), 2 usage, 3 script not runnable or raised
     (a dtype mismatch is explained and the report still written first).
     """
-    given = NanTraceFlags(steps, autocast, device, history, warn_frac, keep_going, max_skipped_steps, fail_on, config)
+    given = NanTraceFlags(
+        steps, autocast, device, history, warn_frac, keep_going, max_skipped_steps, fail_on, config, watch
+    )
     options = resolve_nantrace_options(target, script_args, given, nproc=nproc, fmt=fmt, output=output, quiet=quiet)
     return execute_nantrace(options)
 
@@ -124,6 +133,7 @@ class NanTraceFlags:
     max_skipped_steps: int | None = None
     fail_on: FailOn | None = None
     config: Path | None = None
+    watch: bool = False
 
 
 @dataclass(frozen=True)
@@ -179,6 +189,9 @@ def resolve_nantrace_options(
         ),
     )
     steps = pick(given.steps, settings, COMMAND, "steps", _RUN.steps)
+    watch = pick(True if given.watch else None, settings, COMMAND, "watch", _RUN.watch)
+    if watch and trace.keep_going:
+        raise UsageError("--watch and --keep-going cannot be combined: watch mode replays the first failing step only")
     threshold = FailOn(pick(given.fail_on, settings, COMMAND, "fail-on", FailOn.fail))
     path, factory = split_target(target)
     arguments = tuple(script_args or ())
@@ -186,7 +199,7 @@ def resolve_nantrace_options(
         path=path,
         factory=factory,
         script_args=arguments,
-        run=RunSettings(trace, autocast, device, steps),
+        run=RunSettings(trace, autocast, device, steps, watch=watch),
         threshold=threshold,
         fmt=fmt,
         output=output.absolute() if output is not None else None,
@@ -208,7 +221,7 @@ def resolve_nantrace_options(
             "--format": fmt.value,
             "--output": resolved.output,
         }
-        switches = {"--keep-going": given.keep_going, "--quiet": quiet}
+        switches = {"--keep-going": given.keep_going, "--quiet": quiet, "--watch": watch}
         relaunch = launch_arguments(path, list(arguments), flags, switches)
         return dataclasses.replace(resolved, nproc=nproc, launch_arguments=tuple(relaunch))
     if info is not None:
@@ -274,12 +287,16 @@ def execute_nantrace(options: NanTraceOptions) -> int:
     if options.factory is not None:
         target = f"{options.path}:{options.factory}"
         with user_code_guard(target), progress_bar(COMMAND, quiet=options.quiet, unit="steps") as progress:
+            if options.run.watch:
+                from dtypecheck.nantrace.watch.run import run_factory_watched as run_factory
             report = run_factory(options.path, options.factory, options.run.steps, options.run, progress=progress)
     else:
         # stdout must hold only the document: the script's own output (prints, os.write, subprocesses) goes to
         # stderr. With a table the script's output stays where the user expects it.
         captured = not options.fmt.for_people
         with user_code_guard(str(options.path), enabled=captured, script=True):
+            if options.run.watch:
+                from dtypecheck.nantrace.watch.run import run_script_watched as run_script
             report = run_script(
                 options.path, list(options.script_args), options.run, stdout=sys.stderr if captured else None
             )

@@ -52,6 +52,7 @@ def trace(
     history: int = TraceOptions.history,
     warn_frac: float = TraceOptions.warn_frac,
     max_skipped_steps: int = TraceOptions.max_skipped_steps,
+    watch: bool = False,
 ) -> Iterator[TraceHandle]:
     """Trace every op run inside the block (forward, backward, optimizer step) for NaN and Inf.
 
@@ -65,11 +66,22 @@ def trace(
 
     The report also holds the default dtype and its changes, the first float64 promotion, and, when the block
     raised a dtype mismatch, its explanation (``report.dtype_error``); the exception is then re-raised as it was.
+
+    ``watch=True`` runs the block at near-plain speed: each step only the loss, the gradients and the update are
+    checked, and the first step that goes non-finite is replayed under full tracing (``report.watch`` says how).
     """
     import traceback
 
     from dtypecheck.nantrace.tracer import Tracer
 
+    if watch:
+        if keep_going:
+            raise ValueError("watch=True and keep_going=True cannot be combined: watch replays the first failing step")
+        from dtypecheck.nantrace.watch import watched
+
+        with watched(model, history=history, warn_frac=warn_frac, max_skipped_steps=max_skipped_steps) as handle:
+            yield handle
+        return
     names = None if model is None else {id(m): n for n, m in model.named_modules()}
     handle = TraceHandle()
     tracer = Tracer(

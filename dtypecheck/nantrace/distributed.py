@@ -105,6 +105,8 @@ def merge(reports: dict[int, NanTraceReport | None], world_size: int) -> NanTrac
         dtype_error=next((rep.dtype_error for rep in present.values() if rep.dtype_error is not None), None),
         world_size=world_size,
         ranks=summaries,
+        # --watch: what the rank of the first producer saw and replayed.
+        watch=next((rep.watch for r, rep in present.items() if events and r == events[0].rank), base.watch),
     )
 
 

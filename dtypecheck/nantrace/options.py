@@ -44,3 +44,5 @@ class RunSettings:
     device: str | None = None
     steps: int = 3
     """Factory mode: forward + backward + SGD steps to run (a script runs its own loop)."""
+    watch: bool = False
+    """``--watch``: cheap checks each step, full tracing of the step that failed (``watch/run.py`` runs it)."""

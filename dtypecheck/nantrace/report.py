@@ -283,6 +283,8 @@ class NanTraceReport:
     exception: RaisedException | None = None
     """The traced code raised after a non-finite producer was found: the run still reports it (exit 1), with the
     exception as its consequence. None when it ended normally (or raised with nothing non-finite: exit 3)."""
+    watch: WatchSummary | None = None
+    """``--watch``: what the cheap per-step checks saw and which step was replayed; None for a full trace."""
 
     @property
     def level(self) -> Level:
@@ -304,3 +306,28 @@ class RankSummary:
     """``clean``, ``nonfinite``, ``error``, or ``missing`` (no report arrived from it in time)."""
     ops: int
     steps: int
+
+
+@dataclass(frozen=True)
+class WatchSummary:
+    """Watch mode (``--watch``): cheap finiteness checks each step, full tracing only of the step that failed."""
+
+    steps_checked: int
+    """Steps whose loss, gradients and optimizer update were checked."""
+    detected: Literal["loss", "gradients", "optimizer_step", "scale_collapse"] | None
+    """What the cheap check first found non-finite; None for a clean run."""
+    detected_step: int | None
+    replayed_step: int | None
+    """The step re-run from its saved starting state under full tracing; None when none was (or could be)."""
+    exact: bool | None
+    """The replay reproduced the step (same non-finite gradients or update); None without a replay."""
+    reason: str | None
+    """Why the step could not be replayed exactly, in words; None when it was."""
+    traced_from_step: int | None
+    """The first step traced fully after a step that could not be replayed; None when none was."""
+    snapshot_bytes: int
+    """The most bytes the per-step snapshot held (RNG states, changed buffers, the model output's gradient, and
+    with ``optimizer_snapshot`` the parameters and optimizer states before the update)."""
+    optimizer_snapshot: bool
+    """The parameters and optimizer states were copied before each update, so that a NaN born inside the
+    optimizer step can be replayed."""

@@ -1,0 +1,189 @@
+"""What ``nan-trace --watch`` costs and whether it finds what a full trace finds (issue 19).
+
+Three measurements, each a whole process (plain, watched, and where asked fully traced runs alternate back to
+back, and medians are compared, since the machine's cores are shared):
+
+- ``overhead``: a clean run, watched against plain: the transformer of ``bench_nantrace.py`` (4 steps) and a
+  small model with many small ops (``--small-steps`` steps, 300 by default), where a full trace costs ~2.5x.
+  The target is <= 1.05x.
+- ``late``: a NaN planted at step 200 of a 300-step run of the small model: watched and fully traced reports must
+  name the same op, phase, module, step and line.
+- ``memory``: the snapshot watch mode held (``watch.snapshot_bytes``) as a share of the model's parameters and
+  the optimizer's states.
+
+    .venv/bin/python benchmarks/bench_watch.py overhead --repeats 3
+    .venv/bin/python benchmarks/bench_watch.py late
+    .venv/bin/python benchmarks/bench_watch.py memory
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from benchmarks.bench_nantrace import WORKLOAD, _timed
+
+SMALL = """
+import sys
+import time
+import torch
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(32, 32)
+        self.norm = torch.nn.LayerNorm(32)
+
+    def forward(self, x):
+        return x + torch.nn.functional.gelu(self.norm(self.fc(x)))
+
+
+torch.manual_seed(0)
+steps, bad = int(sys.argv[1]), int(sys.argv[2])
+model = torch.nn.Sequential(*(Block() for _ in range(12)), torch.nn.Linear(32, 1))
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+start = time.process_time()
+for step in range(1, steps + 1):
+    x = torch.randn(8, 32)
+    if step == bad:
+        x = x * 1e38
+    loss = model(x).pow(2).mean()  # loss
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+print(f"loss {loss.item():.6f}")
+print(f"loop {time.process_time() - start:.4f}", file=sys.stderr)
+"""
+
+
+def _loop_seconds(command: list[str], threads: int | None) -> float:
+    """The training loop's own CPU seconds (printed by the workload): the per-step cost, without start-up."""
+    import os
+
+    env = dict(os.environ)
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
+    lines = [line for line in done.stderr.splitlines() if line.startswith("loop ")]
+    if done.returncode not in (0, 1) or not lines:
+        sys.exit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr}")
+    return float(lines[-1].split()[1])
+
+
+def _nantrace(*args: str) -> list[str]:
+    return [sys.executable, "-m", "dtypecheck", "nan-trace", "-q", *args]
+
+
+def _ratio(name: str, plain: list[float], other: list[float], label: str) -> float:
+    ratio = statistics.median(other) / statistics.median(plain)
+    print(
+        f"{name}: median plain {statistics.median(plain):.2f} s, {label} {statistics.median(other):.2f} s: {ratio:.3f}x"
+    )
+    return ratio
+
+
+def overhead(folder: Path, repeats: int, small_steps: int, threads: int | None, full: bool) -> None:
+    encoder = folder / "train_encoder.py"
+    encoder.write_text(WORKLOAD, encoding="utf-8")
+    small = folder / "train_small.py"
+    small.write_text(SMALL, encoding="utf-8")
+    workloads = {
+        "transformer, 4 steps": ([str(encoder)], ["4"]),
+        f"small model, {small_steps} steps": ([str(small)], [str(small_steps), "0"]),
+    }
+    for name, (script, argv) in workloads.items():
+        plain, watched, traced = [], [], []
+        for _ in range(repeats):
+            plain.append(_timed([sys.executable, *script, *argv], threads)[1])
+            watched.append(_timed(_nantrace("--watch", *script, "--", *argv), threads)[1])
+            if full:
+                traced.append(_timed(_nantrace(*script, "--", *argv), threads)[1])
+        print(f"{name}: CPU seconds plain {plain}, watched {watched}" + (f", traced {traced}" if full else ""))
+        _ratio(f"{name} (whole process)", plain, watched, "watched (target <= 1.05x)")
+        if full:
+            _ratio(f"{name} (whole process)", plain, traced, "fully traced")
+    # The loop alone: what a run of 40,000 steps pays per step, start-up (importing dtypecheck) left out.
+    plain_loop, watched_loop = [], []
+    for _ in range(repeats):
+        plain_loop.append(_loop_seconds([sys.executable, str(small), str(small_steps), "0"], threads))
+        watched_loop.append(_loop_seconds(_nantrace("--watch", str(small), "--", str(small_steps), "0"), threads))
+    print(f"small model loop CPU seconds: plain {plain_loop}, watched {watched_loop}")
+    _ratio(f"small model, {small_steps} steps (loop only)", plain_loop, watched_loop, "watched")
+
+
+def _report(command: list[str]) -> dict[str, object]:
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode not in (0, 1):
+        sys.exit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr}")
+    return dict(json.loads(done.stdout))
+
+
+def late(folder: Path) -> None:
+    small = folder / "train_small.py"
+    small.write_text(SMALL, encoding="utf-8")
+    argv = ["--format", "json", str(small), "--", "300", "200"]
+    full = _report(_nantrace(*argv))
+    watched = _report(_nantrace("--watch", *argv))
+    keys = ("kind", "op", "phase", "module", "step", "cause", "consequence")
+    for name, doc in (("full trace", full), ("watch", watched)):
+        first = doc["first"]
+        assert isinstance(first, dict)
+        location = first["location"]
+        assert isinstance(location, dict)
+        print(f"{name}: {', '.join(f'{k} {first[k]}' for k in keys)}, line {location['line']}; ops traced {doc['ops']}")
+    same = all(full["first"][k] == watched["first"][k] for k in (*keys, "location"))  # type: ignore[index]
+    print(f"watch summary: {watched['watch']}")
+    print(f"same op, phase, module, step, cause, consequence and line: {same}")
+
+
+def memory(folder: Path) -> None:
+    import torch
+
+    small = folder / "train_small.py"
+    small.write_text(SMALL, encoding="utf-8")
+    summary = _report(_nantrace("--watch", "--format", "json", str(small), "--", "20", "0"))["watch"]
+    assert isinstance(summary, dict)
+    # The same model, built here to count its bytes: AdamW keeps exp_avg and exp_avg_sq (each a parameter's size)
+    # and a float32 step tensor per parameter.
+    namespace: dict[str, object] = {}
+    exec(SMALL.split("torch.manual_seed(0)", maxsplit=1)[0], namespace)  # our own workload text
+    block = namespace["Block"]
+    assert isinstance(block, type)
+    model = torch.nn.Sequential(*(block() for _ in range(12)), torch.nn.Linear(32, 1))
+    parameters = sum(p.nbytes for p in model.parameters())
+    states = 2 * parameters + 4 * len(list(model.parameters()))
+    held = int(summary["snapshot_bytes"])
+    rest = held - (parameters + states)
+    print(f"model parameters {parameters} B, AdamW states {states} B, watch snapshot {held} B")
+    print(f"snapshot / (model + optimizer state) = {held / (parameters + states):.3f}")
+    print(
+        f"of which RNG state, changed buffers and the output's gradient: {rest} B = {rest / (parameters + states):.4f}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=("overhead", "late", "memory"))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--small-steps", type=int, default=300)
+    parser.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for every run")
+    parser.add_argument("--full", action="store_true", help="overhead: also time a full trace")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as name:
+        folder = Path(name)
+        if args.what == "overhead":
+            overhead(folder, args.repeats, args.small_steps, args.threads, args.full)
+        elif args.what == "late":
+            late(folder)
+        else:
+            memory(folder)
+
+
+if __name__ == "__main__":
+    main()

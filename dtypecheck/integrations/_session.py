@@ -1,0 +1,122 @@
+"""What both callbacks share: a ``Watcher`` run across a trainer's fit, its report written as JSON, one log line."""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dtypecheck.errors import UsageError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from dtypecheck.nantrace.report import NanTraceReport
+    from dtypecheck.nantrace.watch import Watcher
+
+LOG = logging.getLogger("dtypecheck")
+
+
+class UnsupportedFrameworkError(UsageError):
+    """A callback was set up with a framework version it was not built for."""
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """``"4.57.1"`` -> (4, 57, 1); ``"2.6.0rc1"`` -> (2, 6, 0); the leading numbers only."""
+    numbers = []
+    for part in version.split("."):
+        digits = re.match(r"\d+", part)
+        if digits is None:
+            break
+        numbers.append(int(digits.group()))
+        if digits.end() != len(part):
+            break
+    return tuple(numbers)
+
+
+def require_version(framework: str, installed: str, minimum: tuple[int, ...], below: tuple[int, ...]) -> None:
+    """One clear error when the callback is built, rather than a broken hook mid-run."""
+    found = _release(installed)
+    if not found or not minimum <= found < below:
+        wanted = f">={'.'.join(map(str, minimum))},<{'.'.join(map(str, below))}"
+        raise UnsupportedFrameworkError(
+            f"dtypecheck's {framework} callback supports {framework} {wanted}; this is {framework} {installed}"
+        )
+
+
+def log_line(report: NanTraceReport, path: Path | None) -> str:
+    """``dtypecheck nan-trace: step 7: inf born in aten.exp.default (forward) in module block at train.py:13``."""
+    first = report.first
+    where = f" (report: {path})" if path is not None else ""
+    if first is None:
+        if report.scale_collapse is not None:
+            return (
+                f"dtypecheck nan-trace: GradScaler's scale collapsed by step {report.scale_collapse.last_step}{where}"
+            )
+        return f"dtypecheck nan-trace: clean over {report.steps} step(s){where}"
+    module = "outside every module" if first.module is None else f"in module {first.module or '(model)'}"
+    line = f" at {first.location.file}:{first.location.line}" if first.location is not None else ""
+    born = f"{first.kind} born in {first.op} ({first.phase})"
+    return f"dtypecheck nan-trace: step {first.step}: {born} {module}{line}{where}"
+
+
+class WatchSession:
+    """Started when training starts, polled at each step's end, finished when training ends."""
+
+    def __init__(self, *, report_path: Path | str | None, stop: bool, history: int, optimizer_snapshot: bool) -> None:
+        self.report_path = Path(report_path) if report_path is not None else None
+        self.stop = stop
+        self.history = history
+        self.optimizer_snapshot = optimizer_snapshot
+        self.watcher: Watcher | None = None
+        self.found = False
+        self.report: NanTraceReport | None = None
+
+    def start(self, model: nn.Module | None, *, optimizer_seen: bool) -> None:
+        from dtypecheck.nantrace.tracer import TraceOptions
+        from dtypecheck.nantrace.watch import Watcher
+
+        self.watcher = Watcher(
+            TraceOptions(history=self.history),
+            model=model,
+            optimizer_snapshot=self.optimizer_snapshot,
+            on_found=self._found,
+        )
+        self.watcher.optimizer_seen = optimizer_seen
+        self.watcher.__enter__()
+
+    def _found(self) -> None:
+        self.found = True
+
+    def poll(self) -> bool:
+        """At a step's end: whether the trainer should stop now."""
+        if self.watcher is None:
+            return False
+        was = self.found
+        self.watcher.poll()
+        if self.found and not was:
+            self._write(self.watcher.report())
+        return self.found and self.stop
+
+    def finish(self) -> NanTraceReport | None:
+        watcher, self.watcher = self.watcher, None
+        if watcher is None:
+            return self.report
+        watcher.__exit__(None, None, None)
+        self._write(watcher.report(), log=self.report is None)  # a finding was logged when it was found
+        return self.report
+
+    def _write(self, report: NanTraceReport, *, log: bool = True) -> None:
+        from dtypecheck.render import OutputFormat, render, write_atomically
+
+        self.report = report
+        if self.report_path is not None:
+            write_atomically(self.report_path, render(report, OutputFormat.json))
+        if not log:
+            return
+        message = log_line(report, self.report_path)
+        if report.status == "clean":
+            LOG.info(message)
+        else:
+            LOG.warning(message)

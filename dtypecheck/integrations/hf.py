@@ -1,0 +1,55 @@
+"""``NanTraceCallback`` for the Hugging Face ``transformers.Trainer``: watch mode across ``trainer.train()``.
+
+    trainer = Trainer(model, args, train_dataset=..., callbacks=[NanTraceCallback("nantrace.json")])
+
+The first step whose loss, gradients or update goes non-finite is replayed under full tracing; the report (the
+``nan-trace --format json`` document) is written to ``report_path`` and one warning names the op, module and line.
+With ``stop=True`` (the default) training then stops at the end of that step; else it goes on, unwatched.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import transformers
+from transformers import TrainerCallback
+
+from dtypecheck.integrations._session import WatchSession, require_version
+from dtypecheck.nantrace.report import NanTraceReport
+
+SUPPORTED = ((4, 40), (6,))
+"""transformers versions the callback is built for: >= 4.40 (the ``TrainerCallback`` hooks it uses), < 6."""
+
+
+class NanTraceCallback(TrainerCallback):
+    def __init__(
+        self,
+        report_path: Path | str | None = "dtypecheck-nantrace.json",
+        *,
+        stop: bool = True,
+        history: int = 20,
+        optimizer_snapshot: bool = True,
+    ) -> None:
+        require_version("transformers", transformers.__version__, *SUPPORTED)
+        self.session = WatchSession(
+            report_path=report_path, stop=stop, history=history, optimizer_snapshot=optimizer_snapshot
+        )
+
+    @property
+    def report(self) -> NanTraceReport | None:
+        """The report once training ended (or once the failing step was found)."""
+        return self.session.report
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        self.session.start(model, optimizer_seen=True)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.session.poll():
+            control.should_training_stop = True
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.session.finish()
+
+
+__all__ = ["NanTraceCallback"]

@@ -1,0 +1,357 @@
+"""What watch mode keeps per step: fused finiteness checks, and the state a failing step is replayed from.
+
+Nothing is written to the parameters before the optimizer step, so a step whose loss or gradients went non-finite
+is replayed from the unchanged parameters with what this module saves when the step's first model call starts:
+the RNG states, the buffers that training changes (batch-norm statistics), the call's arguments (references, with
+their version counters) and, once backward has run, the gradient that flowed into the model's output. A NaN born
+inside the optimizer step needs the parameters and optimizer states from before it: ``OptimizerSnapshot`` copies
+them into buffers allocated once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+
+def tensors_in(value: Any) -> Iterator[torch.Tensor]:
+    """The tensors of a model's output: a tensor, or nested tuples, lists and mappings (``ModelOutput``)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            yield from tensors_in(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from tensors_in(item)
+
+
+def all_finite(tensors: list[torch.Tensor]) -> torch.Tensor | None:
+    """One on-device flag (no host sync) that every floating tensor is finite, checked as GradScaler checks
+    gradients: ``_amp_foreach_non_finite_check_and_unscale_`` with a scale of 1 (one fused kernel per device; on
+    CPU ~0.2 us a tensor, where ``_foreach_norm`` costs ~2.4 us). Multiplying by 1 leaves every value as it was
+    but bumps the tensors' version counters: only for gradients, parameters and optimizer states, which nothing
+    saved for backward holds; a loss goes through ``finite_values``. None when there is nothing floating."""
+    import torch
+
+    if not tensors:
+        return None
+    with torch.no_grad():
+        try:
+            # Usually one device, all floating (gradients, parameters): one call, no sorting.
+            device = tensors[0].device
+            found = torch.zeros(1, device=device)
+            torch._amp_foreach_non_finite_check_and_unscale_(tensors, found, torch.ones(1, device=device))
+            return found == 0
+        except (RuntimeError, NotImplementedError, TypeError):
+            pass
+    groups: dict[torch.device, list[torch.Tensor]] = {}
+    for tensor in tensors:
+        if tensor.is_floating_point():
+            groups.setdefault(tensor.device, []).append(tensor)
+    flags = []
+    with torch.no_grad():
+        for device, group in groups.items():
+            if device.type == "meta":
+                continue
+            try:
+                found = torch.zeros(1, device=device)
+                torch._amp_foreach_non_finite_check_and_unscale_(group, found, torch.ones(1, device=device))
+                flags.append(found == 0)
+            except (RuntimeError, NotImplementedError, TypeError):
+                # A tensor subclass (DTensor) or backend without the fused kernel: one max-norm per tensor.
+                flags.append(torch.stack([t.detach().abs().amax().isfinite() for t in group if t.numel()]).all())
+    if not flags:
+        return None
+    return flags[0] if len(flags) == 1 else torch.stack([f.to("cpu").reshape(()) for f in flags]).all()
+
+
+def finite_values(tensors: list[torch.Tensor]) -> torch.Tensor | None:
+    """``all_finite`` without writing anything: for a loss, which an op may have saved for its backward."""
+    import torch
+
+    flags = [t.detach().isfinite().all().to("cpu") for t in tensors if t.is_floating_point() and t.numel()]
+    if not flags:
+        return None
+    return flags[0] if len(flags) == 1 else torch.stack(flags).all()
+
+
+def read_flags(flags: list[torch.Tensor | None]) -> bool:
+    """Whether every flag is true: one read-back for all of them."""
+    import torch
+
+    present = [f.to("cpu").reshape(()) for f in flags if f is not None]
+    return not present or bool(torch.stack(present).all())
+
+
+def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-for-bit the same where both are finite, and non-finite somewhere in both or in neither: a replay must
+    reproduce the step, not approximate it, but a matrix kernel may spread one NaN over more or fewer elements
+    from one call to the next (its blocking differs), so where the NaNs land is not compared."""
+    import torch
+
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    with torch.no_grad():
+        finite_a, finite_b = a.isfinite(), b.isfinite()
+        both = finite_a & finite_b
+        return bool(finite_a.all() == finite_b.all()) and bool((a[both] == b[both]).all())
+
+
+@dataclass
+class RngState:
+    cpu: torch.Tensor
+    cuda: list[torch.Tensor] | None
+
+    @classmethod
+    def take(cls) -> RngState:
+        import torch
+
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None  # type: ignore[no-untyped-call]
+        return cls(torch.get_rng_state(), cuda)
+
+    def put_back(self) -> None:
+        import torch
+
+        torch.set_rng_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state_all(self.cuda)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.cpu.nbytes + sum(t.nbytes for t in self.cuda or ()))
+
+
+@functools.cache
+def _autocast_devices() -> tuple[str, ...]:
+    import torch
+
+    return ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
+
+
+@dataclass
+class AutocastState:
+    """The autocast settings a model call ran under, to replay it under the same."""
+
+    modes: tuple[tuple[str, bool, Any], ...]
+
+    @classmethod
+    def take(cls) -> AutocastState:
+        import torch
+
+        return cls(tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _autocast_devices()))
+
+    @contextlib.contextmanager
+    def applied(self) -> Iterator[None]:
+        import torch
+
+        with contextlib.ExitStack() as stack:
+            for device, enabled, dtype in self.modes:
+                stack.enter_context(torch.autocast(device, dtype=dtype, enabled=enabled))
+            yield
+
+
+@dataclass
+class ModelCall:
+    """One outermost module call with gradients on, in the step being watched."""
+
+    module: nn.Module
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    versions: list[tuple[torch.Tensor, int]]
+    """The tensor arguments' version counters: changed by the time of the replay means the batch was overwritten."""
+    autocast: AutocastState
+    grads: dict[int, torch.Tensor] = field(default_factory=dict)
+    """The gradient backward sent into the call's output tensors, by position among them."""
+
+    def arguments_unchanged(self) -> bool:
+        return all(t._version == v for t, v in self.versions)
+
+
+def call_of(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ModelCall:
+    arguments = [*tensors_in(args), *tensors_in(kwargs)]
+    return ModelCall(module, args, dict(kwargs), [(t, t._version) for t in arguments], AutocastState.take())
+
+
+class BufferSnapshot:
+    """The buffers of the watched models as a step began. Only buffers that the first step changed are copied
+    (batch-norm statistics, counters): a causal mask is never written, and copying it each step would cost for
+    nothing. In the first step, before anything is known, all of them are; a buffer first changed later is
+    noticed by its version counter, and its replay is then not exact."""
+
+    def __init__(self) -> None:
+        self._changing: set[int] = set()
+        self._learned = False
+        self._saved: list[tuple[torch.Tensor, torch.Tensor | None, int]] = []
+
+    def clear(self) -> None:
+        self._saved = []
+
+    def take(self, module: nn.Module) -> None:
+        for buffer in module.buffers():
+            copy = buffer.detach().clone() if not self._learned or id(buffer) in self._changing else None
+            self._saved.append((buffer, copy, buffer._version))
+
+    def step_ended(self) -> None:
+        import torch
+
+        for buffer, saved, version in self._saved:
+            # Batch norm updates its running statistics inside its kernel without bumping their version counter:
+            # what changed is learned from the values, in the first step.
+            changed = saved is not None and not self._learned and not torch.equal(buffer, saved)
+            if changed or buffer._version != version:
+                self._changing.add(id(buffer))
+        self._learned = self._learned or bool(self._saved)
+
+    def put_back(self) -> bool:
+        """Restore the buffers; False when one changed that was not copied (the replay is then not exact)."""
+        import torch
+
+        exact = True
+        with torch.no_grad():
+            for buffer, copy, version in self._saved:
+                if copy is not None:
+                    buffer.copy_(copy)
+                elif buffer._version != version:
+                    exact = False
+        return exact
+
+    @property
+    def nbytes(self) -> int:
+        return sum(copy.nbytes for _, copy, _ in self._saved if copy is not None)
+
+
+class OptimizerSnapshot:
+    """An optimizer's parameters and state tensors before its update, in buffers allocated once and refilled
+    with one ``_foreach_copy_`` per (device, dtype) each step. The state an optimizer creates at its first step is
+    noted as absent; plain values in its state (a Python step counter) are copied as they are."""
+
+    def __init__(self, *, copies: bool = True) -> None:
+        self.copies = copies
+        """False: only the layout (what an update writes, for the check after it) is kept, no copy."""
+        self._buffers: dict[int, torch.Tensor] = {}
+        self._nbytes = 0
+        self._layouts: dict[int, _Layout] = {}
+        self._taken: dict[int, list[Any]] = {}
+        """By optimizer: the plain values of its state before the update, in the layout's ``plain`` order."""
+
+    def _buffer_for(self, tensor: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        buffer = self._buffers.get(id(tensor))
+        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
+            if buffer is not None:
+                self._nbytes -= buffer.nbytes
+            buffer = self._buffers[id(tensor)] = torch.empty_like(tensor, requires_grad=False)
+            self._nbytes += buffer.nbytes
+        return buffer
+
+    def _layout(self, optimizer: Any) -> _Layout:
+        """Built again only when the optimizer's state grew (its first step creates it) or its groups changed:
+        walking every parameter's state each step was most of watch mode's cost on a small model."""
+        import torch
+
+        signature = (len(optimizer.state), tuple(len(g["params"]) for g in optimizer.param_groups))
+        layout = self._layouts.get(id(optimizer))
+        if layout is not None and layout.signature == signature:
+            return layout
+        pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        keys: dict[int, set[str]] = {}
+        plain: list[tuple[dict[str, Any], str]] = []
+        buffer_for = self._buffer_for if self.copies else (lambda tensor: tensor)
+        for group in optimizer.param_groups:
+            for parameter in group["params"]:
+                pairs.append((parameter.detach(), buffer_for(parameter)))
+                state = optimizer.state.get(parameter, {})
+                keys[id(parameter)] = set(state)
+                for key, value in state.items():
+                    if isinstance(value, torch.Tensor):
+                        pairs.append((value.detach(), buffer_for(value)))
+                    else:
+                        plain.append((state, key))
+        grouped = list(_by_kind(pairs).values())
+        layout = _Layout(
+            signature,
+            [[t for t, _ in g] for g in grouped],
+            [[b for _, b in g] for g in grouped],
+            keys,
+            plain,
+        )
+        self._layouts[id(optimizer)] = layout
+        return layout
+
+    def take(self, optimizer: Any) -> None:
+        import torch
+
+        layout = self._layout(optimizer)
+        with torch.no_grad():
+            for source, buffer in zip(layout.sources, layout.buffers, strict=True):
+                torch._foreach_copy_(buffer, source)
+        self._taken[id(optimizer)] = [copy.deepcopy(state[key]) for state, key in layout.plain]
+
+    def put_back(self, optimizer: Any) -> bool:
+        """Restore the optimizer to its state before the update; False when no snapshot of it was taken."""
+        import torch
+
+        values = self._taken.get(id(optimizer))
+        layout = self._layouts.get(id(optimizer))
+        if values is None or layout is None:
+            return False
+        with torch.no_grad():
+            for source, buffer in zip(layout.sources, layout.buffers, strict=True):
+                torch._foreach_copy_(source, buffer)
+        for group in optimizer.param_groups:
+            for parameter in group["params"]:
+                state = optimizer.state.get(parameter)
+                if state is None:
+                    continue
+                for key in set(state) - layout.keys.get(id(parameter), set()):
+                    del state[key]  # created by the update being replayed: absent before it
+                if not state:
+                    del optimizer.state[parameter]
+        for (state, key), value in zip(layout.plain, values, strict=True):
+            state[key] = value
+        return True
+
+    def written(self, optimizer: Any) -> list[torch.Tensor]:
+        """What an update writes: the parameters and the optimizer's floating state tensors."""
+        return self._layout(optimizer).floating
+
+    @property
+    def nbytes(self) -> int:
+        return self._nbytes
+
+
+@dataclass
+class _Layout:
+    signature: tuple[int, tuple[int, ...]]
+    sources: list[list[torch.Tensor]]
+    """The parameters and state tensors, grouped by (device, dtype) for ``_foreach_copy_``."""
+    buffers: list[list[torch.Tensor]]
+    keys: dict[int, set[str]]
+    """By parameter: its state's keys when the layout was built."""
+    plain: list[tuple[dict[str, Any], str]]
+    """Where the state holds a plain value (not a tensor)."""
+    floating: list[torch.Tensor] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.floating = [t for group in self.sources if group[0].is_floating_point() for t in group]
+
+
+def _by_kind(
+    pairs: list[tuple[torch.Tensor, torch.Tensor]],
+) -> dict[tuple[torch.device, torch.dtype], list[tuple[torch.Tensor, torch.Tensor]]]:
+    groups: dict[tuple[torch.device, torch.dtype], list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    for tensor, buffer in pairs:
+        groups.setdefault((tensor.device, tensor.dtype), []).append((tensor, buffer))
+    return groups

@@ -1,0 +1,106 @@
+"""``dtypecheck.integrations.lightning.NanTraceCallback`` inside a real ``lightning.Trainer.fit()`` on CPU (no
+logger, no checkpointing), clean and with an overflow planted at a late step."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import lightning
+import pytest
+import torch
+from lightning.pytorch import LightningModule
+
+from dtypecheck.integrations._session import UnsupportedFrameworkError
+from dtypecheck.integrations.lightning import NanTraceCallback
+from tests.integrations._planted import PlantedOverflow
+from tests.nantrace._scripts import line_of
+
+PLANTED = Path(__file__).with_name("_planted.py")
+STEPS = 8
+
+
+class Regressor(LightningModule):
+    def __init__(self, at_call: int | None) -> None:
+        super().__init__()
+        self.encoder = torch.nn.Linear(4, 8)
+        act: torch.nn.Module = torch.nn.Tanh()
+        self.act = PlantedOverflow(act, at_call) if at_call is not None else act
+        self.head = torch.nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.act(self.encoder(x)))
+        return out
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.mse_loss(self(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=1e-2)
+
+
+def _fit(tmp_path: Path, at_call: int | None, **callback: Any) -> tuple[NanTraceCallback, Any]:
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    watch = NanTraceCallback(tmp_path / "nantrace.json", **callback)
+    trainer = lightning.Trainer(
+        accelerator="cpu",
+        max_steps=STEPS,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[watch],
+        default_root_dir=str(tmp_path),
+    )
+    trainer.fit(Regressor(at_call), loader)
+    return watch, trainer
+
+
+def test_clean_fit_writes_a_clean_report(tmp_path: Path) -> None:
+    watch, trainer = _fit(tmp_path, None)
+    assert trainer.global_step == STEPS
+    doc = json.loads((tmp_path / "nantrace.json").read_text(encoding="utf-8"))
+    assert (doc["status"], doc["first"], doc["steps"]) == ("clean", None, STEPS)
+    assert watch.report is not None
+    assert watch.report.watch is not None
+    assert watch.report.watch.steps_checked == STEPS
+
+
+def test_planted_overflow_at_step_5_is_named_and_the_fit_stops(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="dtypecheck"):
+        _, trainer = _fit(tmp_path, at_call=5)
+    assert trainer.global_step == 5
+    doc = json.loads((tmp_path / "nantrace.json").read_text(encoding="utf-8"))
+    first = doc["first"]
+    assert (first["kind"], first["op"], first["phase"], first["module"]) == ("inf", "aten.mul.Tensor", "forward", "act")
+    assert (first["step"], first["cause"]) == (5, "range_overflow")
+    assert first["location"]["file"] == str(PLANTED)
+    assert first["location"]["line"] == line_of(PLANTED.read_text(encoding="utf-8"), "planted overflow")
+    # Lightning runs forward and backward inside optimizer.step(closure): the step is found after the update,
+    # and its replay re-runs the closure from the optimizer snapshot.
+    summary = doc["watch"]
+    assert (summary["detected"], summary["replayed_step"], summary["exact"]) == ("loss", 5, True)
+    messages = [r.getMessage() for r in caplog.records if r.name == "dtypecheck"]
+    assert len(messages) == 1
+    assert messages[0].startswith("dtypecheck nan-trace: step 5: inf born in aten.mul.Tensor (forward) in module act")
+
+
+def test_stop_false_lets_the_fit_go_on(tmp_path: Path) -> None:
+    watch, trainer = _fit(tmp_path, at_call=3, stop=False)
+    assert trainer.global_step == STEPS
+    assert watch.report is not None
+    assert watch.report.first is not None
+    assert watch.report.first.step == 3
+
+
+def test_unsupported_lightning_version_fails_at_setup(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lightning, "__version__", "1.9.5")
+    with pytest.raises(UnsupportedFrameworkError, match=r"supports lightning >=2\.0,<3; this is lightning 1\.9\.5"):
+        NanTraceCallback()

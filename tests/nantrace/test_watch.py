@@ -1,0 +1,391 @@
+"""``nan-trace --watch``: a late non-finite step, found by the cheap checks, replayed, and reported as a full trace.
+
+Each planted failure is run twice, fully traced and watched, and the two reports must name the same producer
+(kind, op, phase, module, step, line, cause, consequence, counts); the step and line are also found independently
+(the planted step, the ``# marker`` line).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import dtypecheck
+from tests.nantrace._scripts import NanTrace, line_of
+
+SAME = ("kind", "op", "phase", "module", "grad_fn", "step", "cause", "consequence", "counts", "absmax", "dtype")
+
+MODES = """
+import sys
+import torch
+
+
+class Root(torch.nn.Module):
+    def forward(self, h, bad):
+        if bad:
+            return torch.sqrt(h - h.detach()) + h  # sqrt
+        return h
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.norm = torch.nn.BatchNorm1d(8)
+
+    def forward(self, x, scale):
+        h = self.norm(torch.nn.functional.dropout(self.fc(x), 0.1, self.training))
+        return torch.exp(h * scale)  # overflow
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = Block()
+        self.act = Root()
+        self.head = torch.nn.Linear(8, 1)
+
+    def forward(self, x, scale=1.0, bad=False):
+        return self.head(self.act(self.block(x, scale), bad))
+
+
+torch.manual_seed(0)
+net = Net()
+mode, bad = sys.argv[1], int(sys.argv[2])
+optimizer = torch.optim.SGD(net.parameters(), lr=1e-2, momentum=0.9)
+for step in range(1, 12):
+    x = torch.randn(16, 8)
+    out = net(x, scale=100.0 if (mode == "forward" and step == bad) else 1.0, bad=(mode == "backward" and step == bad))
+    loss = out.pow(2).mean()
+    if mode == "optimizer" and step == bad:
+        loss = loss * 1e30
+        optimizer.param_groups[0]["lr"] = 1e10
+    if mode == "overwrite" and step == bad:
+        loss = loss * float("inf")
+    if mode == "loss" and step >= bad:
+        loss = torch.log(loss - 100.0)  # loss
+    loss.backward()
+    if mode == "overwrite" and step == bad:
+        x.add_(1.0)  # the batch is overwritten after the model read it
+    optimizer.step()  # update
+    optimizer.zero_grad()
+    optimizer.param_groups[0]["lr"] = 1e-2
+print("done")
+"""
+
+
+def watch_json(cli: Any, *args: str, argv: tuple[str, ...] = ()) -> tuple[int, dict[str, Any], str]:
+    """``nan-trace ARGS --format json -- ARGV`` (the script's own arguments last)."""
+    result = cli("nan-trace", *args, "--format", "json", "--", *argv)
+    return result.exit_code, result.json(), result.stderr
+
+
+def _both(cli: Any, path: Path, *argv: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    code_full, full, _ = watch_json(cli, str(path), argv=argv)
+    code_watch, watched, _ = watch_json(cli, "--watch", str(path), argv=argv)
+    assert (code_full, code_watch) == (1, 1)
+    return full, watched
+
+
+@pytest.mark.parametrize(
+    ("mode", "marker", "detected", "expected"),
+    [
+        ("forward", "overflow", "loss", ("inf", "aten.exp.default", "forward", "block", "range_overflow", "loss")),
+        ("backward", "sqrt", "gradients", ("inf", "aten.div.Tensor", "backward", "act", "invalid_math", "parameter")),
+        ("optimizer", "update", "optimizer_step", ("inf", "aten.add_.Tensor", "other", "block.fc", None, "parameter")),
+    ],
+)
+def test_watch_replays_the_late_step_and_reports_what_a_full_trace_does(
+    cli: Any, tmp_path: Path, mode: str, marker: str, detected: str, expected: tuple[Any, ...]
+) -> None:
+    path, text = NanTrace(cli, tmp_path).write("modes.py", MODES)
+    full, watched = _both(cli, path, mode, "7")
+    first, replayed = full["first"], watched["first"]
+    assert {k: replayed[k] for k in SAME} == {k: first[k] for k in SAME}
+    assert replayed["location"] == first["location"]
+    kind, op, phase, module, cause, consequence = expected
+    assert (first["kind"], first["op"], first["phase"], first["module"]) == (kind, op, phase, module)
+    assert (first["cause"], first["consequence"]) == (cause, consequence)
+    assert first["step"] == 7  # the planted step, counted from 1
+    assert first["location"]["line"] == line_of(text, marker)
+    # The replay's history holds the replayed calls' ops only (the full trace's also the loss and earlier steps),
+    # and ends with the same ops.
+    history = [(h["op"], h["module"], h["phase"]) for h in replayed["history"]]
+    assert len(history) >= 2
+    assert history[-2:] == [(h["op"], h["module"], h["phase"]) for h in first["history"]][-2:]
+    summary = watched["watch"]
+    assert (summary["detected"], summary["detected_step"], summary["replayed_step"]) == (detected, 7, 7)
+    assert (summary["exact"], summary["reason"], summary["traced_from_step"]) == (True, None, None)
+    assert watched["ops"] < full["ops"]  # only the replayed step was traced
+    what = detected.replace("_", " ")
+    assert (
+        watched["notes"][-1]
+        == f"watch mode: step 7's {what} went non-finite; step 7 was replayed exactly under full tracing"
+    )
+
+
+def test_watch_clean_run_traces_nothing_and_counts_the_snapshot(cli: Any, tmp_path: Path) -> None:
+    path, _ = NanTrace(cli, tmp_path).write("modes.py", MODES)
+    code, doc, _ = watch_json(cli, "--watch", str(path), argv=("clean", "0"))
+    assert code == 0
+    assert (doc["status"], doc["first"], doc["ops"], doc["steps"]) == ("clean", None, 0, 11)
+    summary = doc["watch"]
+    assert (summary["steps_checked"], summary["detected"], summary["replayed_step"]) == (11, None, None)
+    # By hand: the optimizer snapshot holds the parameters and SGD's momentum buffers (block.fc 8x8+8, norm 8+8,
+    # head 8+1 = 97 float32 each), the batch-norm buffers running_mean/var (8+8 float32) and num_batches_tracked
+    # (one int64) are copied as they change, the CPU generator's state is 5056 bytes, and the gradient kept for
+    # the model's 16x1 output is 16 float32.
+    parameters = (8 * 8 + 8) + (8 + 8) + (8 + 1)
+    expected = 2 * 4 * parameters + (4 * 16 + 8) + torch.get_rng_state().nbytes + 4 * 16
+    assert torch.get_rng_state().nbytes == 5056
+    assert summary["snapshot_bytes"] == expected
+    assert summary["optimizer_snapshot"] is True
+
+
+def test_watch_says_plainly_when_a_step_cannot_be_replayed_and_traces_the_next_steps(cli: Any, tmp_path: Path) -> None:
+    path, text = NanTrace(cli, tmp_path).write("modes.py", MODES)
+    code, doc, _ = watch_json(cli, "--watch", str(path), argv=("loss", "5"))
+    assert code == 1
+    summary = doc["watch"]
+    assert (summary["detected"], summary["detected_step"], summary["exact"]) == ("loss", 5, False)
+    assert "came out finite" in summary["reason"]
+    assert summary["traced_from_step"] == 6
+    # Step 6, traced fully, finds the log of a negative loss: outside every module, at the user's line.
+    first = doc["first"]
+    assert (first["kind"], first["op"], first["module"], first["step"]) == ("nan", "aten.log.default", None, 6)
+    assert first["location"]["line"] == line_of(text, "loss")
+    assert any("could not be replayed exactly" in note for note in doc["notes"])
+    assert doc["notes"][-1] == "steps from 6 on were traced fully instead"
+
+
+def test_watch_does_not_replay_a_step_whose_batch_was_overwritten(cli: Any, tmp_path: Path) -> None:
+    path, _ = NanTrace(cli, tmp_path).write("modes.py", MODES)
+    code, doc, _ = watch_json(cli, "--watch", str(path), argv=("overwrite", "4"))
+    summary = doc["watch"]
+    assert (summary["detected"], summary["detected_step"]) == ("loss", 4)
+    assert (summary["replayed_step"], summary["exact"]) == (None, None)
+    assert summary["reason"] == "the step's inputs were overwritten in place after the model read them"
+    assert summary["traced_from_step"] == 5
+    # The infinite loss went into the parameters in step 4: step 5 reads them.
+    assert code == 1
+    assert doc["first"]["step"] == 5
+    assert doc["first"]["cause"] == "input"
+
+
+def test_watch_with_keep_going_is_a_usage_error_naming_both(cli: Any, tmp_path: Path) -> None:
+    path, _ = NanTrace(cli, tmp_path).write("ok.py", "x = 1\n")
+    result = cli("nan-trace", str(path), "--watch", "--keep-going")
+    assert (result.exit_code, result.stdout) == (2, "")
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("error: ")
+    assert "--watch" in lines[0]
+    assert "--keep-going" in lines[0]
+
+
+FACTORY = """
+import torch
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.register_buffer("calls", torch.zeros(()))
+        self.python_calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        self.python_calls += 1
+        h = self.fc(x)
+        if int(self.calls) == 4:
+            h = h * 1e38  # late overflow
+        return h * 10.0
+
+
+class SideEffect(Net):
+    def forward(self, x):
+        self.python_calls += 1
+        h = self.fc(x)
+        if self.python_calls == 4:
+            h = h * 1e38
+        return h * 10.0
+
+
+def factory():
+    torch.manual_seed(0)
+    return Net(), torch.randn(3, 4)
+
+
+def side_effect():
+    torch.manual_seed(0)
+    return SideEffect(), torch.randn(3, 4)
+"""
+
+
+def test_watch_factory_finds_the_fourth_step(cli: Any, tmp_path: Path) -> None:
+    path, text = NanTrace(cli, tmp_path).write("factory.py", FACTORY)
+    code, doc, _ = NanTrace(cli, tmp_path).json("--watch", f"{path}:factory", "--steps", "6")
+    assert code == 1
+    first = doc["first"]
+    # 1e38 * 10 overflows float32 (max 3.4e38): born at "h * 10.0", the line after the marker.
+    assert (first["kind"], first["op"], first["module"], first["step"]) == ("inf", "aten.mul.Tensor", "", 4)
+    assert first["location"]["line"] == line_of(text, "late overflow") + 1
+    assert first["cause"] == "range_overflow"
+    # The counter is a buffer: put back before the replay, which then sees call 4 again.
+    assert (doc["watch"]["replayed_step"], doc["watch"]["exact"]) == (4, True)
+    assert doc["steps"] == 4
+
+
+def test_watch_factory_with_a_side_effect_says_the_replay_came_out_finite(cli: Any, tmp_path: Path) -> None:
+    path, _ = NanTrace(cli, tmp_path).write("factory.py", FACTORY)
+    code, doc, _ = NanTrace(cli, tmp_path).json("--watch", f"{path}:side_effect", "--steps", "6")
+    # A Python counter is no buffer: the replay is call 5, which does not overflow, so the replay is not the step.
+    summary = doc["watch"]
+    assert (summary["detected"], summary["detected_step"], summary["replayed_step"]) == ("loss", 4, 4)
+    assert summary["exact"] is False
+    assert summary["reason"].startswith("the replayed model output was finite while the gradient")
+    assert "side effect" in summary["reason"]
+    # Steps 5 and 6 were traced fully instead; the infinite gradients of step 4 had gone into the weights.
+    assert summary["traced_from_step"] == 5
+    assert code == 1
+    assert (doc["first"]["step"], doc["first"]["cause"], doc["first"]["module"]) == (5, "input", "fc")
+
+
+def test_trace_api_watch_true() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with dtypecheck.trace(model, watch=True) as handle:
+        for step in range(1, 6):
+            x = torch.randn(8, 4)
+            if step == 3:
+                x[0, 0] = float("nan")  # data
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    report = handle.report
+    assert report.status == "nonfinite"
+    assert report.first is not None
+    assert report.first.step == 3
+    assert report.first.cause == "input"
+    assert report.first.module == "0"
+    assert report.watch is not None
+    assert (report.watch.detected, report.watch.replayed_step, report.watch.exact) == ("loss", 3, True)
+    # Without on_found the block runs to its end, as trace() does: five steps were completed.
+    assert report.steps == 5
+    with pytest.raises(ValueError, match="watch=True and keep_going=True"):  # noqa: SIM117
+        with dtypecheck.trace(watch=True, keep_going=True):
+            pass
+
+
+SCALER = """
+import sys
+import torch
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.head = torch.nn.Linear(8, 1)
+
+    def forward(self, x, boost):
+        return self.head(self.fc(x) * boost)  # boost
+
+
+torch.manual_seed(0)
+net = Net()
+optimizer = torch.optim.SGD(net.parameters(), lr=1e-3)
+scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+mode = sys.argv[1]
+for step in range(1, 9):
+    x = torch.randn(4, 8)
+    boost = 1e5 if (mode == "collapse" and step >= 4) or (mode == "skip" and step == 4) else 1.0
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = net(x, boost).float().pow(2).mean()
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad()
+print("done")
+"""
+
+
+def test_watch_leaves_gradscaler_skipped_steps_as_notes(cli: Any, tmp_path: Path) -> None:
+    path, _ = NanTrace(cli, tmp_path).write("scaler.py", SCALER)
+    code, doc, _ = watch_json(cli, "--watch", str(path), argv=("skip",))
+    assert code == 0
+    assert (doc["status"], doc["first"], doc["steps"]) == ("clean", None, 8)
+    # fp16 overflows at step 4 (1e5 * 2**16 scaled gradients): GradScaler skips it and halves its scale.
+    assert [(s["step"], s["scale_before"], s["scale_after"]) for s in doc["skipped_steps"]] == [(4, 65536.0, 32768.0)]
+    assert (doc["watch"]["detected"], doc["watch"]["replayed_step"]) == (None, None)
+    assert doc["notes"][-1].endswith("none non-finite; GradScaler skipped 1 (notes)")
+
+
+def test_watch_replays_the_step_where_the_scale_collapses(cli: Any, tmp_path: Path) -> None:
+    path, text = NanTrace(cli, tmp_path).write("scaler.py", SCALER)
+    args = ("--max-skipped-steps", "3")
+    code_full, full, _ = watch_json(cli, *args, str(path), argv=("collapse",))
+    code, doc, _ = watch_json(cli, "--watch", *args, str(path), argv=("collapse",))
+    assert (code_full, code) == (1, 1)
+    assert {k: doc["first"][k] for k in SAME} == {k: full["first"][k] for k in SAME}
+    assert doc["first"]["location"] == full["first"]["location"]
+    assert doc["first"]["location"]["line"] == line_of(text, "boost")
+    assert (doc["first"]["step"], doc["first"]["consequence"]) == (6, "scale_collapse")
+    assert doc["scale_collapse"] == full["scale_collapse"]
+    assert (doc["scale_collapse"]["first_step"], doc["scale_collapse"]["last_step"]) == (4, 6)
+    fields = ("step", "scale_before", "scale_after", "kind", "level")
+    assert [{k: n[k] for k in fields} for n in doc["skipped_steps"]] == [
+        {k: n[k] for k in fields} for n in full["skipped_steps"]
+    ]
+    # Skipped steps are not replayed: their producer is unknown in watch mode (a full trace names it).
+    assert [n["first"] for n in doc["skipped_steps"]] == [None, None, None]
+    assert doc["steps"] == full["steps"] == 6
+    assert (doc["watch"]["detected"], doc["watch"]["replayed_step"]) == ("scale_collapse", 6)
+
+
+def test_trace_api_watch_true_fills_the_report_when_the_block_raises() -> None:
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    handle = None
+    with pytest.raises(KeyError, match="user's own"):  # noqa: PT012, SIM117  (two steps run, then it raises)
+        with dtypecheck.trace(model, watch=True) as handle:
+            for _ in range(2):
+                model(torch.ones(3, 2)).sum().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+            raise KeyError("user's own")
+    assert handle is not None
+    report = handle.report
+    assert (report.status, report.steps) == ("clean", 2)
+    assert report.watch is not None
+    assert report.watch.steps_checked == 2
+
+
+def test_without_the_optimizer_snapshot_a_nan_born_in_the_update_is_said_not_replayable() -> None:
+    from dtypecheck.nantrace.watch import Watcher
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    watcher = Watcher(model=model, optimizer_snapshot=False)
+    with watcher:
+        for step in range(1, 6):
+            loss = model(torch.randn(8, 4)).pow(2).mean() * (1e30 if step == 3 else 1.0)
+            loss.backward()
+            optimizer.param_groups[0]["lr"] = 1e10 if step == 3 else 1e-2  # 1e10 * ~1e30 overflows the update
+            optimizer.step()
+            optimizer.zero_grad()
+    summary = watcher.report().watch
+    assert summary is not None
+    assert (summary.detected, summary.detected_step, summary.replayed_step) == ("optimizer_step", 3, None)
+    assert summary.reason == "the NaN was born in the optimizer step, and the optimizer snapshot is off"
+    assert summary.traced_from_step == 4
+    assert summary.optimizer_snapshot is False
+    # Only RNG state and the output's gradient were held: 5056 + 8 float32 bytes.
+    assert summary.snapshot_bytes == torch.get_rng_state().nbytes + 8 * 4
