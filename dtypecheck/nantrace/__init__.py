@@ -24,24 +24,12 @@ from dtypecheck.nantrace.report import (
     ScaleCollapse,
     SkippedStep,
     TensorArg,
+    TraceHandle,
     ValueCounts,
 )
 
 if TYPE_CHECKING:
     from torch import nn
-
-
-class TraceHandle:
-    """What ``trace()`` yields: ``report`` is filled in when the block ends."""
-
-    def __init__(self) -> None:
-        self._report: NanTraceReport | None = None
-
-    @property
-    def report(self) -> NanTraceReport:
-        if self._report is None:
-            raise RuntimeError("the trace is still running; read .report after the with-block")
-        return self._report
 
 
 @contextmanager

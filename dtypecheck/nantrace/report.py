@@ -331,3 +331,16 @@ class WatchSummary:
     optimizer_snapshot: bool
     """The parameters and optimizer states were copied before each update, so that a NaN born inside the
     optimizer step can be replayed."""
+
+
+class TraceHandle:
+    """What ``trace()`` yields: ``report`` is filled in when the block ends."""
+
+    def __init__(self) -> None:
+        self._report: NanTraceReport | None = None
+
+    @property
+    def report(self) -> NanTraceReport:
+        if self._report is None:
+            raise RuntimeError("the trace is still running; read .report after the with-block")
+        return self._report

@@ -11,7 +11,7 @@ from dtypecheck.nantrace.watch.watcher import Watcher
 if TYPE_CHECKING:
     from torch import nn
 
-    from dtypecheck.nantrace import TraceHandle
+    from dtypecheck.nantrace.report import TraceHandle
 
 
 @contextmanager
@@ -19,7 +19,7 @@ def watched(
     model: nn.Module | None, *, history: int, warn_frac: float, max_skipped_steps: int
 ) -> Iterator[TraceHandle]:
     """``dtypecheck.trace(watch=True)``: the block runs watched; the handle's report is filled in at its end."""
-    from dtypecheck.nantrace import TraceHandle
+    from dtypecheck.nantrace.report import TraceHandle
     from dtypecheck.nantrace.tracer import TraceOptions
 
     options = TraceOptions(history=history, warn_frac=warn_frac, max_skipped_steps=max_skipped_steps)
