@@ -114,11 +114,15 @@ def run(folder: Path, classes: tuple[str, ...], timeout: float) -> None:
     print(f"total time:            {time.monotonic() - started:.0f} s")
 
 
-MEASURE = (
-    "import resource, subprocess, sys; subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, "
-    "stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, check=False); "
-    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
-)
+MEASURE = """
+import resource, subprocess, sys
+try:
+    subprocess.run(sys.argv[2:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                   check=False, timeout=float(sys.argv[1]))  # killed on timeout: a hang still has its peak
+except subprocess.TimeoutExpired:
+    pass
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+"""
 """Run a command from a small launcher and print its children's max RSS (KiB). A child forked straight from this
 script would count the pages it shared with it before ``exec`` (Linux keeps the high-water mark across ``exec``),
 which after building the corpus are over a GiB that the scan never used."""
@@ -129,10 +133,10 @@ def peak_rss(hostile: corpus.Hostile, timeout: float) -> int:
     from tests.security.harness import code_under_test, environment
 
     done = subprocess.run(
-        [sys.executable, "-c", MEASURE, sys.executable, "-m", "dtypecheck", *hostile.args],
+        [sys.executable, "-c", MEASURE, str(timeout), sys.executable, "-m", "dtypecheck", *hostile.args],
         capture_output=True,
         text=True,
-        timeout=timeout,
+        timeout=timeout + 60,
         env=environment(),
         cwd=code_under_test(),
         check=False,
