@@ -346,7 +346,7 @@ def load_config(explicit: Path | None = None, start: Path | None = None, *, near
     directory.
     """
     if explicit is not None:
-        if not explicit.is_file():
+        if not explicit.exists():
             raise UsageError(f"--config {explicit}: no such file")
         table = _table_of(explicit, _read_toml(explicit))
         if table is None:

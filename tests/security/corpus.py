@@ -911,6 +911,11 @@ def robustness_inputs(folder: Path) -> list[Hostile]:
         copy = found / "model.safetensors"
         copy.write_bytes(good.read_bytes())
         add(f"{name}-found", ("scan-model", str(copy)), 2)
+    import os
+
+    fifo = folder / "config-fifo.toml"
+    os.mkfifo(fifo)
+    add("config-fifo", ("scan-model", str(good), "--config", str(fifo)), 2)
     baseline = folder / "baseline-invalid-utf8.json"
     baseline.write_bytes(b'{"schema": "dtypecheck.scan/1", "source": "\xff\xfe"}')
     add("baseline-invalid-utf8", ("scan-model", str(good), "--baseline", str(baseline)), 3)

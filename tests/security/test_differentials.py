@@ -65,3 +65,26 @@ def test_a_deflate_bomb_is_an_input_error(
     assert result.exit_code == 3
     assert result.stderr.startswith("error: ")
     assert "data.pkl inflates to 2097156 bytes, over the 1048576 limit" in result.stderr
+
+
+def test_an_entry_that_inflates_past_its_declared_size_stops_at_the_limit(
+    tmp_path: Path, cli: Callable[..., CliResult], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The declared size is only a claim: inflation itself stops at the limit (never allocating what the stream
+    would grow to), and a stream that disagrees with its declared size is refused."""
+    import struct
+
+    path = corpus.deflated_torch_zip(tmp_path / "liar.pt", b"\x80\x02}" + b"N0" * (1 << 20) + b".")
+    data = bytearray(path.read_bytes())
+    local = data.index(b"PK\x03\x04")
+    central = data.index(b"PK\x01\x02")
+    struct.pack_into("<I", data, local + 22, 10)  # uncompressed size: 10 bytes, in both headers
+    struct.pack_into("<I", data, central + 24, 10)
+    path.write_bytes(bytes(data))
+    result = cli("scan-model", str(path))
+    assert result.exit_code == 3
+    assert "data.pkl inflates to 2097156 bytes, not the 10 its entry declares" in result.stderr
+    monkeypatch.setattr("dtypecheck.loaders._io.zip_records.MAX_INFLATED_BYTES", 1 << 20)
+    result = cli("scan-model", str(path))
+    assert result.exit_code == 3
+    assert "data.pkl inflates past the 1048576 limit (a decompression bomb)" in result.stderr

@@ -13,7 +13,7 @@ from tests.security.harness import handled, run_hostile
 
 def test_every_input_is_handled_per_contract(tmp_path: Path, cli: Callable[..., CliResult]) -> None:
     inputs = corpus.build(tmp_path, ("robustness",))
-    assert len(inputs) == 14
+    assert len(inputs) == 15
     for hostile in inputs:
         result = cli(*hostile.args)
         assert handled(result.exit_code, result.stderr, hostile.expect), (hostile.name, result.stderr)
@@ -26,6 +26,7 @@ def test_config_errors_say_what_is_wrong(tmp_path: Path, cli: Callable[..., CliR
     expected = {
         "config-huge-integer": "not valid TOML (Exceeds the limit (4300 digits) for integer string conversion",
         "config-invalid-utf8-found": "pyproject.toml: not valid TOML (not UTF-8: invalid start byte at byte 20)",
+        "config-fifo": "config-fifo.toml: a FIFO, not a regular file: refused before reading",
         "dims-65": "a tensor of 65 dimensions, over the 64 limit",
         "safetensors-dims-65": "tensor 'x' has 65 dimensions, over the 64 limit",
     }

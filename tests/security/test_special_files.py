@@ -48,3 +48,12 @@ def test_read_regular_file_checks_its_cap_before_reading(tmp_path: Path) -> None
     link.symlink_to("/dev/zero")
     with pytest.raises(InputError, match="a device, not a regular file"):
         read_regular_file(link, 1 << 20)
+
+
+def test_a_dangling_symlink_beside_the_weights_is_not_an_error(tmp_path: Path, cli: Callable[..., CliResult]) -> None:
+    """An interrupted Hugging Face download leaves links to missing blobs: nothing torch.load could read."""
+    corpus._safetensors_weights(tmp_path / "model.safetensors")
+    (tmp_path / "optimizer.pt").symlink_to(tmp_path / "missing-blob")
+    result = cli("scan-model", str(tmp_path), "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    assert result.json()["findings"] == []

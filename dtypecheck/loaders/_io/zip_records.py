@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dtypecheck.errors import InputError
-from dtypecheck.loaders._io.mapped import Window, read_range
+from dtypecheck.loaders._io.mapped import _FILES, Window, read_range
 from dtypecheck.loaders.base import Finding
 
 LOCAL_HEADER = struct.Struct("<4s22xHH")
@@ -174,8 +174,10 @@ def torch_view(buffer: mmap.mmap, start: int, length: int) -> TorchView | None:
     reader_class = getattr(torch._C, "PyTorchFileReader", None)
     if reader_class is None:
         return None
-    try:
-        reader = reader_class(Window(buffer, start, length))
+    owner = _FILES.get(id(buffer))
+    whole_file = owner is not None and start == 0 and length == owner.size
+    try:  # a whole file by its path (torch reads it in C++), a byte range of one through a Window
+        reader = reader_class(str(owner.path) if whole_file and owner is not None else Window(buffer, start, length))
         names = reader.get_all_records()
         if len(names) > MAX_ZIP_ENTRIES:
             return None

@@ -115,7 +115,7 @@ def side_findings(folder: Path, scanned: set[Path]) -> list[Finding]:
 
     findings: list[Finding] = []
     for path in sorted(folder.iterdir()):
-        if path in scanned or path.is_dir():
+        if path in scanned or path.is_dir() or not path.exists():  # a dangling symlink: nothing torch could load
             continue
         require_regular(path)
         findings.extend(side_file_findings(path, path.name))
