@@ -12,14 +12,12 @@ from __future__ import annotations
 import mmap
 import struct
 import tarfile
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dtypecheck.errors import InputError
 from dtypecheck.loaders._io.mapped import Window
+from dtypecheck.loaders._io.pickle_report import PickleReport, lenient_persistent_id
 from dtypecheck.loaders._io.pickle_vm import GlobalRef, PickleLimitError, SafeUnpickler
-
-if TYPE_CHECKING:
-    from dtypecheck.loaders._io.pickle_files import PickleReport
 
 MAX_TAR_MEMBERS = 10_000
 """torch writes three members; a tar listing more is read this far (and reported)."""
@@ -35,16 +33,10 @@ class _LayoutEndError(Exception):
     """The member's layout ends here (as ``torch.load`` would stop, after the pickles already judged)."""
 
 
-def _lenient_pid(pid: Any) -> Any:
-    return pid
-
-
 def tar_globals(buffer: mmap.mmap, size: int, where: str) -> PickleReport | None:
     """The globals of every pickle ``torch.load`` would run in a legacy tar file, or None when ``tarfile`` (as
     torch opens it) does not read the file as a tar with a ``storages`` member (torch then goes on as for a raw
     pickle)."""
-    from dtypecheck.loaders._io.pickle_files import PickleReport
-
     members = _members(buffer, size)
     if members is None or "storages" not in members:
         return None
@@ -65,7 +57,7 @@ def tar_globals(buffer: mmap.mmap, size: int, where: str) -> PickleReport | None
         machines: list[SafeUnpickler] = []
 
         def load(stream: Window = stream, machines: list[SafeUnpickler] = machines, label: str = name) -> Any:
-            machines.append(SafeUnpickler(stream, where=f"{where} ({label})", persistent_load=_lenient_pid))
+            machines.append(SafeUnpickler(stream, where=f"{where} ({label})", persistent_load=lenient_persistent_id))
             return machines[-1].load()
 
         try:

@@ -11,37 +11,19 @@ stream that breaks after its payload still reports it.
 from __future__ import annotations
 
 import mmap
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from dtypecheck.errors import InputError
 from dtypecheck.loaders._io.mapped import FileMap, Window, read_range
 from dtypecheck.loaders._io.pickle_globals import judge, worst_first
+from dtypecheck.loaders._io.pickle_report import PickleReport, lenient_persistent_id
 from dtypecheck.loaders._io.pickle_vm import GlobalRef, PickleLimitError, SafeUnpickler
 from dtypecheck.loaders.base import Finding
 
 MAX_STREAM_PICKLES = 5
 """A legacy torch file holds five pickles back to back; ``torch.load`` of a raw pickle runs the first."""
 MAX_ZIP_PICKLE_BYTES = 1 << 30
-
-
-@dataclass(frozen=True)
-class PickleReport:
-    """What the pickles of one file reference."""
-
-    globals: tuple[GlobalRef, ...]
-    problem: str | None
-    """Why reading stopped early (a malformed pickle), or None."""
-    limited: bool = False
-    """Reading stopped at one of dtypecheck's own limits (or a reader disagreed) where ``torch.load`` might go on:
-    what the rest would run is unknown, which a scan reports instead of passing in silence."""
-    differential: tuple[Finding, ...] = ()
-    """``zip-differential`` findings (``zip_records``)."""
-
-
-def _lenient_pid(pid: Any) -> Any:
-    return pid
 
 
 def _stream_globals(stream: Window, where: str, count: int) -> PickleReport:
@@ -51,7 +33,7 @@ def _stream_globals(stream: Window, where: str, count: int) -> PickleReport:
     for _ in range(count):
         if stream.tell() >= stream.length:
             break
-        machine = SafeUnpickler(stream, where=where, persistent_load=_lenient_pid)
+        machine = SafeUnpickler(stream, where=where, persistent_load=lenient_persistent_id)
         try:
             machine.load()
         except InputError as exc:
