@@ -95,6 +95,7 @@ FINDING_RULE: Final[Mapping[str, str]] = {
     "pickle-polyglot": "DTC111",
     "contains-code": "DTC111",
     "duplicate-entry": "DTC111",
+    "zip-differential": "DTC111",
     "unreadable-file": "DTC111",
     "no-tensors": "DTC111",
     "missing-shard": "DTC111",
