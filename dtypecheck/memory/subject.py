@@ -101,6 +101,8 @@ class Subject:
     """The factory's file: an exception in the model's own code is reported with that file's frames."""
     seq_limit: SeqLimit | None = None
     """For a config: the longest sequence the model takes (``--fit`` searches no further)."""
+    model_class: str | None = None
+    """The class of the module estimated (for a config, the one built)."""
 
     def reshaped(self, batch_size: int | None, seq_len: int | None) -> Subject:
         """The same model fed ``batch_size`` x ``seq_len`` inputs (for ``--fit``'s search; not measurable)."""
@@ -120,6 +122,7 @@ class Subject:
             parameter_bytes=self.parameter_bytes,
             notes=(*self.notes, self.loss.note) if self.loss.note else self.notes,
             loss=self.loss.chosen,
+            model_class=self.model_class,
         )
 
 
@@ -220,6 +223,7 @@ def open_factory(target: str, *, batch_size: int | None = None, loss: LossName |
         source=target,
         kind="factory",
         architecture=type(module).__name__,
+        model_class=type(module).__name__,
         inventory=inventory,
         parameter_bytes=sum(p.nbytes for p in inventory.parameters),
         traceable=traceable,
