@@ -144,7 +144,10 @@ def open_subject(
         return open_factory(target, batch_size=batch_size, loss=loss)
     path = Path(target)
     if not path.exists():
-        raise InputError(f"no such file or directory: {target}")
+        hub_config = resolve_hub_config(target)
+        if hub_config is None:
+            raise InputError(f"no such file or directory: {target}")
+        return load_config(hub_config, batch_size=batch_size, seq_len=seq_len, loss=loss)
     if path.is_dir() and (path / "config.json").is_file():
         return load_config(path / "config.json", batch_size=batch_size, seq_len=seq_len, loss=loss)
     if path.is_file() and path.name.endswith(".json") and not path.name.endswith(".index.json"):
@@ -278,6 +281,41 @@ def read_config(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise InputError(f"{path}: a config must be a JSON object")
     return data
+
+
+def resolve_hub_config(target: str) -> Path | None:
+    """The ``config.json`` of Hub id ``org/name[@revision]``: from the local Hugging Face cache first, without the
+    network; else (unless ``HF_HUB_OFFLINE``) that one file is downloaded, never the weights, which an estimate does
+    not read. None when ``target`` is not shaped like a Hub id."""
+    from dtypecheck.loaders import hub
+
+    parsed = hub.parse_hub_id(target)
+    if parsed is None:
+        return None
+    repo_id, revision = parsed
+    try:
+        import huggingface_hub
+        from huggingface_hub.errors import LocalEntryNotFoundError
+    except ImportError:
+        raise InputError(
+            f"{target}: no such file or directory; as a Hugging Face Hub id it needs huggingface_hub "
+            "(pip install 'dtypecheck[hf]')"
+        ) from None
+    fetch = huggingface_hub.hf_hub_download
+    try:
+        return Path(fetch(repo_id, "config.json", revision=revision, cache_dir=hub._cache_dir(), local_files_only=True))
+    except (LocalEntryNotFoundError, FileNotFoundError, OSError, ValueError):
+        pass
+    if hub._offline():
+        raise InputError(
+            f"{target}: no such file or directory, and as a Hub id its config.json is not in the local Hugging Face "
+            "cache while HF_HUB_OFFLINE is set; fetch it once online or name a local path"
+        )
+    try:
+        return Path(fetch(repo_id, "config.json", revision=revision, cache_dir=hub._cache_dir()))
+    except Exception as exc:  # noqa: BLE001  (not found, gated, no network: one line either way)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise InputError(f"{target}: cannot fetch config.json from the Hugging Face Hub ({first})") from None
 
 
 def load_config(
