@@ -52,6 +52,11 @@ def _shrunk(config: Any) -> Any:
     for name, value in SMALL.items():
         if isinstance(getattr(config, name, None), int) and not isinstance(getattr(config, name), bool):
             setattr(config, name, value)
+    for name in ("layer_types", "mlp_layer_types", "attention_layer_types"):
+        listed = getattr(config, name, None)
+        layers = getattr(config, "num_hidden_layers", None)
+        if isinstance(listed, list) and isinstance(layers, int):
+            setattr(config, name, listed[:layers])  # one entry per layer, as the config validates
     vocab = getattr(config, "vocab_size", None)
     if isinstance(vocab, int):
         for name, value in list(vars(config).items()):
