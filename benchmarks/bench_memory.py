@@ -16,6 +16,7 @@ in fresh processes, and the same with the deep model traced in full instead of e
 
     .venv/bin/python benchmarks/bench_memory.py --repeats 3
     .venv/bin/python benchmarks/bench_memory.py --suite step          # issue 12's models only
+    .venv/bin/python benchmarks/bench_memory.py --suite fit           # issue 22's --fit answers and wall times
 """
 
 from __future__ import annotations
@@ -252,11 +253,98 @@ def speed(folder: Path, repeats: int, full: bool) -> None:
         print(f"70B traced in full (all 80 blocks): {seconds:.1f} s; totals {same} to the extrapolated ones")
 
 
+FIT_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
+    # Published sizes; built here, nothing downloaded.
+    "Llama-3-8B": (
+        "LlamaConfig",
+        {
+            "vocab_size": 128256,
+            "hidden_size": 4096,
+            "intermediate_size": 14336,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "max_position_embeddings": 8192,
+            "rope_theta": 500000.0,
+            "architectures": ["LlamaForCausalLM"],
+        },
+    ),
+    "Phi-3-mini-4k": (
+        "Phi3Config",
+        {
+            "vocab_size": 32064,
+            "hidden_size": 3072,
+            "intermediate_size": 8192,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 32,
+            "max_position_embeddings": 4096,
+            "sliding_window": 2047,
+            "architectures": ["Phi3ForCausalLM"],
+        },
+    ),
+    "Whisper-small": (
+        "WhisperConfig",
+        {
+            "vocab_size": 51865,
+            "d_model": 768,
+            "encoder_layers": 12,
+            "decoder_layers": 12,
+            "encoder_attention_heads": 12,
+            "decoder_attention_heads": 12,
+            "encoder_ffn_dim": 3072,
+            "decoder_ffn_dim": 3072,
+            "num_mel_bins": 80,
+            "max_source_positions": 1500,
+            "max_target_positions": 448,
+            "architectures": ["WhisperForConditionalGeneration"],
+        },
+    ),
+    "Mamba-130m": (
+        "MambaConfig",
+        {
+            "vocab_size": 50280,
+            "hidden_size": 768,
+            "num_hidden_layers": 24,
+            "state_size": 16,
+            "expand": 2,
+            "conv_kernel": 4,
+            "architectures": ["MambaForCausalLM"],
+        },
+    ),
+}
+
+
+def fit_answers(folder: Path, device: str, dtype: str) -> None:
+    """``--fit DEVICE`` of each published config (issue 22.4): the largest batch and sequence, whole-process time."""
+    import transformers
+
+    print(f"| config | mode | max batch (bound) | max seq (bound) | wall s |  # --fit {device} -d {dtype}")
+    print("|---|---|---:|---:|---:|")
+    for name, (kind, fields) in FIT_CONFIGS.items():
+        target = folder / name
+        target.mkdir(exist_ok=True)
+        getattr(transformers, kind)(**fields).to_json_file(str(target / "config.json"))
+        command = [sys.executable, "-m", "dtypecheck", "estimate-memory", str(target), "-d", dtype, "-f", "json", "-q"]
+        start = time.perf_counter()
+        done = subprocess.run([*command, "--fit", device], capture_output=True, text=True, check=False)
+        seconds = time.perf_counter() - start
+        if done.returncode != 0:
+            print(f"| {name} | exit {done.returncode}: {done.stderr.strip()[-200:]} | | | {seconds:.1f} |")
+            continue
+        for row in json.loads(done.stdout)["estimates"]:
+            fit = row["fit"]
+            batch = f"{fit['max_batch_size']} ({fit['max_batch_size_bound'] or 'exact'})"
+            seq = f"{fit['max_seq_len']} ({fit['max_seq_len_bound'] or 'exact'})"
+            print(f"| {name} | {row['mode']} | {batch} | {seq} | {seconds:.1f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-speed", action="store_true")
-    parser.add_argument("--suite", choices=("all", "step", "speed"), default="all")
+    parser.add_argument("--suite", choices=("all", "step", "speed", "fit"), default="all")
+    parser.add_argument("--fit-device", default="h100-80gb", help="the --fit target of --suite fit")
     parser.add_argument("--full-trace", action="store_true", help="also trace the 70B model in full (slow)")
     args = parser.parse_args()
     sys.path.insert(0, str(HERE.parent.parent))  # the repository root: ``benchmarks`` and ``dtypecheck``
@@ -273,6 +361,9 @@ def main() -> None:
         folder = Path(tmp)
         if args.suite == "speed":
             speed(folder, args.repeats, args.full_trace)
+            return
+        if args.suite == "fit":
+            fit_answers(folder, args.fit_device, "bfloat16")
             return
         rows = accuracy(folder)
         print("| model, batch | training step | estimate | measured (MemTracker) | error | dominated by |")

@@ -56,23 +56,23 @@ def resolve_hub_id(target: str) -> Path | None:
     cached = _cached_snapshot(huggingface_hub, repo_id, revision)
     if cached is not None and _holds_weights(cached):
         return cached
-    if _offline():
+    if offline():
         where = "is cached without weight files" if cached is not None else "is not in the local Hugging Face cache"
         raise InputError(
             f"{target}: no such file or directory, and as a Hub id it {where} "
-            f"({_cache_dir() or huggingface_hub.constants.HF_HUB_CACHE}) "
+            f"({cache_dir() or huggingface_hub.constants.HF_HUB_CACHE}) "
             "while HF_HUB_OFFLINE is set; fetch it once online or name a local path"
         )
     return _download(huggingface_hub, target, repo_id, revision)
 
 
-def _offline() -> bool:
+def offline() -> bool:
     """``HF_HUB_OFFLINE`` as the environment says now (huggingface_hub reads it once, at import)."""
     value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
     return value.upper() in _TRUE
 
 
-def _cache_dir() -> str | None:
+def cache_dir() -> str | None:
     """The hub cache the environment names now, or None for huggingface_hub's default."""
     if os.environ.get("HF_HUB_CACHE"):
         return os.environ["HF_HUB_CACHE"]
@@ -86,7 +86,7 @@ def _refuse_special_ref(hub: Any, repo_id: str, revision: str | None) -> None:
     huggingface_hub reads it with a plain ``open().read()``, which a FIFO blocks forever."""
     from dtypecheck.loaders._io.regular import require_regular
 
-    cache = Path(_cache_dir() or hub.constants.HF_HUB_CACHE)
+    cache = Path(cache_dir() or hub.constants.HF_HUB_CACHE)
     ref = cache / ("models--" + repo_id.replace("/", "--")) / "refs" / (revision or "main")
     if ref.is_symlink() or ref.exists():
         require_regular(ref)
@@ -96,7 +96,7 @@ def _cached_snapshot(hub: Any, repo_id: str, revision: str | None) -> Path | Non
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:
-        folder = hub.snapshot_download(repo_id, revision=revision, cache_dir=_cache_dir(), local_files_only=True)
+        folder = hub.snapshot_download(repo_id, revision=revision, cache_dir=cache_dir(), local_files_only=True)
     except (LocalEntryNotFoundError, FileNotFoundError, OSError, ValueError):
         return None  # not cached (an incomplete or unreadable cache entry counts as not cached)
     return Path(folder)
@@ -126,7 +126,7 @@ def _download(hub: Any, target: str, repo_id: str, revision: str | None) -> Path
         chosen = weight_files(list(files))
         if not chosen:
             raise InputError(f"{target}: the Hugging Face Hub repository has no safetensors or torch weight files")
-        folder = hub.snapshot_download(repo_id, revision=revision, cache_dir=_cache_dir(), allow_patterns=chosen)
+        folder = hub.snapshot_download(repo_id, revision=revision, cache_dir=cache_dir(), allow_patterns=chosen)
     except InputError:
         raise
     except RevisionNotFoundError:

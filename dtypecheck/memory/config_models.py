@@ -53,14 +53,21 @@ def _hf_builder(path: Path) -> tuple[Builder, str, str, int | None, Any]:
         raise InputError(f"{path}: transformers cannot read this config ({_one_line(exc)})") from None
     kind = type(config)
     head = "Model"
-    # An encoder-decoder (Whisper, BART) may also map to a decoder-only causal LM: build the whole model.
-    order = sorted(HEADS, key=lambda h: "Seq2Seq" not in h) if getattr(config, "is_encoder_decoder", False) else HEADS
-    for candidate in order:
-        if candidate == "MaskedLM" and getattr(config, "is_decoder", False):
-            continue
-        if kind in getattr(transformers, f"AutoModelFor{candidate}")._model_mapping:
-            head = candidate
-            break
+    named = _named_class(transformers, config)
+    if named is not None:
+        # The config's ``architectures`` says which class it is for (BertModel stays BertModel): its head is the
+        # Auto mapping that holds that class, else the bare model.
+        head = next((h for h in HEADS if _mapped(transformers, h, kind) is named), "Model")
+    else:
+        # An encoder-decoder (Whisper, BART) may also map to a decoder-only causal LM: build the whole model.
+        encdec = getattr(config, "is_encoder_decoder", False)
+        order = sorted(HEADS, key=lambda h: "Seq2Seq" not in h) if encdec else HEADS
+        for candidate in order:
+            if candidate == "MaskedLM" and getattr(config, "is_decoder", False):
+                continue
+            if _mapped(transformers, candidate, kind) is not None:
+                head = candidate
+                break
     auto: Any = getattr(transformers, "AutoModel" if head == "Model" else f"AutoModelFor{head}")
     blocks = getattr(config, "num_hidden_layers", None)
 
@@ -69,11 +76,27 @@ def _hf_builder(path: Path) -> tuple[Builder, str, str, int | None, Any]:
         if layers is not None:
             chosen = copy.deepcopy(config)
             chosen.num_hidden_layers = layers
-        model: torch.nn.Module = auto.from_config(chosen)
+        model: torch.nn.Module = named._from_config(chosen) if named is not None else auto.from_config(chosen)
         return model
 
     architecture = str(getattr(config, "model_type", kind.__name__))
     return build, head, architecture, blocks if isinstance(blocks, int) else None, config
+
+
+def _mapped(transformers: Any, head: str, kind: type) -> Any:
+    """The class transformers' ``AutoModelFor<head>`` builds for config class ``kind``, or None."""
+    mapping = getattr(transformers, f"AutoModelFor{head}")._model_mapping
+    try:
+        return mapping.get(kind, None)
+    except (KeyError, ValueError, AttributeError):
+        return None
+
+
+def _named_class(transformers: Any, config: Any) -> Any:
+    """The model class the config's ``architectures`` names, when transformers has it; else None."""
+    names = getattr(config, "architectures", None) or []
+    found = getattr(transformers, str(names[0]), None) if names else None
+    return found if isinstance(found, type) and hasattr(found, "_from_config") else None
 
 
 def _one_line(exc: BaseException) -> str:
@@ -235,6 +258,7 @@ def build_from_config(path: Path, data: dict[str, Any], *, batch_size: int, seq_
         source=str(path),
         kind="config",
         architecture=choice.architecture,
+        model_class=type(module).__name__,
         inventory=inventory,
         parameter_bytes=sum(p.nbytes for p in inventory.parameters),
         traceable=traceable(module, choice.blocks if isinstance(choice.blocks, int) else None),

@@ -20,6 +20,7 @@ from dtypecheck.memory.devices import DeviceBudget
 from dtypecheck.memory.estimate import EstimateOptions, Row, TraceCache, estimate_row, plan_rows
 from dtypecheck.memory.names import Mode
 from dtypecheck.memory.report import Fit, MemoryReport
+from dtypecheck.memory.tracing import TraceDeadlineError, trace_deadline
 from dtypecheck.progress import ProgressCallback, no_progress
 
 if TYPE_CHECKING:
@@ -62,6 +63,16 @@ class _Shapes:
             self.cache[key] = (shaped, TraceCache(shaped, self.options.checkpointing, no_progress, total=1))
         shaped, profiles = self.cache[key]
         options = self.options
+        with trace_deadline(self.deadline):
+            try:
+                return self._total(shaped, profiles, row, seq, options, kv_for_seq=kv_for_seq)
+            except TraceDeadlineError:
+                raise FitTimeoutError(0) from None
+
+    @staticmethod
+    def _total(
+        shaped: Subject, profiles: TraceCache, row: Row, seq: int | None, options: EstimateOptions, *, kv_for_seq: bool
+    ) -> int:
         if kv_for_seq and row.mode == Mode.inference and shaped.decoder is not None:
             # A decoder generating ``seq`` tokens holds their keys and values: the cache grows with the sequence.
             options = dataclasses.replace(options, context=max(options.context or 0, seq or 0))
@@ -141,11 +152,12 @@ class _Search:
     """Why ``value`` is a lower bound or a cap (see ``Fit``), or None when it is the answer."""
 
 
-def _search(total: Callable[[int], int], usable: int, limit: int, limit_name: str | None) -> _Search:
+def _search(total: Callable[[int], int], usable: int, limit: int, limit_name: str | None, known: int) -> _Search:
+    """``largest_fitting`` with its bounds named; ``known`` is a value already known to fit (the row's own)."""
     try:
         value, method = largest_fitting(total, usable, limit)
     except FitTimeoutError as exc:
-        return _Search(exc.best, "timeout", "timeout")
+        return _Search(max(exc.best, known), "timeout", "timeout")
     if value is not None and value >= limit:
         return _Search(limit, method, limit_name or "search-limit")
     return _Search(value, method, None)
@@ -172,9 +184,11 @@ def fit_report(
     for row, estimate in zip(rows, report.estimates, strict=True):
         by_batch: _Search | None = None
         by_seq: _Search | None = None
+        own_fits = estimate.bytes.total <= usable
         if subject.traceable is not None:
             try:
-                by_batch = _search(functools.partial(shapes.total_at_batch, row, seq), usable, SEARCH_LIMIT, None)
+                at_batch = functools.partial(shapes.total_at_batch, row, seq)
+                by_batch = _search(at_batch, usable, SEARCH_LIMIT, None, (batch or 1) if own_fits else 0)
             except InputError as exc:
                 # A model that runs only at its own batch (a fixed reshape, a batch-sized buffer).
                 fixed = batch or 1
@@ -186,7 +200,8 @@ def fit_report(
             if seq is not None:
                 limit = seq_limit.tokens if seq_limit else SEARCH_LIMIT
                 name = seq_limit.name if seq_limit else None
-                by_seq = _search(functools.partial(shapes.total_at_seq, row, batch), usable, limit, name)
+                at_seq = functools.partial(shapes.total_at_seq, row, batch)
+                by_seq = _search(at_seq, usable, limit, name, seq if own_fits and row.mode == Mode.training else 0)
         searches = [s for s in (by_batch, by_seq) if s is not None]
         fit = Fit(
             device=budget.name,

@@ -175,6 +175,17 @@ def is_training_state(name: str) -> bool:
     return any(_TRAINING_STATE.match(part.lower()) for part in name.split(".")[:-1])
 
 
+def is_rnn_flat_weight_alias(name: str, names: set[str]) -> bool:
+    """``lstm._flat_weights.N`` of an RNN module pickled whole: torch's list of the same parameters the module
+    also holds as ``weight_ih_l0``..., counted once (the record says nothing of storage sharing, so the rule goes by
+    the module's own names)."""
+    parts = name.split(".")
+    if "_flat_weights" not in parts[:-1]:
+        return False
+    prefix = ".".join(parts[: parts.index("_flat_weights")])
+    return f"{prefix}.weight_ih_l0".lstrip(".") in names
+
+
 def inventory_of_records(records: Iterable[TensorRecord]) -> Inventory:
     """A checkpoint's tensors from their headers: every floating tensor is taken for a trainable parameter
     (a state dict does not say which are buffers); integer tensors are counted as buffers. A training
@@ -184,8 +195,10 @@ def inventory_of_records(records: Iterable[TensorRecord]) -> Inventory:
     params: list[TensorEntry] = []
     buffers: list[TensorEntry] = []
     largest = 0
-    for record in records:
-        if is_training_state(record.name):
+    listed = list(records)
+    names = {record.name for record in listed}
+    for record in listed:
+        if is_training_state(record.name) or is_rnn_flat_weight_alias(record.name, names):
             continue
         spec = lookup(record.dtype)
         floating = spec.is_floating_or_complex

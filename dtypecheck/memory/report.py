@@ -25,6 +25,9 @@ class ModelInfo:
     """*(extra)* the parameters as stored in the input."""
     notes: tuple[str, ...]
     """*(extra)* what the estimate could not see, and the assumptions it made."""
+    model_class: str | None = None
+    """*(extra)* the class built for a config (``BertModel``, ``LlamaForCausalLM``, ``MiniDecoder``), or the
+    factory's module class; null for a checkpoint."""
     loss: str = "model"
     """*(extra)* the loss of the traced training step: ``loss_fn`` (the factory's), ``cross-entropy``, ``mse``,
     ``sum``, or ``model`` (the model's own ``loss`` output). Without a loss given, the choice follows the output

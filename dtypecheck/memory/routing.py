@@ -40,10 +40,18 @@ class DataDependentOpError(Exception):
         self.op = op
 
 
+SCALAR_LIMIT = 16
+"""Floating tensors this small are shadowed too: a random scalar drawn to decide a step (LayerDrop's
+``torch.rand([]) < p``), whose ``.item()`` would otherwise stop the trace."""
+
+
 def _is_index_dtype(tensor: torch.Tensor) -> bool:
+    """Integer and boolean tensors, and floating scalars (see ``SCALAR_LIMIT``)."""
     import torch
 
-    return tensor.dtype == torch.bool or not (tensor.is_floating_point() or tensor.is_complex())
+    if tensor.dtype == torch.bool or not (tensor.is_floating_point() or tensor.is_complex()):
+        return True
+    return tensor.numel() <= SCALAR_LIMIT
 
 
 class KnownValues:

@@ -101,6 +101,8 @@ class Subject:
     """The factory's file: an exception in the model's own code is reported with that file's frames."""
     seq_limit: SeqLimit | None = None
     """For a config: the longest sequence the model takes (``--fit`` searches no further)."""
+    model_class: str | None = None
+    """The class of the module estimated (for a config, the one built)."""
 
     def reshaped(self, batch_size: int | None, seq_len: int | None) -> Subject:
         """The same model fed ``batch_size`` x ``seq_len`` inputs (for ``--fit``'s search; not measurable)."""
@@ -120,6 +122,7 @@ class Subject:
             parameter_bytes=self.parameter_bytes,
             notes=(*self.notes, self.loss.note) if self.loss.note else self.notes,
             loss=self.loss.chosen,
+            model_class=self.model_class,
         )
 
 
@@ -141,7 +144,10 @@ def open_subject(
         return open_factory(target, batch_size=batch_size, loss=loss)
     path = Path(target)
     if not path.exists():
-        raise InputError(f"no such file or directory: {target}")
+        hub_config = resolve_hub_config(target)
+        if hub_config is None:
+            raise InputError(f"no such file or directory: {target}")
+        return open_hf_config(hub_config, batch_size=batch_size, seq_len=seq_len, loss=loss)
     if path.is_dir() and (path / "config.json").is_file():
         return open_hf_config(path / "config.json", batch_size=batch_size, seq_len=seq_len, loss=loss)
     if path.is_file() and path.name.endswith(".json") and not path.name.endswith(".index.json"):
@@ -220,6 +226,7 @@ def open_factory(target: str, *, batch_size: int | None = None, loss: LossName |
         source=target,
         kind="factory",
         architecture=type(module).__name__,
+        model_class=type(module).__name__,
         inventory=inventory,
         parameter_bytes=sum(p.nbytes for p in inventory.parameters),
         traceable=traceable,
@@ -274,6 +281,41 @@ def read_hf_config(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise InputError(f"{path}: a config must be a JSON object")
     return data
+
+
+def resolve_hub_config(target: str) -> Path | None:
+    """The ``config.json`` of Hub id ``org/name[@revision]``: from the local Hugging Face cache first, without the
+    network; else (unless ``HF_HUB_OFFLINE``) that one file is downloaded, never the weights, which an estimate does
+    not read. None when ``target`` is not shaped like a Hub id."""
+    from dtypecheck.loaders import hub
+
+    parsed = hub.parse_hub_id(target)
+    if parsed is None:
+        return None
+    repo_id, revision = parsed
+    try:
+        import huggingface_hub
+        from huggingface_hub.errors import LocalEntryNotFoundError
+    except ImportError:
+        raise InputError(
+            f"{target}: no such file or directory; as a Hugging Face Hub id it needs huggingface_hub "
+            "(pip install 'dtypecheck[hf]')"
+        ) from None
+    fetch = huggingface_hub.hf_hub_download
+    try:
+        return Path(fetch(repo_id, "config.json", revision=revision, cache_dir=hub.cache_dir(), local_files_only=True))
+    except (LocalEntryNotFoundError, FileNotFoundError, OSError, ValueError):
+        pass
+    if hub.offline():
+        raise InputError(
+            f"{target}: no such file or directory, and as a Hub id its config.json is not in the local Hugging Face "
+            "cache while HF_HUB_OFFLINE is set; fetch it once online or name a local path"
+        )
+    try:
+        return Path(fetch(repo_id, "config.json", revision=revision, cache_dir=hub.cache_dir()))
+    except Exception as exc:  # noqa: BLE001  (not found, gated, no network: one line either way)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise InputError(f"{target}: cannot fetch config.json from the Hugging Face Hub ({first})") from None
 
 
 def open_hf_config(

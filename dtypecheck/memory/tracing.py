@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import functools
 import itertools
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -109,6 +110,26 @@ def linear_profiles(profiles: list[ActivationProfile]) -> bool:
         if max(steps) - min(steps) > 1:
             return False
     return True
+
+
+class TraceDeadlineError(DtypecheckError):
+    """A trace ran past the deadline ``trace_deadline`` set (``--fit``'s time bound)."""
+
+
+_DEADLINE: list[float] = []
+
+
+@contextlib.contextmanager
+def trace_deadline(deadline: float | None) -> Iterator[None]:
+    """Traces started inside stop with ``TraceDeadlineError`` once ``time.monotonic()`` passes ``deadline``."""
+    if deadline is None:
+        yield
+        return
+    _DEADLINE.append(deadline)
+    try:
+        yield
+    finally:
+        _DEADLINE.pop()
 
 
 class OpTraceError(InputError):
@@ -212,6 +233,8 @@ class LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
         import torch
         from torch.utils._pytree import tree_flatten
 
+        if _DEADLINE and self.ops % 64 == 0 and time.monotonic() > _DEADLINE[-1]:
+            raise TraceDeadlineError("the trace ran past its deadline")
         try:
             out = (
                 self.shadows.run(func, args, kwargs or {}, run_op) if self.shadows else run_op(func, args, kwargs or {})

@@ -82,7 +82,8 @@ def render_memory(report: MemoryReport) -> list[RenderableType]:
     out: list[RenderableType] = []
     header = Text()
     header.append(f"{model.source}", style="bold")
-    header.append(f"  ({model.kind}, {model.architecture or 'unknown'})\n")
+    built = f" as {model.model_class}" if model.kind == "config" and model.model_class else ""
+    header.append(f"  ({model.kind}, {model.architecture or 'unknown'}{built})\n")
     header.append(
         f"parameters {fmt_count(model.parameters)} ({fmt_count(model.trainable_parameters)} trainable), "
         f"buffers {fmt_count(model.buffers)} ({fmt_bytes(model.buffer_bytes)})"

@@ -154,3 +154,28 @@ def test_mixture_of_experts_config_in_float32(cli, tmp_path):
     result = cli("estimate-memory", str(tmp_path), "-d", "fp32", "--seq-len", "16", "--measure", "-f", "json")
     assert result.exit_code == 0, result.stderr
     assert all(abs(m["error"]) < 0.01 for m in result.json()["measurements"])
+
+
+@pytest.mark.parametrize(
+    ("architecture", "head"), [("BertModel", "AutoModel"), ("BertForMaskedLM", "AutoModelForMaskedLM")]
+)
+def test_the_class_built_follows_architectures_and_is_named(cli, tmp_path, architecture, head):
+    bert = {
+        "model_type": "bert",
+        "vocab_size": 64,
+        "hidden_size": 16,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 32,
+        "architectures": [architecture],
+    }
+    (tmp_path / "config.json").write_text(json.dumps(bert), encoding="utf-8")
+    result = cli("estimate-memory", str(tmp_path), "-d", "fp32", "--seq-len", "8", "-f", "json")
+    assert result.exit_code == 0, result.stderr
+    doc = result.json()
+    assert doc["model"]["model_class"] == architecture
+    built = getattr(transformers, head).from_config(transformers.AutoConfig.from_pretrained(str(tmp_path)))
+    assert type(built).__name__ == architecture
+    assert doc["model"]["parameters"] == _distinct_parameters(built)
+    table = cli("estimate-memory", str(tmp_path), "-d", "fp32", "--seq-len", "8").stdout
+    assert f"(config, bert as {architecture})" in table

@@ -172,3 +172,35 @@ def test_the_traceback_only_with_traceback(moe_file):
 def test_json_notes_say_balanced(cli, moe_file):
     doc = json.loads(cli("estimate-memory", f"{moe_file}:moe", "-d", "fp32", "-f", "json").stdout)
     assert doc["model"]["notes"][-1].startswith("data-dependent routing traced as balanced")
+
+
+LAYERDROP = """
+import torch
+from torch import nn
+
+
+class LayerDrop(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+
+    def forward(self, x):
+        for layer in self.layers:
+            if self.training and torch.rand([]) < 0.0:  # LayerDrop with p = 0: every layer runs
+                continue
+            x = layer(x)
+        return x
+
+
+def layerdrop():
+    return LayerDrop(), torch.randn(2, 8)
+"""
+
+
+def test_a_random_scalar_deciding_the_step_is_drawn_for_real(tmp_path):
+    path = tmp_path / "drop.py"
+    path.write_text(LAYERDROP, encoding="utf-8")
+    report = estimate_memory(f"{path}:layerdrop", FP32, measure=True)
+    training = report.measurements[-1]
+    assert training.mode == Mode.training
+    assert abs(training.error) < 0.05

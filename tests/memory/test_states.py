@@ -174,3 +174,12 @@ def test_sharding_divides_the_states(strategy, parts):
     unit = 64 * 64 + 64
     assert row.bytes.gathered_parameters == (unit * (2 * 4 + 4) if param_parts > 1 else 0)
     assert row.sharding.world_size == 4
+
+
+def test_an_rnn_pickled_whole_counts_its_flat_weights_once(cli, tmp_path):
+    path = tmp_path / "lstm.pt"
+    torch.save(nn.LSTM(8, 16, num_layers=2), path)
+    doc = cli("estimate-memory", str(path), "-d", "fp32", "-m", "inference", "-f", "json").json()
+    # Per layer 4*16 gates: weight_ih (64 x in), weight_hh (64 x 16), two biases of 64.
+    assert doc["model"]["parameters"] == (64 * 8 + 64 * 16 + 128) + (64 * 16 + 64 * 16 + 128)
+    assert doc["estimates"][0]["bytes"]["parameters"] == 4 * doc["model"]["parameters"]
