@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from dtypecheck.memory.estimate import DEFAULT_DTYPES, EstimateOptions
     from dtypecheck.memory.report import MemoryBytes, MemoryEstimate, MemoryReport, ModelInfo, Sharding
-    from dtypecheck.memory.run import estimate_memory
-    from dtypecheck.memory.subject import open_subject
+    from dtypecheck.memory.run import estimate_memory, open_subject
 
 _LAZY = {
     "DEFAULT_DTYPES": "dtypecheck.memory.estimate",
@@ -24,7 +23,7 @@ _LAZY = {
     "ModelInfo": "dtypecheck.memory.report",
     "Sharding": "dtypecheck.memory.report",
     "estimate_memory": "dtypecheck.memory.run",
-    "open_subject": "dtypecheck.memory.subject",
+    "open_subject": "dtypecheck.memory.run",
 }
 
 

@@ -1,18 +1,22 @@
-"""``estimate_memory``: everything ``dtypecheck estimate-memory`` does, in one call: read the model, estimate every
-row, and with ``fit`` and ``measure`` add each row's fit on a device and real steps beside the estimate."""
+"""``estimate_memory``: everything ``dtypecheck estimate-memory`` does, in one call: read the model (``open_subject``
+dispatches to a factory, a config or a checkpoint), estimate every row, and with ``fit`` and ``measure`` add each
+row's fit on a device and real steps beside the estimate."""
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dtypecheck.errors import ParameterError
+from dtypecheck.errors import InputError, ParameterError
+from dtypecheck.memory.config_models import open_hf_config, resolve_hub_config
 from dtypecheck.memory.devices import DeviceBudget, default_device, parse_fit
 from dtypecheck.memory.estimate import EstimateOptions, estimate_subject
 from dtypecheck.memory.fit import DEFAULT_FIT_TIMEOUT
 from dtypecheck.memory.names import DeviceKind, Mode
-from dtypecheck.memory.subject import Subject, open_subject
+from dtypecheck.memory.subject import Subject, load_checkpoint, open_factory
 from dtypecheck.progress import ProgressCallback, no_progress
+from dtypecheck.usercode import python_target
 
 if TYPE_CHECKING:
     from dtypecheck.memory.report import MemoryReport
@@ -77,3 +81,28 @@ def estimate_memory(
             report, measured=trained[0], measurements=measurements, skipped=(*report.skipped, *unmeasured)
         )
     return report
+
+
+def open_subject(
+    target: str, *, batch_size: int | None = None, seq_len: int | None = None, loss: LossName | str | None = None
+) -> Subject:
+    """Dispatch on what ``target`` is: a factory spec, a config, or a checkpoint."""
+    if python_target(target) is not None:
+        if seq_len is not None:
+            raise ParameterError("{seq_len} applies to a config's inputs; a factory gives its own example inputs")
+        return open_factory(target, batch_size=batch_size, loss=loss)
+    path = Path(target)
+    if not path.exists():
+        hub_config = resolve_hub_config(target)
+        if hub_config is None:
+            raise InputError(f"no such file or directory: {target}")
+        return open_hf_config(hub_config, batch_size=batch_size, seq_len=seq_len, loss=loss)
+    if path.is_dir() and (path / "config.json").is_file():
+        return open_hf_config(path / "config.json", batch_size=batch_size, seq_len=seq_len, loss=loss)
+    if path.is_file() and path.name.endswith(".json") and not path.name.endswith(".index.json"):
+        return open_hf_config(path, batch_size=batch_size, seq_len=seq_len, loss=loss)
+    if batch_size is not None or seq_len is not None or loss is not None:
+        raise ParameterError(
+            "{batch_size}, {seq_len} and {loss} need a factory or a config: a checkpoint has no forward pass"
+        )
+    return load_checkpoint(target)

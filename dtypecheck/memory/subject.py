@@ -1,10 +1,10 @@
-"""What the estimate is about, and reading it: ``file.py:factory``, a checkpoint file or folder, or a
-``config.json`` becomes a ``Subject`` (the inventory of model states and, when there is a module, how to trace it)."""
+"""What the estimate is about, a ``Subject`` (the inventory of model states and, when there is a module, how to
+trace it), and reading a ``file.py:factory`` or a checkpoint file or folder into one. A Hugging Face ``config.json``
+is read by ``config_models``; ``run.open_subject`` picks the reader."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +14,7 @@ from dtypecheck.errors import InputError, ParameterError
 from dtypecheck.memory.inventory import Inventory, inventory_of_module, inventory_of_records
 from dtypecheck.memory.report import ModelInfo
 from dtypecheck.training_step import DEFAULT_LOSS, LossName, StepLoss, step_loss
-from dtypecheck.usercode import load_factory, python_target
+from dtypecheck.usercode import load_factory
 
 if TYPE_CHECKING:
     import torch
@@ -134,31 +134,6 @@ CHECKPOINT_NOTE = (
 )
 
 
-def open_subject(
-    target: str, *, batch_size: int | None = None, seq_len: int | None = None, loss: LossName | str | None = None
-) -> Subject:
-    """Dispatch on what ``target`` is: a factory spec, a config, or a checkpoint."""
-    if python_target(target) is not None:
-        if seq_len is not None:
-            raise ParameterError("{seq_len} applies to a config's inputs; a factory gives its own example inputs")
-        return open_factory(target, batch_size=batch_size, loss=loss)
-    path = Path(target)
-    if not path.exists():
-        hub_config = resolve_hub_config(target)
-        if hub_config is None:
-            raise InputError(f"no such file or directory: {target}")
-        return open_hf_config(hub_config, batch_size=batch_size, seq_len=seq_len, loss=loss)
-    if path.is_dir() and (path / "config.json").is_file():
-        return open_hf_config(path / "config.json", batch_size=batch_size, seq_len=seq_len, loss=loss)
-    if path.is_file() and path.name.endswith(".json") and not path.name.endswith(".index.json"):
-        return open_hf_config(path, batch_size=batch_size, seq_len=seq_len, loss=loss)
-    if batch_size is not None or seq_len is not None or loss is not None:
-        raise ParameterError(
-            "{batch_size}, {seq_len} and {loss} need a factory or a config: a checkpoint has no forward pass"
-        )
-    return load_checkpoint(target)
-
-
 # --- file.py:factory ---------------------------------------------------------------------------------------
 
 
@@ -266,76 +241,3 @@ def load_checkpoint(target: str) -> Subject:
         seq_len=None,
         notes=(CHECKPOINT_NOTE,),
     )
-
-
-# --- config.json -------------------------------------------------------------------------------------------
-
-
-def read_hf_config(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: not a UTF-8 text file") from exc
-    if not isinstance(data, dict):
-        raise InputError(f"{path}: a config must be a JSON object")
-    return data
-
-
-def resolve_hub_config(target: str) -> Path | None:
-    """The ``config.json`` of Hub id ``org/name[@revision]``: from the local Hugging Face cache first, without the
-    network; else (unless ``HF_HUB_OFFLINE``) that one file is downloaded, never the weights, which an estimate does
-    not read. None when ``target`` is not shaped like a Hub id."""
-    from dtypecheck.loaders import hub
-
-    parsed = hub.parse_hub_id(target)
-    if parsed is None:
-        return None
-    repo_id, revision = parsed
-    try:
-        import huggingface_hub
-        from huggingface_hub.errors import LocalEntryNotFoundError
-    except ImportError:
-        raise InputError(
-            f"{target}: no such file or directory; as a Hugging Face Hub id it needs huggingface_hub "
-            "(pip install 'dtypecheck[hf]')"
-        ) from None
-    fetch = huggingface_hub.hf_hub_download
-    try:
-        return Path(fetch(repo_id, "config.json", revision=revision, cache_dir=hub.cache_dir(), local_files_only=True))
-    except (LocalEntryNotFoundError, FileNotFoundError, OSError, ValueError):
-        pass
-    if hub.offline():
-        raise InputError(
-            f"{target}: no such file or directory, and as a Hub id its config.json is not in the local Hugging Face "
-            "cache while HF_HUB_OFFLINE is set; fetch it once online or name a local path"
-        )
-    try:
-        return Path(fetch(repo_id, "config.json", revision=revision, cache_dir=hub.cache_dir()))
-    except Exception as exc:  # noqa: BLE001  (not found, gated, no network: one line either way)
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise InputError(f"{target}: cannot fetch config.json from the Hugging Face Hub ({first})") from None
-
-
-def open_hf_config(
-    path: Path, *, batch_size: int | None = None, seq_len: int | None = None, loss: LossName | str | None = None
-) -> Subject:
-    """A model built from a Hugging Face ``config.json`` (not ``dtypecheck.config.load_config``, which reads
-    ``[tool.dtypecheck]``)."""
-    from dtypecheck.memory.config_models import build_from_config
-
-    data = read_hf_config(path)
-    limit = SeqLimit.from_config(data)
-    notes: tuple[str, ...] = ()
-    if seq_len is not None and limit is not None and seq_len > limit.tokens:
-        raise ParameterError(f"{{seq_len}} {seq_len:,} is beyond this model's {limit.name} ({limit.tokens:,})")
-    if seq_len is None:
-        seq_len = DEFAULT_SEQ_LEN
-        if limit is not None and limit.tokens < seq_len:
-            seq_len = limit.tokens
-            notes = (f"default sequence length {DEFAULT_SEQ_LEN} capped at the model's {limit.name} ({seq_len})",)
-    subject = build_from_config(
-        path, data, batch_size=batch_size or 1, seq_len=seq_len, loss=step_loss(None, loss, None)
-    )
-    return dataclasses.replace(subject, seq_limit=limit, notes=(*notes, *subject.notes))
