@@ -16,6 +16,13 @@ The file (one 1 GiB tensor and twelve of 256 MiB, normal values with a few float
 file dropped from the page cache before each run (``posix_fadvise(DONTNEED)``).
 
     .venv/bin/python benchmarks/bench_scan.py --repeats 5
+
+``--versus=--precision`` times the plain scan against the scan with those options instead of the floor (issue
+23: ``--precision`` within 2x the plain scan, 3x with float8/float4 targets); ``--gib 1`` uses a 1 GiB file of the
+one large tensor instead of the 4 GiB one:
+
+    .venv/bin/python benchmarks/bench_scan.py --gib 1 --repeats 5 --versus=--precision
+    .venv/bin/python benchmarks/bench_scan.py --gib 1 --repeats 5 --versus='--precision --target fp16,bf16,e4m3'
 """
 
 from __future__ import annotations
@@ -57,9 +64,8 @@ for name, entry in header.items():
 """
 
 
-def write_checkpoint(path: Path) -> None:
+def write_checkpoint(path: Path, tensors: list[tuple[str, tuple[int, int]]]) -> None:
     """A float32 safetensors file, written block by block from one reusable random block (fast, 64 MiB RAM)."""
-    tensors = [BIG, *SMALL]
     header: dict[str, object] = {}
     offset = 0
     for name, shape in tensors:
@@ -144,9 +150,12 @@ def scan_command(path: Path, extra: list[str] | None = None) -> list[str]:
     return [*head, "scan-model", str(path), "--format", "json", "--quiet", *(extra or [])]
 
 
-def measure(path: Path, repeats: int, cold: bool, extra: list[str] | None = None) -> dict[str, list[float]]:
+def measure(
+    path: Path, repeats: int, cold: bool, extra: list[str] | None = None, *, tensors: int, versus: bool = False
+) -> dict[str, list[float]]:
+    """Alternating runs of the floor (or, ``versus``, the plain scan) and the scan with ``extra``."""
     results: dict[str, list[float]] = {k: [] for k in ("floor", "scan", "floor_cpu", "scan_cpu", "scan_anon")}
-    floor_command = [sys.executable, "-c", FLOOR, str(path)]
+    floor_command = scan_command(path) if versus else [sys.executable, "-c", FLOOR, str(path)]
     for _ in range(repeats):
         for name, command in (("floor", floor_command), ("scan", scan_command(path, extra))):
             if cold:
@@ -159,16 +168,23 @@ def measure(path: Path, repeats: int, cold: bool, extra: list[str] | None = None
             if name == "scan":
                 results["scan_anon"].append(anon)
                 summary = json.loads(out)["summary"]
-                assert summary["tensors"] == 1 + len(SMALL), summary
+                assert summary["tensors"] == tensors, summary
     return results
 
 
-def report(label: str, results: dict[str, list[float]], check: bool) -> bool:
+def report(label: str, results: dict[str, list[float]], check: bool, versus: str = "") -> bool:
     floor, scan = statistics.median(results["floor"]), statistics.median(results["scan"])
     floor_cpu, scan_cpu = statistics.median(results["floor_cpu"]), statistics.median(results["scan_cpu"])
     anon = statistics.median(results["scan_anon"]) / MIB
     ratio = scan / floor
     print(f"{label}: median of {len(results['scan'])} runs each")
+    if versus:
+        print(f"  plain dtypecheck scan-model --format json: wall {floor:6.2f} s   cpu {floor_cpu:6.2f} s")
+        print(f"  ... with {versus}: wall {scan:6.2f} s   cpu {scan_cpu:6.2f} s")
+        print(f"  ratio wall {ratio:.2f}x   ratio cpu {scan_cpu / floor_cpu:.2f}x   peak private memory {anon:.0f} MiB")
+        every = {name: " ".join(f"{t:.2f}" for t in results[name]) for name in ("floor", "scan")}
+        print(f"  every wall time: plain {every['floor']}   with the options {every['scan']}")
+        return True
     print(f"  floor (mmap + torch.aminmax per tensor): wall {floor:6.2f} s   cpu {floor_cpu:6.2f} s")
     print(f"  dtypecheck scan-model --format json:     wall {scan:6.2f} s   cpu {scan_cpu:6.2f} s")
     print(f"  ratio wall {ratio:.2f}x (target <= 1.5x)   ratio cpu {scan_cpu / floor_cpu:.2f}x")
@@ -189,20 +205,26 @@ def main() -> None:
         default="",
         help="extra scan-model options, e.g. '--target fp16,bf16,e4m3 --precision' (the targets stay default)",
     )
+    parser.add_argument("--gib", type=int, choices=(1, 4), default=4, help="file size: 1 GiB (one tensor) or 4 GiB")
+    parser.add_argument("--versus", default="", help="time the plain scan against the scan with these options")
     args = parser.parse_args()
     args.dir.mkdir(parents=True, exist_ok=True)
-    path = args.dir / "bench_scan_4gib.safetensors"
-    needed = sum(s[0] * s[1] * 4 for _, s in [BIG, *SMALL])
+    tensors = [BIG, *SMALL] if args.gib == 4 else [BIG]
+    path = args.dir / f"bench_scan_{args.gib}gib.safetensors"
+    needed = sum(s[0] * s[1] * 4 for _, s in tensors)
     if not (path.exists() and path.stat().st_size > needed):
         if shutil.disk_usage(args.dir).free < needed + 512 * MIB:
             sys.exit(f"not enough free disk in {args.dir} for a {needed / 2**30:.0f} GiB file")
         print(f"writing {path} ...", flush=True)
-        write_checkpoint(path)
+        write_checkpoint(path, tensors)
     try:
-        extra = args.scan_args.split()
-        ok = report("warm page cache", measure(path, args.repeats, cold=False, extra=extra), check=True)
+        versus = bool(args.versus)
+        extra = (args.versus or args.scan_args).split()
+        results = measure(path, args.repeats, cold=False, extra=extra, tensors=len(tensors), versus=versus)
+        ok = report("warm page cache", results, check=not versus, versus=args.versus)
         if args.cold:
-            report("cold page cache", measure(path, max(1, args.repeats // 2), cold=True, extra=extra), check=False)
+            cold = measure(path, max(1, args.repeats // 2), cold=True, extra=extra, tensors=len(tensors), versus=versus)
+            report("cold page cache", cold, check=False, versus=args.versus)
     finally:
         if not args.keep:
             path.unlink(missing_ok=True)

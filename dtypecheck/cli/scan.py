@@ -29,6 +29,7 @@ from dtypecheck.loaders.formats import describe_formats
 from dtypecheck.render import OutputFormat
 
 if TYPE_CHECKING:
+    from dtypecheck.nantrace.distributed import RankInfo
     from dtypecheck.scan.gate import CheckpointPlan
     from dtypecheck.scan.report import ScanReport
     from dtypecheck.scan.select import Selection
@@ -256,10 +257,15 @@ def resolve_scan_options(
 
 def execute_scan(options: ScanOptions) -> int:
     """Open the baselines, scan each checkpoint, render its report through ``emit``, return the exit code."""
+    from dtypecheck.nantrace.distributed import rank_info
     from dtypecheck.render.progress import progress_bar
     from dtypecheck.scan.gate import Gate, shown
+    from dtypecheck.scan.ranks import Ranks
     from dtypecheck.scan.run import scan_checkpoint
 
+    info = rank_info()  # a run under torchrun: the parts are split across the ranks, rank 0 reports
+    if info is not None and info.rank != 0:
+        return _scan_shares(options, info)
     gate = Gate(options.plans, update=options.update_baseline, missing_hint="write it with --update-baseline")
     code = ExitCode.OK
     # one SARIF log: one run, one artifact per checkpoint
@@ -267,7 +273,7 @@ def execute_scan(options: ScanOptions) -> int:
     # updating a baseline says one line on stderr; the report only when asked for (--output, a machine format)
     shows_report = not options.update_baseline or options.output is not None or not options.fmt.for_people
     reports: list[ScanReport] = []
-    for plan, limit in zip(options.plans, options.limits, strict=True):
+    for number, (plan, limit) in enumerate(zip(options.plans, options.limits, strict=True)):
         with user_code_guard(plan.checkpoint), progress_bar("scanning", quiet=options.quiet, unit="bytes") as bar:
             report = scan_checkpoint(
                 plan.checkpoint,
@@ -278,6 +284,7 @@ def execute_scan(options: ScanOptions) -> int:
                 precision=options.precision,
                 keep_float32_sqnr_db=plan.keep_float32_sqnr_db,
                 selection=plan.selection,
+                ranks=None if info is None else Ranks.connect(info, number),
             )
         result = gate.judge(plan, report)
         if result.missing_entry and not options.quiet:
@@ -310,6 +317,28 @@ def execute_scan(options: ScanOptions) -> int:
                 err=True,
             )
     return int(code)
+
+
+def _scan_shares(options: ScanOptions, info: RankInfo) -> int:
+    """A rank other than 0: scan its share of each checkpoint for rank 0, which writes the report and the exit
+    code (an error stops this rank's part of the scan and reaches rank 0, which reports it); exit 0."""
+    from dtypecheck.scan.ranks import Ranks
+    from dtypecheck.scan.run import scan_share
+
+    for number, plan in enumerate(options.plans):
+        ranks = Ranks.connect(info, number)
+        with user_code_guard(plan.checkpoint):
+            stopped = scan_share(
+                plan.checkpoint,
+                ranks,
+                plan.targets,
+                workers=options.workers,
+                precision=options.precision,
+                selection=plan.selection,
+            )
+        if stopped is not None:
+            break
+    return int(ExitCode.OK)
 
 
 def _plan(

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dtypecheck.dtypes import DtypeSpec
-from dtypecheck.scan.precision import SUB_BLOCK, Loss, finite_magnitudes, grouped_loss
+from dtypecheck.scan.kernel import jit
+from dtypecheck.scan.precision import SUB_BLOCK, Loss, finite_magnitudes, group_loss_into, grouped_loss, loss_of
 
 if TYPE_CHECKING:
     import torch
@@ -110,3 +111,58 @@ def mx_loss(values: np.ndarray, last: int, target: DtypeSpec) -> Loss:
         blockmax = np.ascontiguousarray(blocks.max(axis=1, keepdims=True))
         total.add(grouped_loss(blocks, mx_factors(blockmax, target), target, clip=True))
     return total
+
+
+# --- the compiled loops (``precision.group_loss_into`` per row or block; the numpy functions above are the reference)
+
+
+@jit
+def _finite_max(values: np.ndarray, start: int, stop: int) -> float:
+    best = 0.0
+    for i in range(start, stop):
+        a = abs(np.float64(values[i]))
+        if a < np.inf:
+            best = max(best, a)
+    return best
+
+
+@jit
+def _per_channel_into(
+    values: np.ndarray, row: int, scale_max: float, mantissa_bits: int, emin: int, fmt_max: float, out: np.ndarray
+) -> None:
+    for start in range(0, values.shape[0] - row + 1, row):
+        rowmax = _finite_max(values, start, start + row)
+        factor = scale_max / rowmax if rowmax > 0.0 else 1.0
+        group_loss_into(values, start, start + row, factor, mantissa_bits, emin, fmt_max, True, out)
+
+
+@jit
+def _mx_into(
+    values: np.ndarray, last: int, emax: int, mantissa_bits: int, emin: int, fmt_max: float, out: np.ndarray
+) -> None:
+    for row in range(0, values.shape[0] - last + 1, last):
+        for start in range(row, row + last, MX_BLOCK):
+            stop = min(start + MX_BLOCK, row + last)
+            blockmax = _finite_max(values, start, stop)
+            factor = 1.0
+            if blockmax > 0.0:  # ``mx_factors``: 1 / 2**clamp(floor(log2 blockmax) - emax, e8m0's exponents)
+                exponent = (np.float64(blockmax).view(np.int64) >> 52) - 1023
+                shared = min(max(exponent - emax, E8M0_EXPONENTS[0]), E8M0_EXPONENTS[1])
+                factor = np.int64((1023 - shared) << 52).view(np.float64)
+            group_loss_into(values, start, stop, factor, mantissa_bits, emin, fmt_max, True, out)
+
+
+def compiled_per_channel_loss(values: np.ndarray, row: int, target: DtypeSpec) -> Loss:
+    """``per_channel_loss`` through the compiled loop."""
+    out = np.zeros(5)
+    fmt = target.fmt
+    _per_channel_into(values, row, target.scale_max, fmt.mantissa_bits, fmt.emin, fmt.max, out)
+    return loss_of(out)
+
+
+def compiled_mx_loss(values: np.ndarray, last: int, target: DtypeSpec) -> Loss:
+    """``mx_loss`` through the compiled loop."""
+    out = np.zeros(5)
+    fmt = target.fmt
+    _mx_into(values, last, fmt.emax, fmt.mantissa_bits, fmt.emin, fmt.max, out)
+    return loss_of(out)

@@ -47,7 +47,7 @@ def _numba_wanted() -> bool:
 NUMBA = _numba_wanted()
 
 
-def _jit(func: F) -> F:
+def jit(func: F) -> F:
     """Compile with numba (GIL released, machine code cached on disk) when it is there; else leave as is."""
     if not NUMBA:
         return func
@@ -57,7 +57,7 @@ def _jit(func: F) -> F:
     return cast(F, compiled)
 
 
-@_jit
+@jit
 def _block_extremes(block: np.ndarray, mask: Any, sign_shift: Any) -> tuple[Any, Any, Any]:
     """(min key, max key, min magnitude) of one block: the vectorised loop every value goes through once.
 
@@ -78,7 +78,7 @@ def _block_extremes(block: np.ndarray, mask: Any, sign_shift: Any) -> tuple[Any,
     return kmin, kmax, amin
 
 
-@_jit
+@jit
 def _count_below(block: np.ndarray, mask: Any, sign_shift: Any, threshold: Any) -> int:
     """``#(|x| < threshold)``: ``(a - t) >> sign_shift`` is -1 exactly when ``a < t`` (both non-negative)."""
     T = block.dtype.type  # noqa: N806
@@ -88,7 +88,7 @@ def _count_below(block: np.ndarray, mask: Any, sign_shift: Any, threshold: Any) 
     return -int(minus)
 
 
-@_jit
+@jit
 def _zeros_and_smallest(block: np.ndarray, mask: Any, sign_shift: Any) -> tuple[int, Any]:
     """(zero count, smallest nonzero magnitude or ``mask + 1`` wrapped when all are zero) of a block with zeros."""
     T = block.dtype.type  # noqa: N806
@@ -102,7 +102,7 @@ def _zeros_and_smallest(block: np.ndarray, mask: Any, sign_shift: Any) -> tuple[
     return -int(minus_zeros), T(smallest + one)
 
 
-@_jit
+@jit
 def _scan_bits_py(
     bits: np.ndarray,
     mask: Any,
@@ -164,7 +164,7 @@ def _scan_bits_py(
     extrema[2] = amin
 
 
-@_jit
+@jit
 def _extrema_without_nan_py(bits: np.ndarray, mask: Any, sign_shift: Any, inf_bits: Any, extrema: np.ndarray) -> None:
     """``extrema[0:2]`` = min and max key over the non-NaN values (the slow path for a chunk holding a NaN)."""
     kmin = extrema[0]
@@ -179,7 +179,7 @@ def _extrema_without_nan_py(bits: np.ndarray, mask: Any, sign_shift: Any, inf_bi
     extrema[1] = kmax
 
 
-@_jit
+@jit
 def _count_magnitudes_py(bits: np.ndarray, mask: Any, low: Any, high: Any) -> int:
     """``#(low <= |x| < high)`` on magnitude bit patterns."""
     count = 0
@@ -189,7 +189,7 @@ def _count_magnitudes_py(bits: np.ndarray, mask: Any, low: Any, high: Any) -> in
     return count
 
 
-@_jit
+@jit
 def _max_finite_magnitude_py(bits: np.ndarray, mask: Any, inf_bits: Any) -> Any:
     """Largest finite magnitude pattern (0 when there is none)."""
     best = mask - mask

@@ -9,6 +9,10 @@ a plain cast overflows (they already fail the tensor): the measures describe the
 
 ``sqnr_db = 10 log10(sum x^2 / sum (x - cast(x))^2)`` (``inf`` when the cast is exact, None when every value is
 zero); ``max_rel_error = max |x - cast(x)| / |x|`` over the nonzero values (1.0 as soon as one flushes to zero).
+
+With numba the same arithmetic runs value by value in one compiled loop per chunk (``cast_loss_into``, and
+``blockscale``'s per-channel and MX loops), with no float64 temporaries; the numpy functions stay as the reference
+the tests hold it to (equal counts and max_rel_error, sums equal up to their order of addition).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dtypecheck.dtypes import DtypeSpec
+from dtypecheck.scan.kernel import jit
 from dtypecheck.scan.quantize import round_magnitudes
 
 SUB_BLOCK = 1 << 16
@@ -114,3 +119,99 @@ def plain_or_tensor_scaled(values: np.ndarray, target: DtypeSpec, absmax: float)
         block = finite_magnitudes(values[start : start + SUB_BLOCK])
         total.add(grouped_loss(block, factor, target, clip=target.scaled))
     return total
+
+
+# --- the compiled loops: value by value, the arithmetic of ``round_magnitudes`` and ``grouped_loss`` ----------
+
+_MAGIC = float(2**52)
+
+
+@jit
+def rne_magnitude(a: float, mantissa_bits: int, emin: int) -> float:
+    """``round_magnitudes`` for one finite, non-negative float64 (the same operations, in the same order)."""
+    exponent = (np.float64(a).view(np.int64) >> 52) - 1023
+    ulp_exponent = max(exponent, emin) - mantissa_bits
+    inverse = np.int64((1023 - ulp_exponent) << 52).view(np.float64)
+    spacing = np.int64((1023 + ulp_exponent) << 52).view(np.float64)
+    steps = a * inverse
+    steps += _MAGIC
+    steps -= _MAGIC
+    return float(steps * spacing)
+
+
+_BELOW = 1.0 - 2.0**-40
+"""``|e| > max_rel * _BELOW * s`` holds for every value whose rounded ``|e| / s`` exceeds ``max_rel``: a cheap
+filter that leaves the exact division to the few values that can raise the maximum."""
+
+
+@jit
+def group_loss_into(
+    values: np.ndarray,
+    start: int,
+    stop: int,
+    factor: float,
+    mantissa_bits: int,
+    emin: int,
+    fmt_max: float,
+    clip: bool,
+    out: np.ndarray,
+) -> None:
+    """``grouped_loss`` of ``values[start:stop]`` (any float dtype; non-finite values skipped) times ``factor``,
+    added into ``out``: [signal, noise, max_rel, underflow, overflow] (float64: counts stay exact below 2**53).
+
+    The noise is summed in the scaled unit and divided by ``factor**2`` once per group (numpy divides each
+    error first: the sums agree to a few ulps, like any change of summation order)."""
+    signal = 0.0
+    noise = 0.0
+    max_rel = out[2]
+    bar = max_rel * _BELOW
+    underflow = 0
+    overflow = 0
+    for i in range(start, stop):
+        a = abs(np.float64(values[i]))
+        if not a < np.inf:  # NaN and inf: neither signal nor error
+            continue
+        scaled = a * factor
+        rounded = rne_magnitude(scaled, mantissa_bits, emin)
+        if rounded > fmt_max:
+            overflow += 1
+            if not clip:
+                continue
+            rounded = fmt_max
+        error = abs(scaled - rounded)
+        underflow += (rounded == 0.0) & (scaled > 0.0)
+        if error > bar * scaled:  # (never for scaled == 0: its error is 0)
+            relative = error / scaled
+            if relative > max_rel:
+                max_rel = relative
+                bar = max_rel * _BELOW
+        signal += a * a
+        noise += error * error
+    out[0] += signal
+    out[1] += noise / (factor * factor)
+    out[2] = max_rel
+    out[3] += underflow
+    out[4] += overflow
+
+
+@jit
+def cast_loss_into(
+    values: np.ndarray, factor: float, mantissa_bits: int, emin: int, fmt_max: float, clip: bool, out: np.ndarray
+) -> None:
+    """``plain_or_tensor_scaled`` over a whole chunk, in blocks so that each partial sum stays short."""
+    n = values.shape[0]
+    for start in range(0, n, 4096):
+        group_loss_into(values, start, min(n, start + 4096), factor, mantissa_bits, emin, fmt_max, clip, out)
+
+
+def loss_of(out: np.ndarray) -> Loss:
+    return Loss(float(out[0]), float(out[1]), float(out[2]), int(out[3]), int(out[4]))
+
+
+def compiled_cast_loss(values: np.ndarray, target: DtypeSpec, absmax: float) -> Loss:
+    """``plain_or_tensor_scaled`` through the compiled loop."""
+    fmt = target.fmt
+    factor = target.scale_max / absmax if target.scaled and absmax > 0 else 1.0
+    out = np.zeros(5)
+    cast_loss_into(values, factor, fmt.mantissa_bits, fmt.emin, fmt.max, target.scaled, out)
+    return loss_of(out)

@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dtypecheck.dtypes import DtypeSpec, lookup
-from dtypecheck.errors import ParameterError
+from dtypecheck.errors import ExitCode, ParameterError, describe
 from dtypecheck.loaders import Checkpoint, Finding, TensorRecord, open_checkpoint
 from dtypecheck.progress import ProgressCallback, no_progress
 from dtypecheck.scan.gate import CheckpointPlan, Gate
 from dtypecheck.scan.keep_float32 import DEFAULT_MIN_SQNR_DB, with_keep_float32
 from dtypecheck.scan.kernel import Kernels, kernels
 from dtypecheck.scan.policy import apply_policy
+from dtypecheck.scan.ranks import Ranks, split_by_bytes
 from dtypecheck.scan.report import ScanReport, summarise
 from dtypecheck.scan.select import EVERYTHING, Selection
 from dtypecheck.scan.targets import check_targets
@@ -58,6 +59,7 @@ def scan_checkpoint(
     baseline_key: str | None = None,
     update_baseline: bool = False,
     selection: Selection = EVERYTHING,
+    ranks: Ranks | None = None,
 ) -> ScanReport:
     """Scan every tensor of ``checkpoint`` (file, folder, ``file.py:factory`` or Hub id).
 
@@ -72,7 +74,12 @@ def scan_checkpoint(
     the checkpoint's entry in it (``baseline_key``; default: its path relative to the working folder) and its
     ``gate_level`` follows only what is new or worse; with ``update_baseline`` the entry is written instead (the
     file is created if missing). Several checkpoints against shared baseline files: ``dtypecheck.scan.gate``.
+
+    ``ranks`` (rank 0 of a distributed run, ``dtypecheck.scan.ranks``): scan only this rank's share of the parts
+    and collect the other ranks' (each runs ``scan_share``); the report is the one a single process makes.
     """
+    if ranks is not None and ranks.rank != 0:
+        raise ValueError("scan_checkpoint runs on rank 0; the other ranks run scan_share")
     if update_baseline and baseline is None:
         raise ParameterError("{update_baseline}: needs the baseline file to write ({baseline})")
     specs = check_targets(targets) if targets else [lookup(name) for name in DEFAULT_TARGETS]
@@ -80,13 +87,50 @@ def scan_checkpoint(
     gate = Gate([plan], update=update_baseline)  # the baseline is read before the scan: a bad one fails fast
     opened = open_checkpoint(checkpoint)
     try:
-        report = _scan(opened, specs, progress, workers or default_workers(), kernels(compiled), precision, selection)
+        report = _scan(
+            opened, specs, progress, workers or default_workers(), kernels(compiled), precision, selection, ranks
+        )
     finally:
         opened.close()
+    assert report is not None  # rank 0 (or a single process) always builds the report
     judged = with_verdicts(with_keep_float32(apply_policy(report, policy), keep_float32_sqnr_db))
     result = gate.judge(plan, judged)
     gate.write()
     return result.report
+
+
+def scan_share(
+    checkpoint: str,
+    ranks: Ranks,
+    targets: Sequence[DtypeSpec] | None = None,
+    *,
+    workers: int | None = None,
+    compiled: bool | None = None,
+    precision: bool = False,
+    selection: Selection = EVERYTHING,
+) -> tuple[int, str] | None:
+    """A rank other than 0: scan this rank's share of ``checkpoint``'s parts and publish the results for rank 0.
+
+    Returns None, or (exit code, message) of the error that stopped it, published for rank 0 to fail with (this
+    rank says nothing itself: rank 0 reports once for the run). A bug is published too, then raised.
+    """
+    try:
+        specs = check_targets(targets) if targets else [lookup(name) for name in DEFAULT_TARGETS]
+        opened = open_checkpoint(checkpoint)
+        try:
+            _scan(
+                opened, specs, no_progress, workers or default_workers(), kernels(compiled), precision, selection, ranks
+            )
+        finally:
+            opened.close()
+    except Exception as exc:
+        mapped = describe(exc)
+        if mapped is None:
+            ranks.fail(ExitCode.INPUT_ERROR, f"rank {ranks.rank} stopped: {type(exc).__name__}: {exc}")
+            raise
+        ranks.fail(*mapped)
+        return int(mapped[0]), mapped[1]
+    return None
 
 
 def default_workers() -> int:
@@ -107,7 +151,10 @@ def _scan(
     k: Kernels,
     precision: bool = False,
     selection: Selection = EVERYTHING,
-) -> ScanReport:
+    ranks: Ranks | None = None,
+) -> ScanReport | None:
+    """The report; with ``ranks``, only this rank's share of the parts is scanned: rank 0 collects the others'
+    results and returns the report, the other ranks publish theirs and return None."""
     parts = _parts(checkpoint)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dtypecheck-scan") as pool:
         every = (
@@ -128,11 +175,22 @@ def _scan(
             for records in listed
         ]
         scanners = [s for part in scanners_by_part for s in part]
+        if ranks is not None:
+            sizes = [sum(s.record.nbytes for s in part if s.readable) for part in scanners_by_part]
+            owners = split_by_bytes(sizes, ranks.world_size)
+            scanners_by_part = [part if ranks.owns(owners[i]) else [] for i, part in enumerate(scanners_by_part)]
+        mine = [s for part in scanners_by_part for s in part]
         pipeline = _Pipeline(pool, limit=2 * workers, progress=progress)
-        pipeline.total = sum(s.record.nbytes for s in scanners if s.readable)
+        pipeline.total = sum(s.record.nbytes for s in mine if s.readable)
         pipeline.run(_interleave([_first_pass_jobs(part) for part in scanners_by_part]))
-        _second_pass(pipeline, scanners)
-    results = {id(s.record): s.result() for s in scanners}
+        _second_pass(pipeline, mine)
+    results = {id(s.record): s.result() for s in mine}
+    if ranks is not None:
+        place = {id(s.record): i for i, s in enumerate(scanners)}
+        if ranks.rank != 0:
+            ranks.publish({place[key]: scan for key, scan in results.items()})
+            return None
+        results.update((id(scanners[i].record), scan) for i, scan in ranks.gather().items())
     for copy, original in copies:
         results[id(copy)] = dataclasses.replace(
             results[id(original)], name=copy.name, shape=tuple(copy.shape), alias_of=original.name

@@ -85,7 +85,11 @@ class TensorScanner:
         self.scaled_counts: dict[str, int] = {}
         self.double_rounding: dict[str, int] = {}
         self.via_float32: list[DtypeSpec] = []
-        self.plan = MeasurePlan(record.shape, self.values_per_element, targets) if precision else None
+        self.plan = (
+            MeasurePlan(record.shape, self.values_per_element, targets, compiled=kernels.compiled)
+            if precision
+            else None
+        )
         self.losses = Losses()
         self.finite_absmax: float | None = None
         if self.mode == "float":
@@ -206,6 +210,7 @@ class TensorScanner:
             extrema=extrema,
             int_overflow=overflow,
             double_rounding=rounding,
+            losses=None if self.plan is None else self.plan.measure_unscaled(values),
         )
 
     def _process_int(self, chunk: torch.Tensor) -> ChunkResult:
@@ -218,6 +223,8 @@ class TensorScanner:
                 self.int_overflow[i] += count
             for target, count in zip(self.via_float32, part.double_rounding, strict=True):
                 self.double_rounding[target.name] = self.double_rounding.get(target.name, 0) + count
+            if part.losses is not None:
+                self.losses.add(part.losses)
             if part.hist is not None:
                 self.hist += part.hist
             if part.counts is not None:
@@ -242,8 +249,8 @@ class TensorScanner:
         return int(self.counts[self.index[pattern]])
 
     def needs_second_pass(self) -> bool:
-        wanted = self.plan is not None or any(t.scaled for t in self._float_targets())
-        if self.mode != "float" or self.values == 0 or not wanted or not self._float_targets():
+        wanted = any(t.scaled for t in self._float_targets())  # plain casts are measured in the first pass
+        if self.mode != "float" or self.values == 0 or not wanted:
             return False
         return self._count_at_least(self.kernel.inf_bits + 1) < self.values  # not all NaN
 

@@ -15,6 +15,8 @@ from dtypecheck.scan.thresholds import FLOAT64, KernelFormat
 if TYPE_CHECKING:
     import torch
 
+    from dtypecheck.scan.measures import Losses
+
 
 @dataclass(frozen=True)
 class ChunkResult:
@@ -27,6 +29,8 @@ class ChunkResult:
     """Integer tensors: (min, max, zeros, smallest nonzero magnitude)."""
     double_rounding: tuple[int, ...] = ()
     """float64 chunks: per target cast through float32, values whose result differs from a single rounding."""
+    losses: Losses | None = None
+    """``--precision``: the plain casts' losses over this chunk (``MeasurePlan.measure_unscaled``)."""
 
 
 def float4_table(fmt: FloatFormat) -> np.ndarray:
