@@ -14,9 +14,9 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    import torch
+from dtypecheck.nantrace.ops import iter_tensors
 
+if TYPE_CHECKING:
     from dtypecheck.nantrace.hooks import TracerHooks
 
 
@@ -41,17 +41,6 @@ def _found_inf(scaler: Any) -> bool | None:
     if not found:
         return None
     return any(float(v.item()) > 0 for v in found)
-
-
-def _tensors(value: Any) -> Iterator[torch.Tensor]:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, list | tuple):
-        for item in value:
-            if isinstance(item, torch.Tensor):
-                yield item
 
 
 class TrainingWatch:
@@ -148,7 +137,7 @@ class TrainingWatch:
         if not tracer.stopped:
             with untraced():
                 tracer.flush()
-                for loss in _tensors(tensors):
+                for loss in iter_tensors(tensors):
                     tracer.judge.reached_loss(loss, defer=self.scaler_active)
             tracer.stop_if_failed()
         self.backward_passes += 1

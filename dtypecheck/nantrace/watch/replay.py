@@ -8,9 +8,10 @@ import dataclasses
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from dtypecheck.nantrace.ops import tensors_in
 from dtypecheck.nantrace.report import Event, NanTraceReport
 from dtypecheck.nantrace.training import untraced
-from dtypecheck.nantrace.watch.state import ModelCall, finite_values, read_flags, tensors_in
+from dtypecheck.nantrace.watch.state import ModelCall, finite_values, read_flags
 
 if TYPE_CHECKING:
     import torch

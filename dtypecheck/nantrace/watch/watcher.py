@@ -21,6 +21,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
+from dtypecheck.nantrace.ops import tensors_in
 from dtypecheck.nantrace.report import NanTraceReport, ScaleCollapse, SkippedStep, WatchSummary
 from dtypecheck.nantrace.tracer import StopTracing, TraceOptions, Tracer
 from dtypecheck.nantrace.training import _found_inf, _scale_of, untraced
@@ -43,7 +44,6 @@ from dtypecheck.nantrace.watch.state import (
     finite_values,
     read_flags,
     same_values,
-    tensors_in,
 )
 
 if TYPE_CHECKING:
@@ -346,15 +346,8 @@ class Watcher:
         return update
 
     def _collapsed(self) -> None:
-        streak = self._streak
-        self.scale_collapse = ScaleCollapse(
-            steps=len(streak),
-            first_step=streak[0].step,
-            last_step=streak[-1].step,
-            scale_before=streak[0].scale_before,
-            scale_after=streak[-1].scale_after,
-            limit=self.options.max_skipped_steps,
-            rank=self.options.rank,
+        self.scale_collapse = ScaleCollapse.of_streak(
+            self._streak, limit=self.options.max_skipped_steps, rank=self.options.rank
         )
         self._detect("scale_collapse")
         self._replay_calls()
