@@ -29,12 +29,13 @@ def untraced() -> Iterator[None]:
         yield
 
 
-def _scale_of(scaler: Any) -> float | None:
+def scale_of(scaler: Any) -> float | None:
+    """The scaler's current scale (None before its first ``scale()``)."""
     scale = getattr(scaler, "_scale", None)
     return None if scale is None else float(scale.item())
 
 
-def _found_inf(scaler: Any) -> bool | None:
+def scaler_found_inf(scaler: Any) -> bool | None:
     """Whether the scaler's last ``unscale_``/``step`` found inf/NaN gradients (None when it did not look)."""
     states = getattr(scaler, "_per_optimizer_states", None) or {}
     found = [v for state in states.values() for v in (state.get("found_inf_per_device") or {}).values()]
@@ -109,10 +110,10 @@ class TrainingWatch:
                 if not getattr(scaler, "_enabled", False):
                     return original(scaler, new_scale)  # type: ignore[no-any-return]
                 with untraced():
-                    before, found = _scale_of(scaler), _found_inf(scaler)
+                    before, found = scale_of(scaler), scaler_found_inf(scaler)
                 original(scaler, new_scale)
                 with untraced():
-                    after = _scale_of(scaler)
+                    after = scale_of(scaler)
                 if before is not None and after is not None:
                     skipped = found if found is not None else after < before
                     watch.tracer.scaler_updated(skipped, before, after)
