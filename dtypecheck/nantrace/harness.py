@@ -13,16 +13,19 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from dtypecheck.errors import InputError
 from dtypecheck.nantrace.options import RunSettings
+from dtypecheck.nantrace.report import NanTraceReport
 from dtypecheck.training_step import as_call, to_device
 from dtypecheck.usercode import load_factory
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
+
+    from dtypecheck.nantrace.distributed import Session
 
 
 @contextlib.contextmanager
@@ -71,6 +74,26 @@ def as_main(path: Path, argv: list[str], settings: RunSettings, *, stdout: TextI
 def run_main(path: Path) -> dict[str, Any]:
     """Execute ``path`` as ``__main__`` (inside ``as_main``); its namespace, which the caller decides when to free."""
     return runpy.run_path(str(path), run_name="__main__")
+
+
+def release(namespace: dict[str, Any], session: Session | None) -> None:
+    """Free what the script still held at its end, unless this process is a rank of a distributed run: freeing a
+    sharded model under a collective still in flight crashes the process, so a rank keeps it to the end."""
+    if session is None:
+        namespace.clear()
+    else:
+        session.held.append(namespace)
+
+
+class Reporting(Protocol):
+    """What watched the run, a ``Tracer`` or a ``Watcher``."""
+
+    def report(self, **extra: Any) -> NanTraceReport: ...
+
+
+def finished(watch: Reporting, settings: RunSettings, source: str, **extra: Any) -> NanTraceReport:
+    """The run's report, saying what ran (``source``) and under which autocast and device."""
+    return watch.report(source=source, autocast=settings.autocast, device=settings.device, **extra)
 
 
 def default_loss(output: Any) -> torch.Tensor:

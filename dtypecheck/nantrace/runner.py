@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from dtypecheck.errors import InputError, UserCodeError
-from dtypecheck.nantrace.harness import FactoryTraining, as_main, run_main
+from dtypecheck.nantrace.harness import FactoryTraining, as_main, finished, release, run_main
 from dtypecheck.nantrace.options import RunSettings
 from dtypecheck.nantrace.report import NanTraceReport
 from dtypecheck.nantrace.tracer import StopTracing, Tracer
@@ -21,10 +21,6 @@ if TYPE_CHECKING:
 def split_target(target: str) -> tuple[Path, str | None]:
     """``train.py`` -> (train.py, None); ``file.py:factory`` -> (file.py, "factory"); a script of any name runs."""
     return python_target(target) or (Path(target), None)
-
-
-def _finish(tracer: Tracer, settings: RunSettings, source: str, **extra: Any) -> NanTraceReport:
-    return tracer.report(source=source, autocast=settings.autocast, device=settings.device, **extra)
 
 
 def run_script(
@@ -41,7 +37,7 @@ def run_script(
     check_python_file(path)
     tracer = Tracer(dataclasses.replace(settings.options, stop_run=True, restore_default_dtype=True))
     if session is not None:
-        session.attach(tracer, lambda: _finish(tracer, settings, str(path)))
+        session.attach(tracer, lambda: finished(tracer, settings, str(path)))
     failure: dict[str, Any] = {}
     namespace: dict[str, Any] = {}
     try:
@@ -58,12 +54,8 @@ def run_script(
         if not tracer.found_nonfinite:
             failure = _dtype_failure_or_raise(tracer, exc, path.name, path)
     finally:
-        if session is None:
-            namespace.clear()
-        else:
-            # Freeing a sharded model under a collective still in flight crashes the process: keep it to the end.
-            session.held.append(namespace)
-    return _finish(tracer, settings, str(path), **failure)
+        release(namespace, session)
+    return finished(tracer, settings, str(path), **failure)
 
 
 def _dtype_failure_or_raise(tracer: Tracer, exc: BaseException, what: str, user_file: Path) -> dict[str, Any]:
@@ -107,4 +99,4 @@ def run_factory(
     except Exception as exc:  # noqa: BLE001
         if not tracer.found_nonfinite:
             failure = _dtype_failure_or_raise(tracer, exc, f"{name}'s model", path)
-    return _finish(tracer, settings, f"{path}:{name}", steps=done, **failure)
+    return finished(tracer, settings, f"{path}:{name}", steps=done, **failure)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from dtypecheck.errors import InputError, UserCodeError
-from dtypecheck.nantrace.harness import FactoryTraining, as_main, run_main
+from dtypecheck.nantrace.harness import FactoryTraining, as_main, finished, release, run_main
 from dtypecheck.nantrace.options import RunSettings
 from dtypecheck.nantrace.report import NanTraceReport
 from dtypecheck.nantrace.tracer import StopTracing
@@ -24,10 +24,6 @@ def _stop() -> None:
     raise StopTracing
 
 
-def _finish(watcher: Watcher, settings: RunSettings, source: str, **extra: Any) -> NanTraceReport:
-    return watcher.report(source=source, autocast=settings.autocast, device=settings.device, **extra)
-
-
 def run_script_watched(
     path: Path,
     argv: list[str],
@@ -41,7 +37,7 @@ def run_script_watched(
     watcher = Watcher(dataclasses.replace(settings.options, restore_default_dtype=True), on_found=_stop)
     if session is not None:
         # The session only calls interrupt() on what it watches, which a Watcher has as a Tracer does.
-        session.attach(cast("Tracer", watcher), lambda: _finish(watcher, settings, str(path)))
+        session.attach(cast("Tracer", watcher), lambda: finished(watcher, settings, str(path)))
     namespace: dict[str, Any] = {}
     try:
         with as_main(path, argv, settings, stdout=stdout), watcher:
@@ -54,11 +50,8 @@ def run_script_watched(
     except Exception as exc:  # noqa: BLE001  (the user's own exception becomes exit 3 with their traceback)
         raise_user_error(exc, path.name, path)
     finally:
-        if session is None:
-            namespace.clear()
-        else:
-            session.held.append(namespace)
-    return _finish(watcher, settings, str(path))
+        release(namespace, session)
+    return finished(watcher, settings, str(path))
 
 
 def run_factory_watched(
@@ -79,4 +72,4 @@ def run_factory_watched(
         raise
     except Exception as exc:  # noqa: BLE001
         raise_user_error(exc, f"{name}'s model", path)
-    return _finish(watcher, settings, f"{path}:{name}")
+    return finished(watcher, settings, f"{path}:{name}")
