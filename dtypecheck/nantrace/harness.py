@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TextIO
 from dtypecheck.errors import InputError
 from dtypecheck.nantrace.options import RunSettings
 from dtypecheck.nantrace.report import NanTraceReport
+from dtypecheck.progress import ProgressCallback
 from dtypecheck.training_step import as_call, to_device
 from dtypecheck.usercode import load_factory
 
@@ -122,6 +123,8 @@ class FactoryTraining:
     """The factory's ``loss_fn(output)``, else ``default_loss``."""
     optimizer: torch.optim.Optimizer
     settings: RunSettings
+    done: int = 0
+    """The step running now, or the last one run: a run stopped inside step n has done n."""
 
     @classmethod
     def load(cls, path: Path, name: str, settings: RunSettings) -> FactoryTraining:
@@ -146,3 +149,10 @@ class FactoryTraining:
             loss = self.loss_fn(output)
         loss.backward()
         self.optimizer.step()
+
+    def train(self, steps: int, progress: ProgressCallback) -> None:
+        """``steps`` steps, each reported to ``progress`` as it ends."""
+        for step in range(1, steps + 1):
+            self.done = step
+            self.step()
+            progress(step, steps, f"step {step}/{steps}")

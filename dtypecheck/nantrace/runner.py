@@ -85,13 +85,10 @@ def run_factory(
     names = {id(m): n for n, m in training.model.named_modules()}
     options = dataclasses.replace(settings.options, stop_run=True, restore_default_dtype=True)
     tracer = Tracer(options, module_names=names, model=training.model)
-    done = 0
     failure: dict[str, Any] = {}
     try:
         with tracer:
-            for done in range(1, steps + 1):
-                training.step()
-                progress(done, steps, f"step {done}/{steps}")
+            training.train(steps, progress)
     except StopTracing:
         pass
     except InputError:
@@ -99,4 +96,4 @@ def run_factory(
     except Exception as exc:  # noqa: BLE001
         if not tracer.found_nonfinite:
             failure = _dtype_failure_or_raise(tracer, exc, f"{name}'s model", path)
-    return finished(tracer, settings, f"{path}:{name}", steps=done, **failure)
+    return finished(tracer, settings, f"{path}:{name}", steps=training.done, **failure)

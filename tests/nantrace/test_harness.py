@@ -53,7 +53,7 @@ def test_the_default_loss_is_the_mean_square_of_the_first_output_in_float32() ->
     assert default_loss([scalar]) is scalar  # a scalar output is the loss as it is
 
 
-def test_a_factory_step_is_one_sgd_step_on_the_mean_square(tmp_path: Path) -> None:
+def test_factory_training_runs_sgd_steps_on_the_mean_square_and_counts_them(tmp_path: Path) -> None:
     (tmp_path / "f.py").write_text(
         "import torch\n"
         "def make():\n"
@@ -64,8 +64,11 @@ def test_a_factory_step_is_one_sgd_step_on_the_mean_square(tmp_path: Path) -> No
         encoding="utf-8",
     )
     training = FactoryTraining.load(tmp_path / "f.py", "make", RunSettings())
-    training.step()
-    # loss = mean((x w)^2), d/dw = 2/n * x^T (x w); SGD with lr 1e-3, computed independently in float64.
+    seen: list[tuple[int, int, str]] = []
+    training.train(2, lambda done, total, message: seen.append((done, total, message)))
+    assert (training.done, seen) == (2, [(1, 2, "step 1/2"), (2, 2, "step 2/2")])
+    # loss = mean((x w)^2), d/dw = 2/n * x^T (x w); two SGD steps with lr 1e-3, computed independently in float64.
     x, w = np.array([[1.0, 2.0], [3.0, 1.0]]), np.array([0.5, -1.0])
-    expected = w - 1e-3 * (2 / len(x)) * x.T @ (x @ w)
-    np.testing.assert_allclose(training.model.get_parameter("weight").detach().numpy()[0], expected, rtol=1e-6)
+    for _ in range(2):
+        w = w - 1e-3 * (2 / len(x)) * x.T @ (x @ w)
+    np.testing.assert_allclose(training.model.get_parameter("weight").detach().numpy()[0], w, rtol=1e-6)

@@ -63,9 +63,7 @@ def run_factory_watched(
     watcher = Watcher(options, model=training.model, on_found=_stop)
     try:
         with watcher:
-            for done in range(1, steps + 1):
-                training.step()
-                progress(done, steps, f"step {done}/{steps}")
+            training.train(steps, progress)
     except StopTracing:
         pass
     except InputError:
