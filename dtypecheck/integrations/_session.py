@@ -9,6 +9,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, ClassVar
 
 from dtypecheck.errors import UsageError
+from dtypecheck.nantrace.options import TraceOptions
 
 if TYPE_CHECKING:
     from torch import nn
@@ -75,7 +76,6 @@ class WatchSession:
         self.report: NanTraceReport | None = None
 
     def start(self, model: nn.Module | None, *, optimizer_seen: bool) -> None:
-        from dtypecheck.nantrace.tracer import TraceOptions
         from dtypecheck.nantrace.watch import Watcher
 
         self.watcher = Watcher(
@@ -138,7 +138,7 @@ class WatchingCallback:
         report_path: Path | str | None = "dtypecheck-nantrace.json",
         *,
         stop: bool = True,
-        history: int = 20,
+        history: int = TraceOptions.history,
         optimizer_snapshot: bool = True,
     ) -> None:
         require_version(self.framework.__name__, str(self.framework.__version__), *self.supported)
