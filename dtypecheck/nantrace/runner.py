@@ -33,7 +33,12 @@ def run_script(
 ) -> NanTraceReport:
     """Run ``path`` as ``__main__`` with ``argv`` under tracing; its prints go to ``stdout`` when given.
 
-    ``session``: this process is one rank of a distributed run (``distributed.Session``)."""
+    ``session``: this process is one rank of a distributed run (``distributed.Session``). With
+    ``settings.watch`` the script runs watched (``watch.run``)."""
+    if settings.watch:
+        from dtypecheck.nantrace.watch.run import run_script_watched
+
+        return run_script_watched(path, argv, settings, stdout=stdout, session=session)
     check_python_file(path)
     tracer = Tracer(dataclasses.replace(settings.options, stop_run=True, restore_default_dtype=True))
     if session is not None:
@@ -80,7 +85,12 @@ def _dtype_failure_or_raise(tracer: Tracer, exc: BaseException, what: str, user_
 def run_factory(
     path: Path, name: str, steps: int, settings: RunSettings, *, progress: ProgressCallback = no_progress
 ) -> NanTraceReport:
-    """Run ``steps`` forward + backward + SGD steps of the factory's model under tracing."""
+    """Run ``steps`` forward + backward + SGD steps of the factory's model under tracing (watched with
+    ``settings.watch``)."""
+    if settings.watch:
+        from dtypecheck.nantrace.watch.run import run_factory_watched
+
+        return run_factory_watched(path, name, steps, settings, progress=progress)
     training = FactoryTraining.load(path, name, settings)
     names = {id(m): n for n, m in training.model.named_modules()}
     options = dataclasses.replace(settings.options, stop_run=True, restore_default_dtype=True)
