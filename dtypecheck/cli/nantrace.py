@@ -287,16 +287,12 @@ def execute_nantrace(options: NanTraceOptions) -> int:
     if options.factory is not None:
         target = f"{options.path}:{options.factory}"
         with user_code_guard(target), progress_bar(COMMAND, quiet=options.quiet, unit="steps") as progress:
-            if options.run.watch:
-                from dtypecheck.nantrace.watch.run import run_factory_watched as run_factory
             report = run_factory(options.path, options.factory, options.run.steps, options.run, progress=progress)
     else:
         # stdout must hold only the document: the script's own output (prints, os.write, subprocesses) goes to
         # stderr. With a table the script's output stays where the user expects it.
         captured = not options.fmt.for_people
         with user_code_guard(str(options.path), enabled=captured, script=True):
-            if options.run.watch:
-                from dtypecheck.nantrace.watch.run import run_script_watched as run_script
             report = run_script(
                 options.path, list(options.script_args), options.run, stdout=sys.stderr if captured else None
             )

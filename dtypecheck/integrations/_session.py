@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+from types import ModuleType
+from typing import TYPE_CHECKING, ClassVar
 
 from dtypecheck.errors import UsageError
+from dtypecheck.nantrace.options import TraceOptions
 
 if TYPE_CHECKING:
     from torch import nn
@@ -74,7 +76,6 @@ class WatchSession:
         self.report: NanTraceReport | None = None
 
     def start(self, model: nn.Module | None, *, optimizer_seen: bool) -> None:
-        from dtypecheck.nantrace.tracer import TraceOptions
         from dtypecheck.nantrace.watch import Watcher
 
         self.watcher = Watcher(
@@ -120,3 +121,32 @@ class WatchSession:
             LOG.info(message)
         else:
             LOG.warning(message)
+
+
+class WatchingCallback:
+    """The half of a ``NanTraceCallback`` that does not depend on the framework: its arguments, the version check
+    and the session. A framework's callback subclasses it with the framework's ``Callback`` base and maps that
+    framework's hooks to ``session.start``, ``session.poll`` and ``session.finish``."""
+
+    framework: ClassVar[ModuleType]
+    """The framework's package (``transformers``, ``lightning``): its name and ``__version__``, read when built."""
+    supported: ClassVar[tuple[tuple[int, ...], tuple[int, ...]]]
+    """(minimum, below): the framework versions the callback is built for."""
+
+    def __init__(
+        self,
+        report_path: Path | str | None = "dtypecheck-nantrace.json",
+        *,
+        stop: bool = True,
+        history: int = TraceOptions.history,
+        optimizer_snapshot: bool = True,
+    ) -> None:
+        require_version(self.framework.__name__, str(self.framework.__version__), *self.supported)
+        self.session = WatchSession(
+            report_path=report_path, stop=stop, history=history, optimizer_snapshot=optimizer_snapshot
+        )
+
+    @property
+    def report(self) -> NanTraceReport | None:
+        """The report once training ended (or once the failing step was found)."""
+        return self.session.report

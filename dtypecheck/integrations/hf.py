@@ -9,37 +9,21 @@ With ``stop=True`` (the default) training then stops at the end of that step; el
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import Any, ClassVar
 
 import transformers
 from transformers import TrainerCallback
 
-from dtypecheck.integrations._session import WatchSession, require_version
-from dtypecheck.nantrace.report import NanTraceReport
+from dtypecheck.integrations._session import WatchingCallback
 
 SUPPORTED = ((4, 40), (6,))
 """transformers versions the callback is built for: >= 4.40 (the ``TrainerCallback`` hooks it uses), < 6."""
 
 
-class NanTraceCallback(TrainerCallback):
-    def __init__(
-        self,
-        report_path: Path | str | None = "dtypecheck-nantrace.json",
-        *,
-        stop: bool = True,
-        history: int = 20,
-        optimizer_snapshot: bool = True,
-    ) -> None:
-        require_version("transformers", transformers.__version__, *SUPPORTED)
-        self.session = WatchSession(
-            report_path=report_path, stop=stop, history=history, optimizer_snapshot=optimizer_snapshot
-        )
-
-    @property
-    def report(self) -> NanTraceReport | None:
-        """The report once training ended (or once the failing step was found)."""
-        return self.session.report
+class NanTraceCallback(WatchingCallback, TrainerCallback):
+    framework: ClassVar[ModuleType] = transformers
+    supported = SUPPORTED
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         self.session.start(model, optimizer_seen=True)

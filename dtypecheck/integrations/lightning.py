@@ -10,36 +10,21 @@ optimizer snapshot. The report is written to ``report_path`` and one warning nam
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import Any, ClassVar
 
 import lightning
 from lightning.pytorch import Callback
 
-from dtypecheck.integrations._session import WatchSession, require_version
-from dtypecheck.nantrace.report import NanTraceReport
+from dtypecheck.integrations._session import WatchingCallback
 
 SUPPORTED = ((2, 0), (3,))
 """Lightning versions the callback is built for (the ``lightning`` package's 2.x ``Callback`` hooks)."""
 
 
-class NanTraceCallback(Callback):
-    def __init__(
-        self,
-        report_path: Path | str | None = "dtypecheck-nantrace.json",
-        *,
-        stop: bool = True,
-        history: int = 20,
-        optimizer_snapshot: bool = True,
-    ) -> None:
-        require_version("lightning", lightning.__version__, *SUPPORTED)
-        self.session = WatchSession(
-            report_path=report_path, stop=stop, history=history, optimizer_snapshot=optimizer_snapshot
-        )
-
-    @property
-    def report(self) -> NanTraceReport | None:
-        return self.session.report
+class NanTraceCallback(WatchingCallback, Callback):
+    framework: ClassVar[ModuleType] = lightning
+    supported = SUPPORTED
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self.session.start(pl_module, optimizer_seen=True)

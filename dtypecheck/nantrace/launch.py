@@ -109,9 +109,6 @@ def run_rank(
     from dtypecheck.nantrace.runner import run_script
     from dtypecheck.render import render, write_atomically
 
-    if settings.watch:
-        from dtypecheck.nantrace.watch.run import run_script_watched as run_script
-
     real_stdout = os.dup(1)
 
     def deliver(merged: NanTraceReport) -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any
@@ -154,6 +154,21 @@ def iter_tensors(value: Any) -> Iterator[torch.Tensor]:
         for item in value:
             if isinstance(item, torch.Tensor):
                 yield item
+
+
+def tensors_in(value: Any) -> Iterator[torch.Tensor]:
+    """Every tensor of a nested value: a model's output (tuples, lists, mappings such as ``ModelOutput``) or a
+    batch (as ``default_collate`` builds it)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            yield from tensors_in(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from tensors_in(item)
 
 
 def has_nonfinite_scalar(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:

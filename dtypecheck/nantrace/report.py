@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
@@ -240,6 +241,19 @@ class ScaleCollapse:
     kind: Literal["scale_collapse"] = "scale_collapse"
     level: Level = "fail"
     rank: int | None = None
+
+    @classmethod
+    def of_streak(cls, streak: Sequence[SkippedStep], *, limit: int, rank: int | None) -> ScaleCollapse:
+        """The collapse that ``streak`` (consecutive skipped steps, at least one) amounts to."""
+        return cls(
+            steps=len(streak),
+            first_step=streak[0].step,
+            last_step=streak[-1].step,
+            scale_before=streak[0].scale_before,
+            scale_after=streak[-1].scale_after,
+            limit=limit,
+            rank=rank,
+        )
 
 
 @dataclass(frozen=True)

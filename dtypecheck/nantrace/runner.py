@@ -2,47 +2,25 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
-import runpy
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from dtypecheck.errors import InputError, UserCodeError
+from dtypecheck.nantrace.harness import FactoryTraining, as_main, finished, release, run_main
 from dtypecheck.nantrace.options import RunSettings
 from dtypecheck.nantrace.report import NanTraceReport
 from dtypecheck.nantrace.tracer import StopTracing, Tracer
 from dtypecheck.progress import ProgressCallback, no_progress
-from dtypecheck.usercode import check_python_file, load_factory, python_target, raise_user_error, user_traceback
+from dtypecheck.usercode import check_python_file, python_target, raise_user_error, user_traceback
 
 if TYPE_CHECKING:
-    import torch
-
     from dtypecheck.nantrace.distributed import Session
 
 
 def split_target(target: str) -> tuple[Path, str | None]:
     """``train.py`` -> (train.py, None); ``file.py:factory`` -> (file.py, "factory"); a script of any name runs."""
     return python_target(target) or (Path(target), None)
-
-
-@contextlib.contextmanager
-def _autocast(settings: RunSettings) -> Iterator[None]:
-    import torch
-
-    if settings.autocast is None:
-        yield
-        return
-    device_type = torch.device(settings.device or "cpu").type
-    with torch.autocast(device_type=device_type, dtype=getattr(torch, settings.autocast)):
-        yield
-
-
-def _finish(tracer: Tracer, settings: RunSettings, source: str, **extra: Any) -> NanTraceReport:
-    return tracer.report(source=source, autocast=settings.autocast, device=settings.device, **extra)
 
 
 def run_script(
@@ -55,29 +33,22 @@ def run_script(
 ) -> NanTraceReport:
     """Run ``path`` as ``__main__`` with ``argv`` under tracing; its prints go to ``stdout`` when given.
 
-    ``session``: this process is one rank of a distributed run (``distributed.Session``)."""
-    import torch
+    ``session``: this process is one rank of a distributed run (``distributed.Session``). With
+    ``settings.watch`` the script runs watched (``watch.run``)."""
+    if settings.watch:
+        from dtypecheck.nantrace.watch.run import run_script_watched
 
+        return run_script_watched(path, argv, settings, stdout=stdout, session=session)
     check_python_file(path)
-    saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
-    saved_cwd = Path.cwd()  # a script that changes directory must not move the report's file names
-    sys.argv = [str(path), *argv]
-    sys.path.insert(0, str(path.resolve().parent))
     tracer = Tracer(dataclasses.replace(settings.options, stop_run=True, restore_default_dtype=True))
     if session is not None:
-        session.attach(tracer, lambda: _finish(tracer, settings, str(path)))
+        session.attach(tracer, lambda: finished(tracer, settings, str(path)))
     failure: dict[str, Any] = {}
     namespace: dict[str, Any] = {}
     try:
-        with contextlib.ExitStack() as stack:
-            if stdout is not None:
-                stack.enter_context(contextlib.redirect_stdout(stdout))
-            if settings.device is not None:
-                stack.enter_context(torch.device(settings.device))
-            stack.enter_context(_autocast(settings))
-            stack.enter_context(tracer)
+        with as_main(path, argv, settings, stdout=stdout), tracer:
             # Held until tracing ends: what the script still holds when it ends is its output.
-            namespace = runpy.run_path(str(path), run_name="__main__")
+            namespace = run_main(path)
     except StopTracing:
         pass
     except SystemExit as exc:
@@ -88,16 +59,8 @@ def run_script(
         if not tracer.found_nonfinite:
             failure = _dtype_failure_or_raise(tracer, exc, path.name, path)
     finally:
-        sys.argv = saved_argv
-        os.chdir(saved_cwd)
-        if saved_path0 is not None and sys.path and sys.path[0] == str(path.resolve().parent):
-            sys.path.pop(0)
-        if session is None:
-            namespace.clear()
-        else:
-            # Freeing a sharded model under a collective still in flight crashes the process: keep it to the end.
-            session.held.append(namespace)
-    return _finish(tracer, settings, str(path), **failure)
+        release(namespace, session)
+    return finished(tracer, settings, str(path), **failure)
 
 
 def _dtype_failure_or_raise(tracer: Tracer, exc: BaseException, what: str, user_file: Path) -> dict[str, Any]:
@@ -119,67 +82,23 @@ def _dtype_failure_or_raise(tracer: Tracer, exc: BaseException, what: str, user_
     return {"dtype_error": probe.dtype_error, "status": probe.status}
 
 
-def _to_device(value: Any, device: torch.device) -> Any:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, dict):
-        return {k: _to_device(v, device) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_to_device(v, device) for v in value)
-    return value
-
-
-def _default_loss(output: Any) -> torch.Tensor:
-    import torch
-
-    tensor = output
-    while not isinstance(tensor, torch.Tensor):
-        if isinstance(tensor, dict) and tensor:
-            tensor = next(iter(tensor.values()))
-        elif isinstance(tensor, list | tuple) and tensor:
-            tensor = tensor[0]
-        else:
-            raise InputError(f"the model returned {type(output).__name__} with no tensor; give a loss_fn")
-    return tensor if tensor.dim() == 0 else tensor.float().pow(2).mean()
-
-
 def run_factory(
     path: Path, name: str, steps: int, settings: RunSettings, *, progress: ProgressCallback = no_progress
 ) -> NanTraceReport:
-    """Run ``steps`` forward + backward + SGD steps of the factory's model under tracing."""
-    import torch
+    """Run ``steps`` forward + backward + SGD steps of the factory's model under tracing (watched with
+    ``settings.watch``)."""
+    if settings.watch:
+        from dtypecheck.nantrace.watch.run import run_factory_watched
 
-    made = load_factory(f"{path}:{name}")
-    model, inputs, loss_fn = made.model, made.inputs, made.loss_fn
-    if inputs is None:
-        raise InputError(f"{path}:{name}() must return (model, inputs) or (model, inputs, loss_fn) for nan-trace")
-    model = getattr(model, "_orig_mod", model)  # an already-compiled model runs its original eagerly
-    device = torch.device(settings.device or "cpu")
-    model = model.to(device)
-    inputs = _to_device(inputs, device)
-    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-    names = {id(m): n for n, m in model.named_modules()}
+        return run_factory_watched(path, name, steps, settings, progress=progress)
+    training = FactoryTraining.load(path, name, settings)
+    names = {id(m): n for n, m in training.model.named_modules()}
     options = dataclasses.replace(settings.options, stop_run=True, restore_default_dtype=True)
-    tracer = Tracer(options, module_names=names, model=model)
-    done = 0
+    tracer = Tracer(options, module_names=names, model=training.model)
     failure: dict[str, Any] = {}
     try:
         with tracer:
-            for done in range(1, steps + 1):
-                optimizer.zero_grad()
-                with _autocast(settings):
-                    if isinstance(inputs, dict):
-                        output = model(**inputs)
-                    elif isinstance(inputs, tuple | list):
-                        output = model(*inputs)
-                    else:
-                        output = model(inputs)
-                    loss = loss_fn(output) if loss_fn is not None else _default_loss(output)
-                loss.backward()
-                optimizer.step()
-                progress(done, steps, f"step {done}/{steps}")
+            training.train(steps, progress)
     except StopTracing:
         pass
     except InputError:
@@ -187,4 +106,4 @@ def run_factory(
     except Exception as exc:  # noqa: BLE001
         if not tracer.found_nonfinite:
             failure = _dtype_failure_or_raise(tracer, exc, f"{name}'s model", path)
-    return _finish(tracer, settings, f"{path}:{name}", steps=done, **failure)
+    return finished(tracer, settings, f"{path}:{name}", steps=training.done, **failure)

@@ -329,15 +329,8 @@ class Tracer:
         self.stop_if_failed()
 
     def _collapsed(self, first: Event | None) -> None:
-        streak = self._skip_streak
-        self.scale_collapse = ScaleCollapse(
-            steps=len(streak),
-            first_step=streak[0].step,
-            last_step=streak[-1].step,
-            scale_before=streak[0].scale_before,
-            scale_after=streak[-1].scale_after,
-            limit=self.options.max_skipped_steps,
-            rank=self.options.rank,
+        self.scale_collapse = ScaleCollapse.of_streak(
+            self._skip_streak, limit=self.options.max_skipped_steps, rank=self.options.rank
         )
         if first is not None:
             self.judge.fail(self.judge.producer_index(first), "scale_collapse")

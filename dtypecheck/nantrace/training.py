@@ -14,9 +14,9 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    import torch
+from dtypecheck.nantrace.ops import iter_tensors
 
+if TYPE_CHECKING:
     from dtypecheck.nantrace.hooks import TracerHooks
 
 
@@ -29,29 +29,19 @@ def untraced() -> Iterator[None]:
         yield
 
 
-def _scale_of(scaler: Any) -> float | None:
+def scale_of(scaler: Any) -> float | None:
+    """The scaler's current scale (None before its first ``scale()``)."""
     scale = getattr(scaler, "_scale", None)
     return None if scale is None else float(scale.item())
 
 
-def _found_inf(scaler: Any) -> bool | None:
+def scaler_found_inf(scaler: Any) -> bool | None:
     """Whether the scaler's last ``unscale_``/``step`` found inf/NaN gradients (None when it did not look)."""
     states = getattr(scaler, "_per_optimizer_states", None) or {}
     found = [v for state in states.values() for v in (state.get("found_inf_per_device") or {}).values()]
     if not found:
         return None
     return any(float(v.item()) > 0 for v in found)
-
-
-def _tensors(value: Any) -> Iterator[torch.Tensor]:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, list | tuple):
-        for item in value:
-            if isinstance(item, torch.Tensor):
-                yield item
 
 
 class TrainingWatch:
@@ -120,10 +110,10 @@ class TrainingWatch:
                 if not getattr(scaler, "_enabled", False):
                     return original(scaler, new_scale)  # type: ignore[no-any-return]
                 with untraced():
-                    before, found = _scale_of(scaler), _found_inf(scaler)
+                    before, found = scale_of(scaler), scaler_found_inf(scaler)
                 original(scaler, new_scale)
                 with untraced():
-                    after = _scale_of(scaler)
+                    after = scale_of(scaler)
                 if before is not None and after is not None:
                     skipped = found if found is not None else after < before
                     watch.tracer.scaler_updated(skipped, before, after)
@@ -148,7 +138,7 @@ class TrainingWatch:
         if not tracer.stopped:
             with untraced():
                 tracer.flush()
-                for loss in _tensors(tensors):
+                for loss in iter_tensors(tensors):
                     tracer.judge.reached_loss(loss, defer=self.scaler_active)
             tracer.stop_if_failed()
         self.backward_passes += 1

@@ -17,38 +17,23 @@ import os
 import pickle
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dtypecheck.nantrace.ops import tensors_in
 from dtypecheck.nantrace.report import Event
 
 if TYPE_CHECKING:
-    import torch
-
     from dtypecheck.nantrace.hooks import TracerHooks
 
 _FETCHERS = ("_MapDatasetFetcher", "_IterableDatasetFetcher")
 
 
-def _tensors(value: Any) -> Iterator[torch.Tensor]:
-    """Every tensor in a batch (nested tuples, lists and dicts, as ``default_collate`` builds them)."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors(item)
-    elif isinstance(value, list | tuple):
-        for item in value:
-            yield from _tensors(item)
-
-
 def _nonfinite(batch: Any) -> bool:
     import torch
 
-    return any(t.is_floating_point() and not bool(torch.isfinite(t).all()) for t in _tensors(batch))
+    return any(t.is_floating_point() and not bool(torch.isfinite(t).all()) for t in tensors_in(batch))
 
 
 class WorkerWatch:

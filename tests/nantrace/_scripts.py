@@ -33,7 +33,8 @@ def subprocess_env() -> dict[str, str]:
 class NanTrace:
     """``nantrace.write(name, source)`` puts a dedented script in the test's folder; ``nantrace.json(*args)`` runs
     ``nan-trace ... --format json`` through the CLI's real error boundary (the format before any ``--``: what
-    follows is the script's); ``nantrace.process(*args)`` runs ``python -m dtypecheck nan-trace`` as a child."""
+    follows is the script's); ``nantrace.failing(name, source, *args)`` does both for a run that must find a
+    non-finite value (exit 1); ``nantrace.process(*args)`` runs ``python -m dtypecheck nan-trace`` as a child."""
 
     def __init__(self, cli: Callable[..., CliResult], folder: Path) -> None:
         self._cli = cli
@@ -52,6 +53,14 @@ class NanTrace:
         split = args.index("--") if "--" in args else len(args)
         result = self._cli("nan-trace", *args[:split], "--format", "json", *args[split:])
         return result.exit_code, result.json(), result.stderr
+
+    def failing(self, name: str, source: str, *args: str) -> tuple[dict[str, Any], dict[str, Any], str]:
+        """Write ``source`` as ``name`` and trace it (``args`` as for ``json``), which must exit 1 (a non-finite
+        value found): the report's first event, the report, and the script's text."""
+        path, text = self.write(name, source)
+        code, doc, stderr = self.json(str(path), *args)
+        assert code == 1, stderr
+        return doc["first"], doc, text
 
     def process(self, *args: str, timeout: float = 300, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
         command = [sys.executable, "-m", "dtypecheck", "nan-trace", *args]

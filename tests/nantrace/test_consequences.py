@@ -249,10 +249,7 @@ loss.backward()
 
 
 def test_the_same_zero_norm_divided_by_the_user_fails(nantrace: NanTrace) -> None:
-    script, text = nantrace.write("unmasked.py", UNMASKED_NORM)
-    code, doc, _ = nantrace.json(str(script))
-    assert code == 1
-    first = doc["first"]
+    first, _, text = nantrace.failing("unmasked.py", UNMASKED_NORM)
     assert (first["kind"], first["op"], first["phase"], first["consequence"]) == (
         "nan",
         "aten.div.Tensor",
@@ -361,10 +358,7 @@ def test_a_nan_in_the_third_batch_is_step_3_whatever_the_loop_looks_like(nantrac
     assert first["location"]["line"] == line_of(text, "sample")
     assert (first["cause"], first["consequence"]) == ("input", "loss")
 
-    script, text = nantrace.write("no_optimizer.py", DATA_NO_OPTIMIZER)
-    code, doc, _ = nantrace.json(str(script))
-    assert code == 1
-    first = doc["first"]
+    first, doc, text = nantrace.failing("no_optimizer.py", DATA_NO_OPTIMIZER)
     assert (first["step"], first["op"], first["consequence"]) == (1, "aten.lift_fresh.default", "loss")
     assert first["location"]["line"] == line_of(text, "bad sample")  # written before the loop: step 1
     assert doc["steps"] == 2  # two backward passes (steps) completed; the third loss is NaN

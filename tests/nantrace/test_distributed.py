@@ -17,69 +17,12 @@ import pytest
 from dtypecheck.nantrace.distributed import RankInfo, merge, rank_info
 from dtypecheck.nantrace.launch import free_port
 from dtypecheck.nantrace.report import Event, NanTraceReport, ValueCounts
+from tests.nantrace._ranks import DDP, DDP_STEPS, NET, TIMEOUT_S, nproc
 from tests.nantrace._scripts import NanTrace, line_of, subprocess_env
 
-TIMEOUT_S = 240
-
-DDP = """
-import sys
-
-import torch
-import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
-
-
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.encoder = torch.nn.Linear(4, 8)
-        self.head = torch.nn.Linear(8, 1)
-
-    def forward(self, x):
-        return self.head(torch.tanh(self.encoder(x)))
-
-
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-torch.manual_seed(0)
-model = DistributedDataParallel(Net())
-optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-mode = sys.argv[1] if len(sys.argv) > 1 else "clean"
-for step in range(4):
-    batch = torch.randn(6, 4) + rank
-    extra = 0.0
-    if rank == 1 and step == 2 and mode == "data":
-        batch = batch - 10.0
-        batch = batch.log()  # rank 1 data
-    if rank == 1 and step == 2 and mode == "grad":
-        weight = model.module.encoder.weight
-        extra = torch.sqrt(weight - weight.detach()).sum()  # rank 1 grad
-    loss = model(batch).pow(2).mean() + extra
-    loss.backward()
-    optimizer.step()
-    optimizer.zero_grad()
-dist.destroy_process_group()
-print("finished", rank)
-"""
-
-FSDP = """
-import sys
-
-import torch
-import torch.distributed as dist
-from torch.distributed.fsdp import fully_shard
-
-
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.encoder = torch.nn.Linear(4, 8)
-        self.head = torch.nn.Linear(8, 1)
-
-    def forward(self, x):
-        return self.head(torch.tanh(self.encoder(x)))
-
-
+FSDP = (
+    NET
+    + """
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(0)
@@ -89,7 +32,7 @@ fully_shard(model)
 optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
 for step in range(3):
     batch = torch.randn(6, 4)
-    if rank == 1 and step == 1 and len(sys.argv) > 1:
+    if rank == 1 and step == 1 and mode == "data":
         batch = (batch - 10.0).log()  # rank 1 data
     loss = model(batch).pow(2).mean()
     loss.backward()
@@ -97,6 +40,7 @@ for step in range(3):
     optimizer.zero_grad()
 dist.destroy_process_group()
 """
+)
 
 
 def _torchrun(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -124,11 +68,6 @@ def _torchrun(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, env=subprocess_env(), timeout=TIMEOUT_S, check=False)
 
 
-def _nproc(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "dtypecheck", "nan-trace", "--nproc", "2", "--format", "json", str(script), *args]
-    return subprocess.run(command, capture_output=True, text=True, env=subprocess_env(), timeout=TIMEOUT_S, check=False)
-
-
 def test_torchrun_ddp_nan_born_on_rank_1_is_named_once_and_every_rank_stops(nantrace: NanTrace) -> None:
     script, text = nantrace.write("ddp.py", DDP)
     done = _torchrun(script, "data")
@@ -145,7 +84,7 @@ def test_torchrun_ddp_nan_born_on_rank_1_is_named_once_and_every_rank_stops(nant
 
 def test_a_gradient_nan_averaged_into_rank_0_is_blamed_on_rank_1(nantrace: NanTrace) -> None:
     script, text = nantrace.write("ddp.py", DDP)
-    done = _nproc(script, "--", "grad")
+    done = nproc(nantrace, script, "--", "grad")
     assert done.returncode == 1, done.stderr
     doc = json.loads(done.stdout)
     first = doc["first"]
@@ -160,22 +99,25 @@ def test_a_gradient_nan_averaged_into_rank_0_is_blamed_on_rank_1(nantrace: NanTr
 
 def test_a_clean_ddp_run_through_nproc_exits_0(nantrace: NanTrace) -> None:
     script, _ = nantrace.write("ddp.py", DDP)
-    done = _nproc(script)
+    done = nproc(nantrace, script)
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
-    assert (doc["status"], doc["first"], doc["world_size"], doc["steps"]) == ("clean", None, 2, 4)
-    assert [(r["rank"], r["status"], r["steps"]) for r in doc["ranks"]] == [(0, "clean", 4), (1, "clean", 4)]
+    assert (doc["status"], doc["first"], doc["world_size"], doc["steps"]) == ("clean", None, 2, DDP_STEPS)
+    assert [(r["rank"], r["status"], r["steps"]) for r in doc["ranks"]] == [
+        (0, "clean", DDP_STEPS),
+        (1, "clean", DDP_STEPS),
+    ]
     assert done.stderr.count("finished") == 2  # both ranks ran to the end (their prints may interleave)
 
 
 def test_fsdp2_nan_on_rank_1_and_a_clean_fsdp2_run(nantrace: NanTrace) -> None:
     script, text = nantrace.write("fsdp.py", FSDP)
-    done = _nproc(script, "--", "bad")
+    done = nproc(nantrace, script, "--", "data")
     assert done.returncode == 1, done.stderr
     first = json.loads(done.stdout)["first"]
     assert (first["rank"], first["op"], first["step"]) == (1, "aten.log.default", 2)
     assert first["location"]["line"] == line_of(text, "rank 1 data")
-    done = _nproc(script)
+    done = nproc(nantrace, script)
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     assert (doc["status"], doc["handled"], doc["warnings"]) == ("clean", [], [])

@@ -67,10 +67,7 @@ BadGrad.apply(w).sum().backward()
 
 
 def test_custom_function_whose_grad_is_nan_points_at_its_backward(nantrace: NanTrace) -> None:
-    script, text = nantrace.write("custom_grad.py", CUSTOM_GRAD)
-    code, doc, _ = nantrace.json(str(script))
-    assert code == 1
-    first = doc["first"]
+    first, _, text = nantrace.failing("custom_grad.py", CUSTOM_GRAD)
     assert (first["kind"], first["op"], first["phase"]) == ("nan", "aten.mul.Tensor", "backward")
     assert first["grad_fn"] == "BadGradBackward"
     assert first["module"] is None
@@ -157,10 +154,7 @@ loss.backward()
 
 
 def test_nan_written_into_the_batch_is_reported_at_the_line_that_wrote_it(nantrace: NanTrace) -> None:
-    script, text = nantrace.write("data_nan.py", DATA_NAN)
-    code, doc, _ = nantrace.json(str(script))
-    assert code == 1
-    first = doc["first"]
+    first, _, text = nantrace.failing("data_nan.py", DATA_NAN)
     # The Python constant becomes a tensor (lift_fresh) on the line that writes it into the batch.
     assert (first["kind"], first["op"], first["phase"]) == ("nan", "aten.lift_fresh.default", "other")
     assert first["module"] is None
@@ -216,10 +210,7 @@ print("finished")
 
 
 def test_in_place_overflow_is_checked_before_and_after_the_op(nantrace: NanTrace) -> None:
-    script, text = nantrace.write("inplace.py", INPLACE)
-    code, doc, _ = nantrace.json(str(script))
-    assert code == 1
-    first = doc["first"]
+    first, doc, text = nantrace.failing("inplace.py", INPLACE)
     # h is at least 1e10 before mul_; 1e40 exceeds float32's 3.4e38 (float64 keeps it).
     assert (first["kind"], first["op"], first["phase"]) == ("inf", "aten.mul_.Tensor", "forward")
     assert first["module"] == "scale"
@@ -285,10 +276,7 @@ optimizer.step()  # step
 
 
 def test_nan_born_in_the_optimizer_step(nantrace: NanTrace) -> None:
-    script, text = nantrace.write("optimizer.py", OPTIMIZER)
-    code, doc, _ = nantrace.json(str(script))
-    assert code == 1
-    first = doc["first"]
+    first, doc, text = nantrace.failing("optimizer.py", OPTIMIZER)
     assert (first["kind"], first["op"], first["phase"]) == ("nan", "aten.add_.Tensor", "other")
     assert first["location"]["line"] == line_of(text, "step")
     assert first["module"] == "2"  # the module whose parameter the step wrote

@@ -35,10 +35,7 @@ for step in range(1, 4):
 
 
 def test_a_nan_in_micro_batch_3_of_step_2_is_step_2(nantrace: NanTrace) -> None:
-    script, text = nantrace.write("accumulate.py", ACCUMULATION)
-    code, doc, _ = nantrace.json(str(script))
-    assert code == 1
-    first = doc["first"]
+    first, doc, text = nantrace.failing("accumulate.py", ACCUMULATION)
     assert (first["kind"], first["op"], first["step"]) == ("nan", "aten.log.default", 2)
     assert first["location"]["line"] == line_of(text, "planted")
     assert first["consequence"] == "loss"
@@ -63,10 +60,7 @@ optimizer.step()
 def test_clip_grad_norm_turning_an_inf_norm_into_nan_parameters_is_named_at_the_backward_producer(
     nantrace: NanTrace,
 ) -> None:
-    script, text = nantrace.write("clip.py", CLIP)
-    code, doc, _ = nantrace.json(str(script))
-    assert code == 1
-    first = doc["first"]
+    first, _, text = nantrace.failing("clip.py", CLIP)
     # sqrt(0) is finite; its gradient grad / (2 * sqrt(0)) is born infinite in backward. clip_grad_norm_ then
     # multiplies every gradient by 1 / (inf + 1e-6) = 0: inf * 0 is NaN, and the optimizer writes it.
     assert (first["kind"], first["phase"], first["grad_fn"]) == ("inf", "backward", "SqrtBackward0")
@@ -97,10 +91,7 @@ loss.backward()
 
 
 def test_a_nan_in_a_checkpointed_block_is_its_forward_line_not_the_recompute(nantrace: NanTrace) -> None:
-    script, text = nantrace.write("checkpointed.py", CHECKPOINTED)
-    code, doc, _ = nantrace.json(str(script), "--keep-going")
-    assert code == 1
-    first = doc["first"]
+    first, _, text = nantrace.failing("checkpointed.py", CHECKPOINTED, "--keep-going")
     assert (first["kind"], first["op"], first["phase"], first["step"]) == ("nan", "aten.log.default", "forward", 1)
     assert first["location"]["line"] == line_of(text, "block")
     assert first["consequence"] == "loss"
@@ -126,10 +117,7 @@ model(torch.randn(2, 4)).sum().backward()
 
 
 def test_a_compiled_model_is_traced_eagerly_and_named_inside_its_forward(nantrace: NanTrace) -> None:
-    script, text = nantrace.write("compiled.py", COMPILED)
-    code, doc, _ = nantrace.json(str(script))
-    assert code == 1
-    first = doc["first"]
+    first, doc, text = nantrace.failing("compiled.py", COMPILED)
     assert (first["kind"], first["op"], first["module"]) == ("inf", "aten.exp.default", "")
     assert first["location"]["line"] == line_of(text, "overflow")
     assert first["cause"] == "range_overflow"  # exp(100 + |x|) is past float32's max, finite in float64
@@ -235,10 +223,9 @@ def test_gpt2_with_a_planted_fp16_overflow_names_the_first_op_that_overflowed(
 ) -> None:
     import torch
 
-    script, _ = nantrace.write("gpt2.py", GPT2)
-    code, doc, _ = nantrace.json(str(script), "--max-skipped-steps", "3", "--", str(tmp_path / "t.json"), "overflow")
-    assert code == 1
-    first = doc["first"]
+    first, doc, _ = nantrace.failing(
+        "gpt2.py", GPT2, "--max-skipped-steps", "3", "--", str(tmp_path / "t.json"), "overflow"
+    )
     assert (first["kind"], first["phase"], first["module"]) == ("inf", "forward", "transformer.h.1.mlp.act")
     assert first["op"] == "aten.pow.Tensor_Scalar"  # GELU's x ** 3
     assert first["consequence"] == "scale_collapse"

@@ -77,15 +77,10 @@ print("done")
 """
 
 
-def watch_json(cli: Any, *args: str, argv: tuple[str, ...] = ()) -> tuple[int, dict[str, Any], str]:
-    """``nan-trace ARGS --format json -- ARGV`` (the script's own arguments last)."""
-    result = cli("nan-trace", *args, "--format", "json", "--", *argv)
-    return result.exit_code, result.json(), result.stderr
-
-
-def _both(cli: Any, path: Path, *argv: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    code_full, full, _ = watch_json(cli, str(path), argv=argv)
-    code_watch, watched, _ = watch_json(cli, "--watch", str(path), argv=argv)
+def _both(nantrace: NanTrace, path: Path, *argv: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The same run traced fully and watched."""
+    code_full, full, _ = nantrace.json(str(path), "--", *argv)
+    code_watch, watched, _ = nantrace.json("--watch", str(path), "--", *argv)
     assert (code_full, code_watch) == (1, 1)
     return full, watched
 
@@ -99,10 +94,10 @@ def _both(cli: Any, path: Path, *argv: str) -> tuple[dict[str, Any], dict[str, A
     ],
 )
 def test_watch_replays_the_late_step_and_reports_what_a_full_trace_does(
-    cli: Any, tmp_path: Path, mode: str, marker: str, detected: str, expected: tuple[Any, ...]
+    nantrace: NanTrace, mode: str, marker: str, detected: str, expected: tuple[Any, ...]
 ) -> None:
-    path, text = NanTrace(cli, tmp_path).write("modes.py", MODES)
-    full, watched = _both(cli, path, mode, "7")
+    path, text = nantrace.write("modes.py", MODES)
+    full, watched = _both(nantrace, path, mode, "7")
     first, replayed = full["first"], watched["first"]
     assert {k: replayed[k] for k in SAME} == {k: first[k] for k in SAME}
     assert replayed["location"] == first["location"]
@@ -127,9 +122,9 @@ def test_watch_replays_the_late_step_and_reports_what_a_full_trace_does(
     )
 
 
-def test_watch_clean_run_traces_nothing_and_counts_the_snapshot(cli: Any, tmp_path: Path) -> None:
-    path, _ = NanTrace(cli, tmp_path).write("modes.py", MODES)
-    code, doc, _ = watch_json(cli, "--watch", str(path), argv=("clean", "0"))
+def test_watch_clean_run_traces_nothing_and_counts_the_snapshot(nantrace: NanTrace) -> None:
+    path, _ = nantrace.write("modes.py", MODES)
+    code, doc, _ = nantrace.json("--watch", str(path), "--", "clean", "0")
     assert code == 0
     assert (doc["status"], doc["first"], doc["ops"], doc["steps"]) == ("clean", None, 0, 11)
     summary = doc["watch"]
@@ -145,9 +140,9 @@ def test_watch_clean_run_traces_nothing_and_counts_the_snapshot(cli: Any, tmp_pa
     assert summary["optimizer_snapshot"] is True
 
 
-def test_watch_says_plainly_when_a_step_cannot_be_replayed_and_traces_the_next_steps(cli: Any, tmp_path: Path) -> None:
-    path, text = NanTrace(cli, tmp_path).write("modes.py", MODES)
-    code, doc, _ = watch_json(cli, "--watch", str(path), argv=("loss", "5"))
+def test_watch_says_plainly_when_a_step_cannot_be_replayed_and_traces_the_next_steps(nantrace: NanTrace) -> None:
+    path, text = nantrace.write("modes.py", MODES)
+    code, doc, _ = nantrace.json("--watch", str(path), "--", "loss", "5")
     assert code == 1
     summary = doc["watch"]
     assert (summary["detected"], summary["detected_step"], summary["exact"]) == ("loss", 5, False)
@@ -161,9 +156,9 @@ def test_watch_says_plainly_when_a_step_cannot_be_replayed_and_traces_the_next_s
     assert doc["notes"][-1] == "steps from 6 on were traced fully instead"
 
 
-def test_watch_does_not_replay_a_step_whose_batch_was_overwritten(cli: Any, tmp_path: Path) -> None:
-    path, _ = NanTrace(cli, tmp_path).write("modes.py", MODES)
-    code, doc, _ = watch_json(cli, "--watch", str(path), argv=("overwrite", "4"))
+def test_watch_does_not_replay_a_step_whose_batch_was_overwritten(nantrace: NanTrace) -> None:
+    path, _ = nantrace.write("modes.py", MODES)
+    code, doc, _ = nantrace.json("--watch", str(path), "--", "overwrite", "4")
     summary = doc["watch"]
     assert (summary["detected"], summary["detected_step"]) == ("loss", 4)
     assert (summary["replayed_step"], summary["exact"]) == (None, None)
@@ -175,9 +170,9 @@ def test_watch_does_not_replay_a_step_whose_batch_was_overwritten(cli: Any, tmp_
     assert doc["first"]["cause"] == "input"
 
 
-def test_watch_with_keep_going_is_a_usage_error_naming_both(cli: Any, tmp_path: Path) -> None:
-    path, _ = NanTrace(cli, tmp_path).write("ok.py", "x = 1\n")
-    result = cli("nan-trace", str(path), "--watch", "--keep-going")
+def test_watch_with_keep_going_is_a_usage_error_naming_both(nantrace: NanTrace) -> None:
+    path, _ = nantrace.write("ok.py", "x = 1\n")
+    result = nantrace.run(str(path), "--watch", "--keep-going")
     assert (result.exit_code, result.stdout) == (2, "")
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1
@@ -226,9 +221,9 @@ def side_effect():
 """
 
 
-def test_watch_factory_finds_the_fourth_step(cli: Any, tmp_path: Path) -> None:
-    path, text = NanTrace(cli, tmp_path).write("factory.py", FACTORY)
-    code, doc, _ = NanTrace(cli, tmp_path).json("--watch", f"{path}:factory", "--steps", "6")
+def test_watch_factory_finds_the_fourth_step(nantrace: NanTrace) -> None:
+    path, text = nantrace.write("factory.py", FACTORY)
+    code, doc, _ = nantrace.json("--watch", f"{path}:factory", "--steps", "6")
     assert code == 1
     first = doc["first"]
     # 1e38 * 10 overflows float32 (max 3.4e38): born at "h * 10.0", the line after the marker.
@@ -240,9 +235,9 @@ def test_watch_factory_finds_the_fourth_step(cli: Any, tmp_path: Path) -> None:
     assert doc["steps"] == 4
 
 
-def test_watch_factory_with_a_side_effect_says_the_replay_came_out_finite(cli: Any, tmp_path: Path) -> None:
-    path, _ = NanTrace(cli, tmp_path).write("factory.py", FACTORY)
-    code, doc, _ = NanTrace(cli, tmp_path).json("--watch", f"{path}:side_effect", "--steps", "6")
+def test_watch_factory_with_a_side_effect_says_the_replay_came_out_finite(nantrace: NanTrace) -> None:
+    path, _ = nantrace.write("factory.py", FACTORY)
+    code, doc, _ = nantrace.json("--watch", f"{path}:side_effect", "--steps", "6")
     # A Python counter is no buffer: the replay is call 5, which does not overflow, so the replay is not the step.
     summary = doc["watch"]
     assert (summary["detected"], summary["detected_step"], summary["replayed_step"]) == ("loss", 4, 4)
@@ -316,9 +311,9 @@ print("done")
 """
 
 
-def test_watch_leaves_gradscaler_skipped_steps_as_notes(cli: Any, tmp_path: Path) -> None:
-    path, _ = NanTrace(cli, tmp_path).write("scaler.py", SCALER)
-    code, doc, _ = watch_json(cli, "--watch", str(path), argv=("skip",))
+def test_watch_leaves_gradscaler_skipped_steps_as_notes(nantrace: NanTrace) -> None:
+    path, _ = nantrace.write("scaler.py", SCALER)
+    code, doc, _ = nantrace.json("--watch", str(path), "--", "skip")
     assert code == 0
     assert (doc["status"], doc["first"], doc["steps"]) == ("clean", None, 8)
     # fp16 overflows at step 4 (1e5 * 2**16 scaled gradients): GradScaler skips it and halves its scale.
@@ -327,11 +322,11 @@ def test_watch_leaves_gradscaler_skipped_steps_as_notes(cli: Any, tmp_path: Path
     assert doc["notes"][-1].endswith("none non-finite; GradScaler skipped 1 (notes)")
 
 
-def test_watch_replays_the_step_where_the_scale_collapses(cli: Any, tmp_path: Path) -> None:
-    path, text = NanTrace(cli, tmp_path).write("scaler.py", SCALER)
+def test_watch_replays_the_step_where_the_scale_collapses(nantrace: NanTrace) -> None:
+    path, text = nantrace.write("scaler.py", SCALER)
     args = ("--max-skipped-steps", "3")
-    code_full, full, _ = watch_json(cli, *args, str(path), argv=("collapse",))
-    code, doc, _ = watch_json(cli, "--watch", *args, str(path), argv=("collapse",))
+    code_full, full, _ = nantrace.json(*args, str(path), "--", "collapse")
+    code, doc, _ = nantrace.json("--watch", *args, str(path), "--", "collapse")
     assert (code_full, code) == (1, 1)
     assert {k: doc["first"][k] for k in SAME} == {k: full["first"][k] for k in SAME}
     assert doc["first"]["location"] == full["first"]["location"]

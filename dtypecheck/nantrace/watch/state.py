@@ -13,27 +13,15 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from dtypecheck.nantrace.ops import tensors_in
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
-
-
-def tensors_in(value: Any) -> Iterator[torch.Tensor]:
-    """The tensors of a model's output: a tensor, or nested tuples, lists and mappings (``ModelOutput``)."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, Mapping):
-        for item in value.values():
-            yield from tensors_in(item)
-    elif isinstance(value, list | tuple):
-        for item in value:
-            yield from tensors_in(item)
 
 
 def all_finite(tensors: list[torch.Tensor]) -> torch.Tensor | None:

@@ -11,28 +11,22 @@ report reads as a full trace's (first producer, op, module, line, phase, step, c
 born in the update itself is replayed from the optimizer snapshot. A step that cannot be replayed exactly (an
 overwritten batch, a value born between the model's output and the loss, a replay that came out finite) is said
 so in ``WatchSummary.reason``, and the following steps are traced fully instead.
+
+This module watches; the replays and the report are ``replay.StepReplay``, the half of ``Watcher`` it inherits.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from dtypecheck.nantrace.report import NanTraceReport, ScaleCollapse, SkippedStep, WatchSummary
+from dtypecheck.nantrace.ops import tensors_in
+from dtypecheck.nantrace.report import NanTraceReport, ScaleCollapse, SkippedStep
 from dtypecheck.nantrace.tracer import StopTracing, TraceOptions, Tracer
-from dtypecheck.nantrace.training import _found_inf, _scale_of, untraced
-from dtypecheck.nantrace.watch.replay import (
-    ARRIVED,
-    BORN_OUTSIDE,
-    CAME_OUT_FINITE,
-    keep_grad,
-    post_hooks_apart,
-    replay_call,
-    shifted,
-)
+from dtypecheck.nantrace.training import scale_of, scaler_found_inf
+from dtypecheck.nantrace.watch.replay import Detected, StepReplay, keep_grad
 from dtypecheck.nantrace.watch.state import (
     BufferSnapshot,
     ModelCall,
@@ -42,18 +36,14 @@ from dtypecheck.nantrace.watch.state import (
     call_of,
     finite_values,
     read_flags,
-    same_values,
-    tensors_in,
 )
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-Detected = Literal["loss", "gradients", "optimizer_step", "scale_collapse"]
 
-
-class Watcher:
+class Watcher(StepReplay):
     """``with Watcher(options) as w:`` watches the block; ``w.report()`` afterwards.
 
     ``on_found`` is called (from inside the hook that found it) once the report is complete: the CLI raises
@@ -326,9 +316,9 @@ class Watcher:
         def update(scaler: Any, new_scale: Any = None) -> None:
             if not getattr(scaler, "_enabled", False) or not watch._landmark():
                 return original(scaler, new_scale)  # type: ignore[no-any-return]
-            before, found = _scale_of(scaler), _found_inf(scaler)
+            before, found = scale_of(scaler), scaler_found_inf(scaler)
             original(scaler, new_scale)
-            after = _scale_of(scaler)
+            after = scale_of(scaler)
             if before is None or after is None or not (found if found is not None else after < before):
                 watch._streak.clear()
                 return None
@@ -346,15 +336,8 @@ class Watcher:
         return update
 
     def _collapsed(self) -> None:
-        streak = self._streak
-        self.scale_collapse = ScaleCollapse(
-            steps=len(streak),
-            first_step=streak[0].step,
-            last_step=streak[-1].step,
-            scale_before=streak[0].scale_before,
-            scale_after=streak[-1].scale_after,
-            limit=self.options.max_skipped_steps,
-            rank=self.options.rank,
+        self.scale_collapse = ScaleCollapse.of_streak(
+            self._streak, limit=self.options.max_skipped_steps, rank=self.options.rank
         )
         self._detect("scale_collapse")
         self._replay_calls()
@@ -383,229 +366,3 @@ class Watcher:
     def _detect(self, what: Detected) -> None:
         self.detected, self.detected_step = what, self.step
         self._measure()
-
-    # -- replays -----------------------------------------------------------------------------------------------
-    def _new_tracer(self) -> Tracer:
-        model = self._model if self._model is not None else (self._roots[0] if self._roots else None)
-        names = None if model is None else {id(m): n for n, m in model.named_modules()}
-        tracer = Tracer(dataclasses.replace(self.options, stop_run=False, keep_going=False), module_names=names)
-        # The update's writes are named after the model's parameters even when no forward runs in the replay.
-        for root in self._roots:
-            tracer.modules._roots.setdefault(id(root), root)
-        tracer.training.optimizer_seen = self.optimizer_seen
-        self._offset = self.step - 1
-        return tracer
-
-    def _why_not_replayable(self) -> str | None:
-        if not self._calls:
-            return "no model call with gradients on was seen in this step, so there was nothing to re-run"
-        if any(not c.arguments_unchanged() for c in self._calls):
-            return "the step's inputs were overwritten in place after the model read them"
-        return None
-
-    def _replay_calls(self) -> None:
-        """Re-run the step's model calls and their backward from the saved state, under a tracer left on."""
-        import torch
-
-        reason = self._why_not_replayable()
-        if reason is not None or self._rng is None:
-            self._give_up(reason or "the step's starting state was not saved")
-            return
-        parameters = list(dict.fromkeys(p for root in self._roots for p in root.parameters()))
-        original = [p.grad for p in parameters]
-        now = RngState.take()
-        self._busy = True
-        tracer = self._new_tracer()
-        buffers_exact = self._buffers.put_back()
-        try:
-            self._rng.put_back()
-            for parameter in parameters:
-                parameter.grad = None
-            with torch.enable_grad():
-                tracer.__enter__()
-                try:
-                    outside = [replay_call(call) for call in self._calls]
-                except BaseException:
-                    tracer.__exit__(None, None, None)
-                    raise
-        finally:
-            now.put_back()
-            self._busy = False
-        self._tracer = tracer
-        self.replayed_step = self.step
-        with untraced():  # the tracer is on: dtypecheck's own bookkeeping is not the step's
-            failed_replay = self._judge_replay(parameters, original, buffers_exact, outside, tracer)
-        if failed_replay is None:
-            return
-        self._tracer = None
-        tracer.__exit__(None, None, None)
-        # Born on another rank: tracing this rank's next steps would only meet it again through the all-reduce.
-        self._give_up(failed_replay, replayed=True, trace_next=failed_replay is not ARRIVED)
-
-    def _judge_replay(
-        self,
-        parameters: list[nn.Parameter],
-        original: list[torch.Tensor | None],
-        buffers_exact: bool,
-        outside: list[bool],
-        tracer: Tracer,
-    ) -> str | None:
-        """Whether the replay reproduced the step; the reason to give up on it, else None."""
-        from torch.nn.parallel import DistributedDataParallel
-
-        distributed = any(isinstance(r, DistributedDataParallel) for r in self._roots)
-        same = all(
-            (old is None) == (p.grad is None) and (old is None or p.grad is None or same_values(old, p.grad))
-            for old, p in zip(original, parameters, strict=True)
-        )
-        if distributed:
-            # The replay's gradients are this rank's own, the step's were averaged over the ranks.
-            self.exact = buffers_exact
-            self.reason = None if buffers_exact else "a buffer changed that was not copied"
-        else:
-            self.exact = same and buffers_exact
-            if not same:
-                self.reason = (
-                    "the replayed gradients differ from the step's (a non-deterministic op, or gradients "
-                    "accumulated outside the model calls watch mode saw)"
-                )
-            elif not buffers_exact:
-                self.reason = "a buffer changed that was not copied"
-        if not same and not distributed:
-            for parameter, old in zip(parameters, original, strict=True):
-                parameter.grad = old  # the run goes on with the gradients it computed itself
-        replayed = [p.grad for p in parameters if p.grad is not None]
-        if any(outside):
-            failed_replay = BORN_OUTSIDE
-        elif read_flags([finite_values(replayed)]) and not tracer.judge.events:
-            # Nothing non-finite came out of the model calls.
-            arrived = distributed and self.detected == "gradients"
-            failed_replay = ARRIVED if arrived else CAME_OUT_FINITE
-        else:
-            failed_replay = None
-        return failed_replay
-
-    def _replay_update(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        """Re-run an update that wrote NaN/Inf from the optimizer snapshot taken before it, traced."""
-        import torch
-
-        if not self.optimizer_snapshot:
-            self._give_up("the NaN was born in the optimizer step, and the optimizer snapshot is off")
-            return
-        written = [p for group in optimizer.param_groups for p in group["params"]]
-        written += [v for p in written for v in optimizer.state.get(p, {}).values() if isinstance(v, torch.Tensor)]
-        result = [t.detach().clone() for t in written]
-        if not self._optimizers.put_back(optimizer):
-            self._give_up("no snapshot of this optimizer was taken before its update")
-            return
-        tracer = self._new_tracer()
-        now = RngState.take()
-        if (len(args) > 1 or "closure" in kwargs) and self._rng is not None:
-            # The closure re-runs forward and backward: from the step's own RNG state and buffers.
-            self._rng.put_back()
-            self._buffers.put_back()
-        self._busy = True
-        try:
-            with post_hooks_apart(), tracer:
-                optimizer.step(*args[1:], **kwargs)  # the hook is given the optimizer as args[0]
-        finally:
-            now.put_back()
-            self._busy = False
-        self.replayed_step = self.step
-        again = [p for group in optimizer.param_groups for p in group["params"]]
-        again += [v for p in again for v in optimizer.state.get(p, {}).values() if isinstance(v, torch.Tensor)]
-        self.exact = len(again) == len(result) and all(same_values(a, b) for a, b in zip(again, result, strict=True))
-        if not self.exact:
-            self.reason = "the replayed update wrote different values (a non-deterministic optimizer)"
-        self._tracer = tracer
-
-    def _end_replay(self, *, entered: bool = True, consequence: str | None = None) -> None:
-        tracer, self._tracer = self._tracer, None
-        self._update_done = False
-        assert tracer is not None
-        if entered:
-            tracer.__exit__(None, None, None)
-        report = tracer.report()
-        if report.first is None:
-            self.exact = False
-            self._give_up(CAME_OUT_FINITE, replayed=True)
-            return
-        if consequence is not None:
-            first = dataclasses.replace(report.first, consequence=consequence)  # type: ignore[arg-type]
-            report = dataclasses.replace(report, first=first, events=(first, *report.events[1:]))
-        self._finish(shifted(report, self._offset))
-
-    def _give_up(self, reason: str, *, replayed: bool = False, trace_next: bool = True) -> None:
-        """Say why, and trace the following steps fully instead."""
-        self.reason = reason
-        self.exact = False if replayed else None
-        if not replayed:
-            self.replayed_step = None
-        self.done = True
-        self._fallback_pending = trace_next
-
-    def _start_fallback(self) -> None:
-        self.traced_from = self.step
-        self._fallback = self._new_tracer()
-        self._fallback.__enter__()
-
-    def _end_fallback(self) -> None:
-        tracer, self._fallback = self._fallback, None
-        assert tracer is not None
-        tracer.__exit__(None, None, None)
-        report = tracer.report()
-        self._finish(shifted(report, self._offset) if report.first is not None else None, traced=report)
-
-    def _finish(self, found: NanTraceReport | None, *, traced: NanTraceReport | None = None) -> None:
-        self._found = found if found is not None else traced
-        self.done = True
-        if self._on_found is not None and (found is not None or self.scale_collapse is not None):
-            self._on_found()
-
-    # -- the result --------------------------------------------------------------------------------------------
-    def summary(self) -> WatchSummary:
-        return WatchSummary(
-            steps_checked=self.step - 1,
-            detected=self.detected,
-            detected_step=self.detected_step,
-            replayed_step=self.replayed_step,
-            exact=self.exact,
-            reason=self.reason,
-            traced_from_step=self.traced_from,
-            snapshot_bytes=self.snapshot_bytes,
-            optimizer_snapshot=self.optimizer_snapshot,
-        )
-
-    def notes(self) -> tuple[str, ...]:
-        if self.detected is None:
-            skipped = f"; GradScaler skipped {len(self.skipped)} (notes)" if self.skipped else ""
-            checked = f"watch mode: {self.step - 1} step(s) checked (loss, gradients, update), none non-finite"
-            return (checked + skipped,)
-        if self.detected == "scale_collapse":
-            said = f"watch mode: GradScaler's scale collapsed at step {self.detected_step}"
-        else:
-            said = f"watch mode: step {self.detected_step}'s {self.detected.replace('_', ' ')} went non-finite"
-        if self.replayed_step is not None and self.exact:
-            return (f"{said}; step {self.replayed_step} was replayed exactly under full tracing",)
-        if self.replayed_step is not None and self.exact is None:
-            return (f"{said}; step {self.replayed_step} was replayed under full tracing",)
-        notes: tuple[str, ...] = (f"{said}; it could not be replayed exactly: {self.reason}",)
-        if self.traced_from is not None:
-            notes += (f"steps from {self.traced_from} on were traced fully instead",)
-        return notes
-
-    def report(self, **extra: Any) -> NanTraceReport:
-        found = self._found
-        base = found if found is not None else NanTraceReport(status="clean", first=None, warnings=(), ops=0, steps=0)
-        nonfinite = base.first is not None or self.scale_collapse is not None
-        report = dataclasses.replace(
-            base,
-            status="nonfinite" if nonfinite else base.status,
-            steps=self.step - 1,
-            stopped_early=nonfinite and self._on_found is not None,
-            notes=(*base.notes, *self.notes()),
-            skipped_steps=tuple(self.skipped),
-            scale_collapse=self.scale_collapse,
-            watch=self.summary(),
-        )
-        return dataclasses.replace(report, **extra) if extra else report

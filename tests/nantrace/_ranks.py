@@ -1,0 +1,79 @@
+"""What the 2-rank nan-trace tests share (gloo on CPU): one model, a DDP script whose rank 1 goes non-finite in
+the mode its argv names, and ``nproc`` to run ``nan-trace --nproc 2`` (plain or ``--watch``) on it.
+
+Each run is bounded by ``TIMEOUT_S``, far below gloo's 30-minute collective timeout: a rank left waiting for a
+stopped peer fails the test instead of passing late."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from tests.nantrace._scripts import NanTrace
+
+TIMEOUT_S = 240
+
+NET = """
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+from torch.nn.parallel import DistributedDataParallel
+
+mode = sys.argv[1] if len(sys.argv) > 1 else "clean"
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = torch.nn.Linear(4, 8)
+        self.head = torch.nn.Linear(8, 1)
+        # A buffer, so that watch mode's replay (which puts the buffers back) sees the same call again.
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        self.calls += 1
+        h = torch.tanh(self.encoder(x))
+        if dist.get_rank() == 1 and int(self.calls) == 5 and mode == "late":
+            h = h * 1e30 * 1e30  # rank 1 overflow
+        return self.head(h)
+
+"""
+"""The model of every 2-rank script; ``mode`` is the script's first argument."""
+
+DDP_STEPS = 6
+
+DDP = (
+    NET
+    + f"""
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = DistributedDataParallel(Net())
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range({DDP_STEPS}):
+    batch = torch.randn(6, 4) + rank
+    extra = 0.0
+    if rank == 1 and step == 2 and mode == "data":
+        batch = batch - 10.0
+        batch = batch.log()  # rank 1 data
+    if rank == 1 and step == 2 and mode == "grad":
+        weight = model.module.encoder.weight
+        extra = torch.sqrt(weight - weight.detach()).sum()  # rank 1 grad
+    loss = model(batch).pow(2).mean() + extra
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+dist.destroy_process_group()
+print("finished", rank)
+"""
+)
+"""``DDP_STEPS`` steps; rank 1 goes non-finite in step 3 (``data``: its batch, ``grad``: its backward) or in its
+5th forward (``late``); ``clean`` runs to the end and prints ``finished <rank>``."""
+
+
+def nproc(nantrace: NanTrace, script: Path, *args: str, watch: bool = False) -> subprocess.CompletedProcess[str]:
+    """``nan-trace [--watch] --nproc 2 --format json script args...`` as a child process."""
+    flags = ("--watch",) if watch else ()
+    return nantrace.process(*flags, "--nproc", "2", "--format", "json", str(script), *args, timeout=TIMEOUT_S)

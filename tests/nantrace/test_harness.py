@@ -1,0 +1,74 @@
+"""``nantrace.harness``: what a traced and a watched run share, checked on the helpers themselves."""
+
+from __future__ import annotations
+
+import io
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dtypecheck.nantrace.harness import FactoryTraining, as_main, default_loss, run_main
+from dtypecheck.nantrace.options import RunSettings
+from dtypecheck.nantrace.watch.run import run_script_watched
+
+MOVES = """
+import os
+import sys
+
+print("argv", sys.argv[1:], "first on path", sys.path[0])
+os.chdir(os.path.dirname(os.__file__))
+"""
+
+
+def test_as_main_gives_the_script_its_argv_and_path_and_puts_back_argv_path_and_directory(tmp_path: Path) -> None:
+    script = tmp_path / "job" / "train.py"
+    script.parent.mkdir()
+    script.write_text(MOVES, encoding="utf-8")
+    argv, path, cwd = sys.argv[:], sys.path[:], Path.cwd()
+    printed = io.StringIO()
+    with as_main(script, ["--lr", "1"], RunSettings(), stdout=printed):
+        run_main(script)
+    assert printed.getvalue() == f"argv ['--lr', '1'] first on path {script.parent.resolve()}\n"
+    assert (sys.argv, sys.path, Path.cwd()) == (argv, path, cwd)
+
+
+def test_a_watched_script_that_changes_directory_leaves_the_callers_in_place(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(MOVES, encoding="utf-8")
+    cwd = Path.cwd()
+    report = run_script_watched(script, [], RunSettings(watch=True), stdout=io.StringIO())
+    assert (report.status, Path.cwd()) == ("clean", cwd)
+
+
+def test_the_default_loss_is_the_mean_square_of_the_first_output_in_float32() -> None:
+    values = np.array([[1.5, -2.0], [3.0, 0.25]], dtype=np.float16)
+    first = torch.from_numpy(values)
+    loss = default_loss({"logits": (first, torch.ones(3))})
+    assert loss.dtype == torch.float32
+    assert loss.item() == pytest.approx(float(np.mean(values.astype(np.float64) ** 2)))
+    scalar = torch.tensor(7.0)
+    assert default_loss([scalar]) is scalar  # a scalar output is the loss as it is
+
+
+def test_factory_training_runs_sgd_steps_on_the_mean_square_and_counts_them(tmp_path: Path) -> None:
+    (tmp_path / "f.py").write_text(
+        "import torch\n"
+        "def make():\n"
+        "    model = torch.nn.Linear(2, 1, bias=False)\n"
+        "    with torch.no_grad():\n"
+        "        model.weight.copy_(torch.tensor([[0.5, -1.0]]))\n"
+        "    return model, {'input': torch.tensor([[1.0, 2.0], [3.0, 1.0]])}\n",
+        encoding="utf-8",
+    )
+    training = FactoryTraining.load(tmp_path / "f.py", "make", RunSettings())
+    seen: list[tuple[int, int, str]] = []
+    training.train(2, lambda done, total, message: seen.append((done, total, message)))
+    assert (training.done, seen) == (2, [(1, 2, "step 1/2"), (2, 2, "step 2/2")])
+    # loss = mean((x w)^2), d/dw = 2/n * x^T (x w); two SGD steps with lr 1e-3, computed independently in float64.
+    x, w = np.array([[1.0, 2.0], [3.0, 1.0]]), np.array([0.5, -1.0])
+    for _ in range(2):
+        w = w - 1e-3 * (2 / len(x)) * x.T @ (x @ w)
+    np.testing.assert_allclose(training.model.get_parameter("weight").detach().numpy()[0], w, rtol=1e-6)
