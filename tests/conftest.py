@@ -34,6 +34,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return FixtureGroupScheduling(config, log)
 
 
+@pytest.fixture(autouse=True)
+def _no_inherited_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tables are rendered at their default width unless a test sets ``COLUMNS`` itself: the runner's own
+    environment (a terminal's, or xdist workers', which inherit ``COLUMNS=80``) must not change what is compared."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+
+
 @dataclass(frozen=True)
 class CliResult:
     exit_code: int

@@ -109,11 +109,12 @@ class WatchSession:
         return self.report
 
     def _write(self, report: NanTraceReport, *, log: bool = True) -> None:
-        from dtypecheck.render import OutputFormat, render, write_atomically
+        from dtypecheck.render import write_atomically
+        from dtypecheck.render.json import render_json
 
         self.report = report
         if self.report_path is not None:
-            write_atomically(self.report_path, render(report, OutputFormat.json))
+            write_atomically(self.report_path, render_json(report))
         if not log:
             return
         message = log_line(report, self.report_path)
