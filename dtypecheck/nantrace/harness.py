@@ -97,20 +97,22 @@ def finished(watch: Reporting, settings: RunSettings, source: str, **extra: Any)
     return watch.report(source=source, autocast=settings.autocast, device=settings.device, **extra)
 
 
-def default_loss(output: Any) -> torch.Tensor:
-    """nan-trace's loss of a factory that gives none: the first output tensor if it is a scalar, else its mean
-    square (in float32, so that the loss itself cannot overflow where the model did not)."""
+def default_loss(inputs: Any) -> Callable[[Any], torch.Tensor]:
+    """nan-trace's loss of a factory that gives none: the rule estimate-memory uses (``training_step.DefaultLoss``:
+    the model's own loss, else cross-entropy over the last dimension for integer inputs and float logits, else MSE
+    against zeros), taken in float32 so that the loss itself cannot overflow where the model did not."""
     import torch
+    from torch.utils._pytree import tree_map
 
-    tensor = output
-    while not isinstance(tensor, torch.Tensor):
-        if isinstance(tensor, dict) and tensor:
-            tensor = next(iter(tensor.values()))
-        elif isinstance(tensor, list | tuple) and tensor:
-            tensor = tensor[0]
-        else:
-            raise InputError(f"the model returned {type(output).__name__} with no tensor; give a loss_fn")
-    return tensor if tensor.dim() == 0 else tensor.float().pow(2).mean()
+    from dtypecheck.training_step import DefaultLoss
+
+    rule = DefaultLoss()
+
+    def loss(output: Any) -> torch.Tensor:
+        widened = tree_map(lambda t: t.float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t, output)
+        return rule(widened, inputs)
+
+    return loss
 
 
 @dataclass
@@ -120,7 +122,7 @@ class FactoryTraining:
     model: nn.Module
     inputs: Any
     loss_fn: Callable[[Any], Any]
-    """The factory's ``loss_fn(output)``, else ``default_loss``."""
+    """The factory's ``loss_fn(output)``, else ``default_loss(inputs)``."""
     optimizer: torch.optim.Optimizer
     settings: RunSettings
     done: int = 0
@@ -137,8 +139,9 @@ class FactoryTraining:
         device = torch.device(settings.device or "cpu")
         model = model.to(device)
         optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-        loss_fn = made.loss_fn if made.loss_fn is not None else default_loss
-        return cls(model, to_device(made.inputs, device), loss_fn, optimizer, settings)
+        inputs = to_device(made.inputs, device)
+        loss_fn = made.loss_fn if made.loss_fn is not None else default_loss(inputs)
+        return cls(model, inputs, loss_fn, optimizer, settings)
 
     def step(self) -> None:
         """zero_grad, forward and loss under the run's autocast, backward, SGD step."""

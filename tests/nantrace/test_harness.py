@@ -46,11 +46,24 @@ def test_a_watched_script_that_changes_directory_leaves_the_callers_in_place(tmp
 def test_the_default_loss_is_the_mean_square_of_the_first_output_in_float32() -> None:
     values = np.array([[1.5, -2.0], [3.0, 0.25]], dtype=np.float16)
     first = torch.from_numpy(values)
-    loss = default_loss({"logits": (first, torch.ones(3))})
+    loss = default_loss(torch.ones(2, 2))({"logits": (first, torch.ones(3))})  # float inputs: MSE against zeros
     assert loss.dtype == torch.float32
     assert loss.item() == pytest.approx(float(np.mean(values.astype(np.float64) ** 2)))
-    scalar = torch.tensor(7.0)
-    assert default_loss([scalar]) is scalar  # a scalar output is the loss as it is
+    scalar = torch.tensor(7.0, requires_grad=True)
+    assert default_loss(torch.ones(2))([scalar]).item() == 7.0  # a scalar output is the model's own loss
+
+
+def test_the_default_loss_of_token_ids_and_logits_is_estimate_memorys_cross_entropy() -> None:
+    ids = torch.tensor([[1, 3], [2, 0]])
+    logits64 = np.array([[[0.5, 1.0, -1.0, 2.0], [0.0, 0.0, 1.0, -0.5]], [[1.0, 2.0, 3.0, 4.0], [0.1, 0.2, 0.3, 0.4]]])
+    logits = torch.tensor(logits64, dtype=torch.float16)
+    loss = default_loss({"input_ids": ids})(logits)
+    # numpy: log-softmax over the last dimension of the float16 logits widened to float64, at the batch's own ids
+    wide = logits.double().numpy()
+    log_softmax = wide - np.log(np.exp(wide).sum(axis=-1, keepdims=True))
+    expected = -np.mean([log_softmax[b, t, ids[b, t].item()] for b in range(2) for t in range(2)])
+    assert loss.dtype == torch.float32
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
 
 
 def test_factory_training_runs_sgd_steps_on_the_mean_square_and_counts_them(tmp_path: Path) -> None:
