@@ -45,13 +45,7 @@ def resolve_hub_id(target: str) -> Path | None:
     if parsed is None or Path(target).exists():
         return None
     repo_id, revision = parsed
-    try:
-        import huggingface_hub
-    except ImportError:
-        raise InputError(
-            f"{target}: no such file or directory; as a Hugging Face Hub id it needs huggingface_hub "
-            "(pip install 'dtypecheck[hf]')"
-        ) from None
+    huggingface_hub = _hub_package(target)
     _refuse_special_ref(huggingface_hub, repo_id, revision)
     cached = _cached_snapshot(huggingface_hub, repo_id, revision)
     if cached is not None and _holds_weights(cached):
@@ -64,6 +58,47 @@ def resolve_hub_id(target: str) -> Path | None:
             "while HF_HUB_OFFLINE is set; fetch it once online or name a local path"
         )
     return _download(huggingface_hub, target, repo_id, revision)
+
+
+def resolve_hub_config(target: str) -> Path | None:
+    """The ``config.json`` of hub id ``org/name[@revision]`` (estimate-memory reads no weights): from the local
+    cache first, without the network; else (unless ``HF_HUB_OFFLINE``) that one file is downloaded. None when
+    ``target`` is not shaped like a hub id."""
+    parsed = parse_hub_id(target)
+    if parsed is None:
+        return None
+    repo_id, revision = parsed
+    huggingface_hub = _hub_package(target)
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    _refuse_special_ref(huggingface_hub, repo_id, revision)
+    fetch = huggingface_hub.hf_hub_download
+    try:
+        return Path(fetch(repo_id, "config.json", revision=revision, cache_dir=cache_dir(), local_files_only=True))
+    except (LocalEntryNotFoundError, FileNotFoundError, OSError, ValueError):
+        pass
+    if offline():
+        raise InputError(
+            f"{target}: no such file or directory, and as a Hub id its config.json is not in the local Hugging Face "
+            "cache while HF_HUB_OFFLINE is set; fetch it once online or name a local path"
+        )
+    try:
+        return Path(fetch(repo_id, "config.json", revision=revision, cache_dir=cache_dir()))
+    except Exception as exc:  # noqa: BLE001  (not found, gated, no network: one line either way)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise InputError(f"{target}: cannot fetch config.json from the Hugging Face Hub ({first})") from None
+
+
+def _hub_package(target: str) -> Any:
+    """``huggingface_hub``, or the one-line error that says a hub id needs it."""
+    try:
+        import huggingface_hub
+    except ImportError:
+        raise InputError(
+            f"{target}: no such file or directory; as a Hugging Face Hub id it needs huggingface_hub "
+            "(pip install 'dtypecheck[hf]')"
+        ) from None
+    return huggingface_hub
 
 
 def offline() -> bool:

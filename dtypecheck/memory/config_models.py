@@ -285,41 +285,6 @@ def read_hf_config(path: Path) -> dict[str, Any]:
     return data
 
 
-def resolve_hub_config(target: str) -> Path | None:
-    """The ``config.json`` of Hub id ``org/name[@revision]``: from the local Hugging Face cache first, without the
-    network; else (unless ``HF_HUB_OFFLINE``) that one file is downloaded, never the weights, which an estimate does
-    not read. None when ``target`` is not shaped like a Hub id."""
-    from dtypecheck.loaders import hub
-
-    parsed = hub.parse_hub_id(target)
-    if parsed is None:
-        return None
-    repo_id, revision = parsed
-    try:
-        import huggingface_hub
-        from huggingface_hub.errors import LocalEntryNotFoundError
-    except ImportError:
-        raise InputError(
-            f"{target}: no such file or directory; as a Hugging Face Hub id it needs huggingface_hub "
-            "(pip install 'dtypecheck[hf]')"
-        ) from None
-    fetch = huggingface_hub.hf_hub_download
-    try:
-        return Path(fetch(repo_id, "config.json", revision=revision, cache_dir=hub.cache_dir(), local_files_only=True))
-    except (LocalEntryNotFoundError, FileNotFoundError, OSError, ValueError):
-        pass
-    if hub.offline():
-        raise InputError(
-            f"{target}: no such file or directory, and as a Hub id its config.json is not in the local Hugging Face "
-            "cache while HF_HUB_OFFLINE is set; fetch it once online or name a local path"
-        )
-    try:
-        return Path(fetch(repo_id, "config.json", revision=revision, cache_dir=hub.cache_dir()))
-    except Exception as exc:  # noqa: BLE001  (not found, gated, no network: one line either way)
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise InputError(f"{target}: cannot fetch config.json from the Hugging Face Hub ({first})") from None
-
-
 def open_hf_config(
     path: Path, *, batch_size: int | None = None, seq_len: int | None = None, loss: LossName | str | None = None
 ) -> Subject:

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dtypecheck.errors import InputError, ParameterError
-from dtypecheck.memory.config_models import open_hf_config, resolve_hub_config
+from dtypecheck.loaders.hub import resolve_hub_config
+from dtypecheck.memory.config_models import open_hf_config
 from dtypecheck.memory.devices import DeviceBudget, default_device, parse_fit
 from dtypecheck.memory.estimate import EstimateOptions, estimate_subject
 from dtypecheck.memory.fit import DEFAULT_FIT_TIMEOUT

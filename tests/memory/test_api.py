@@ -15,24 +15,6 @@ from dtypecheck.memory import EstimateOptions, estimate_memory, open_subject
 from dtypecheck.memory.names import LossName, Mode, Optimizer, Strategy
 from dtypecheck.render import OutputFormat, render
 
-WIDE = """
-import torch
-from torch import nn
-
-
-def wide():
-    torch.manual_seed(0)
-    return nn.Linear(256, 256, bias=False), torch.randn(4, 256)
-"""
-
-
-@pytest.fixture
-def wide(tmp_path):
-    path = tmp_path / "wide.py"
-    path.write_text(WIDE, encoding="utf-8")
-    return f"{path}:wide"
-
-
 FP32 = EstimateOptions(dtypes=(lookup("float32"),))
 
 

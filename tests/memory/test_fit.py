@@ -11,22 +11,6 @@ from tests.memory._fixtures import write_decoder_config
 
 GIB = 2**30
 
-FACTORY = """
-import torch
-from torch import nn
-
-
-def wide():
-    torch.manual_seed(0)
-    return nn.Linear(256, 256, bias=False), torch.randn(4, 256)
-"""
-
-
-@pytest.fixture
-def wide(tmp_path):
-    path = tmp_path / "wide.py"
-    path.write_text(FACTORY, encoding="utf-8")
-    return f"{path}:wide"
 
 
 @pytest.mark.parametrize(

@@ -7,9 +7,11 @@ stopped peer fails the test instead of passing late."""
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
-from tests.nantrace._scripts import NanTrace
+from dtypecheck.nantrace.launch import free_port
+from tests.nantrace._scripts import NanTrace, subprocess_env
 
 TIMEOUT_S = 240
 
@@ -77,3 +79,10 @@ def nproc(nantrace: NanTrace, script: Path, *args: str, watch: bool = False) -> 
     """``nan-trace [--watch] --nproc 2 --format json script args...`` as a child process."""
     flags = ("--watch",) if watch else ()
     return nantrace.process(*flags, "--nproc", "2", "--format", "json", str(script), *args, timeout=TIMEOUT_S)
+
+
+def torchrun(*arguments: str) -> subprocess.CompletedProcess[str]:
+    """``torchrun --nproc-per-node 2 -m dtypecheck ARGUMENTS`` on a free port of this machine."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--nnodes", "1"]
+    command += ["--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "dtypecheck", *arguments]
+    return subprocess.run(command, capture_output=True, text=True, env=subprocess_env(), timeout=TIMEOUT_S, check=False)

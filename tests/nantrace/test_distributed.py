@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dtypecheck.nantrace.distributed import RankInfo, merge, rank_info
-from dtypecheck.nantrace.launch import free_port
 from dtypecheck.nantrace.report import Event, NanTraceReport, ValueCounts
-from tests.nantrace._ranks import DDP, DDP_STEPS, NET, TIMEOUT_S, nproc
-from tests.nantrace._scripts import NanTrace, line_of, subprocess_env
+from tests.nantrace._ranks import DDP, DDP_STEPS, NET, nproc, torchrun
+from tests.nantrace._scripts import NanTrace, line_of
 
 FSDP = (
     NET
@@ -44,28 +42,7 @@ dist.destroy_process_group()
 
 
 def _torchrun(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--nnodes",
-        "1",
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(free_port()),
-        "-m",
-        "dtypecheck",
-        "nan-trace",
-        "--format",
-        "json",
-        str(script),
-        "--",
-        *args,
-    ]
-    return subprocess.run(command, capture_output=True, text=True, env=subprocess_env(), timeout=TIMEOUT_S, check=False)
+    return torchrun("nan-trace", "--format", "json", str(script), "--", *args)
 
 
 def test_torchrun_ddp_nan_born_on_rank_1_is_named_once_and_every_rank_stops(nantrace: NanTrace) -> None:

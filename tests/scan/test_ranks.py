@@ -25,6 +25,7 @@ from dtypecheck.render.json import render_json
 from dtypecheck.scan import run as scan_run
 from dtypecheck.scan.ranks import RankError, Ranks, split_by_bytes
 from dtypecheck.scan.run import scan_checkpoint, scan_share
+from tests.nantrace._ranks import torchrun
 from tests.nantrace._scripts import subprocess_env
 
 TIMEOUT_S = 240
@@ -126,27 +127,7 @@ def test_rank_0_stops_waiting_for_a_silent_rank() -> None:
 
 
 def _launch(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--nnodes",
-        "1",
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(free_port()),
-        "-m",
-        "dtypecheck",
-        "scan-model",
-        str(folder),
-        "--format",
-        "json",
-        *args,
-    ]
-    return subprocess.run(command, capture_output=True, text=True, env=subprocess_env(), timeout=TIMEOUT_S, check=False)
+    return torchrun("scan-model", str(folder), "--format", "json", *args)
 
 
 def _single(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -126,12 +126,15 @@ def side_file_findings(path: Path, label: str) -> list[Finding]:
         report = file_globals(path)
     except (InputError, OSError, ValueError) as exc:
         return [Finding("unreadable-file", "warn", f"{label}: cannot be read for pickle globals ({exc})")]
-    findings = [Finding("pickle-global", judge(ref)[0], f"{ref.qualname} (in {label})") for ref in report.globals]
+    # A name that is not made of identifiers cannot be imported: pickle.load fails there and runs nothing (random
+    # bytes read as a pickle often hold such a GLOBAL opcode).
+    refs = [ref for ref in report.globals if importable(ref)]
+    findings = [Finding("pickle-global", judge(ref)[0], f"{ref.qualname} (in {label})") for ref in refs]
     findings += [replace(f, detail=f"{label}: {f.detail}") for f in report.differential]
     if report.limited:
         detail = f"{label}: torch.load would run a pickle that dtypecheck stopped reading ({report.problem})"
         findings.append(Finding("unreadable-file", "fail", detail))
-    elif report.problem is not None and report.globals:
+    elif report.problem is not None and refs:
         findings.append(Finding("unreadable-file", "warn", f"{label}: pickle breaks off ({report.problem})"))
     return worst_first(findings)
 

@@ -337,8 +337,13 @@ class SafeUnpickler:
                 stack.append(self.persistent_load(pid))
             elif op in {"EXT1", "EXT2", "EXT4"}:
                 stack.append(self._global("copyreg.extension", str(arg)))
-            elif op in {"NEXT_BUFFER", "READONLY_BUFFER"}:
-                raise self._limit("out-of-band buffers are not part of a checkpoint")
+            elif op == "NEXT_BUFFER":
+                # torch.load passes no out-of-band buffers: pickle.load raises here, and nothing after it runs
+                raise self._error("an out-of-band buffer, which torch.load never passes (pickle.load stops here)")
+            elif op == "READONLY_BUFFER":
+                # a read-only view of the object on top: what it is does not change the globals reached
+                if not stack:
+                    raise self._error("stack underflow")
             else:
                 raise self._error(f"unsupported opcode {op}")
         raise self._error("no STOP opcode (truncated)")
