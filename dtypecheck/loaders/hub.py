@@ -54,7 +54,7 @@ def resolve_hub_id(target: str) -> Path | None:
         where = "is cached without weight files" if cached is not None else "is not in the local Hugging Face cache"
         raise InputError(
             f"{target}: no such file or directory, and as a Hub id it {where} "
-            f"({cache_dir() or huggingface_hub.constants.HF_HUB_CACHE}) "
+            f"({cache_dir() or _default_cache(huggingface_hub)}) "
             "while HF_HUB_OFFLINE is set; fetch it once online or name a local path"
         )
     return _download(huggingface_hub, target, repo_id, revision)
@@ -121,10 +121,17 @@ def _refuse_special_ref(hub: Any, repo_id: str, revision: str | None) -> None:
     huggingface_hub reads it with a plain ``open().read()``, which a FIFO blocks forever."""
     from dtypecheck.loaders._io.regular import require_regular
 
-    cache = Path(cache_dir() or hub.constants.HF_HUB_CACHE)
+    cache = Path(cache_dir() or _default_cache(hub))
     ref = cache / ("models--" + repo_id.replace("/", "--")) / "refs" / (revision or "main")
     if ref.is_symlink() or ref.exists():
         require_regular(ref)
+
+
+def _default_cache(hub: Any) -> str:
+    """huggingface_hub's own cache folder (its ``constants`` submodule is not loaded by ``import huggingface_hub``)."""
+    import importlib
+
+    return str(importlib.import_module(f"{hub.__name__}.constants").HF_HUB_CACHE)
 
 
 def _cached_snapshot(hub: Any, repo_id: str, revision: str | None) -> Path | None:

@@ -154,3 +154,25 @@ def test_a_cache_ref_that_is_a_fifo_is_refused(cli, cache: Path) -> None:
     result = cli("scan-model", "org/tiny")
     assert result.exit_code == 3
     assert result.stderr == f"error: {refs / 'main'}: a FIFO, not a regular file: refused before reading\n"
+
+
+@pytest.mark.parametrize("command", ["scan-model", "estimate-memory"])
+def test_an_uncached_hub_id_offline_with_the_default_cache_is_one_line(tmp_path: Path, command: str) -> None:
+    # A fresh process with no HF_HUB_CACHE/HF_HOME: huggingface_hub's default cache comes from its constants
+    # submodule, which `import huggingface_hub` does not load (an AttributeError traceback before the fix).
+    import subprocess
+
+    from tests.nantrace._scripts import subprocess_env
+
+    env = {k: v for k, v in subprocess_env().items() if k not in ("HF_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME")}
+    env.update(HOME=str(tmp_path), HF_HUB_OFFLINE="1")
+    done = subprocess.run(
+        [sys.executable, "-m", "dtypecheck", command, "org/not-cached"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr
+    assert done.stdout == ""
+    assert done.stderr.startswith("error: org/not-cached: no such file or directory, and as a Hub id")
+    assert done.stderr.count("\n") == 1
+    if command == "scan-model":  # it names the cache it looked in: the default under this HOME
+        assert str(tmp_path / ".cache" / "huggingface" / "hub") in done.stderr
