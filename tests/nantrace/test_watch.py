@@ -156,6 +156,40 @@ def test_watch_says_plainly_when_a_step_cannot_be_replayed_and_traces_the_next_s
     assert doc["notes"][-1] == "steps from 6 on were traced fully instead"
 
 
+SQUARE_LOSS = """
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+optimizer = torch.optim.Adam(model.parameters())
+for step in range(8):
+    x = torch.randn(8, 4)
+    if step == 5:
+        x = x * 1e38  # huge batch
+    loss = model(x).pow(2).mean()  # square loss
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_watch_says_when_the_loss_was_born_outside_the_model_calls(nantrace: NanTrace) -> None:
+    # The model's output stays finite (|out| < 1e38) and so does the gradient into it (2 out / 8), but the square
+    # loss overflows float32: a full trace names that pow; watch mode, which re-runs only the model calls, finds the
+    # first non-finite value inside them (backward's mm into the last Linear's weight) and must not call it exact.
+    path, text = nantrace.write("square.py", SQUARE_LOSS)
+    code_full, full, _ = nantrace.json(str(path))
+    code, doc, _ = nantrace.json("--watch", str(path))
+    assert (code_full, code) == (1, 1)
+    expected_full = ("aten.pow.Tensor_Scalar", "forward", 6)
+    assert (full["first"]["op"], full["first"]["phase"], full["first"]["step"]) == expected_full
+    assert full["first"]["location"]["line"] == line_of(text, "square loss")
+    first, summary = doc["first"], doc["watch"]
+    assert (first["op"], first["phase"], first["module"], first["step"]) == ("aten.mm.default", "backward", "2", 6)
+    assert (summary["detected"], summary["replayed_step"], summary["exact"]) == ("loss", 6, False)
+    assert summary["reason"].startswith("the step's loss went non-finite while every replayed model output was finite")
+
+
 def test_watch_does_not_replay_a_step_whose_batch_was_overwritten(nantrace: NanTrace) -> None:
     path, _ = nantrace.write("modes.py", MODES)
     code, doc, _ = nantrace.json("--watch", str(path), "--", "overwrite", "4")

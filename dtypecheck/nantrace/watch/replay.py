@@ -80,6 +80,12 @@ def post_hooks_apart() -> Iterator[None]:
     finally:
         optimizer_module._global_optimizer_post_hooks = running
 
+LOSS_OUTSIDE = (
+    "the step's loss went non-finite while every replayed model output was finite: it was born in the loss "
+    "computed outside the model calls, which watch mode does not re-run; the first non-finite value inside them is "
+    "reported (run without --watch to name the loss's own op)"
+)
+
 
 def keep_grad(call: ModelCall, position: int, grad: torch.Tensor) -> None:
     held = call.grads.get(position)
@@ -98,6 +104,7 @@ def replay_call(call: ModelCall) -> bool:
     with untraced():
         finite_out = read_flags([finite_values(tensors)])
         finite_in = read_flags([finite_values(list(call.grads.values()))])
+    call.output_finite = finite_out
     if finite_out and not finite_in:
         return True
     roots = [(t, call.grads[i]) for i, t in enumerate(tensors) if i in call.grads and t.grad_fn is not None]
@@ -247,6 +254,8 @@ class StepReplay:
                 )
             elif not buffers_exact:
                 self.reason = "a buffer changed that was not copied"
+        if self.detected == "loss" and self._calls and all(call.output_finite for call in self._calls):
+            self.exact, self.reason = False, LOSS_OUTSIDE
         if not same and not distributed:
             for parameter, old in zip(parameters, original, strict=True):
                 parameter.grad = old  # the run goes on with the gradients it computed itself

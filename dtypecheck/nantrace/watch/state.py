@@ -161,6 +161,8 @@ class ModelCall:
     autocast: AutocastState
     grads: dict[int, torch.Tensor] = field(default_factory=dict)
     """The gradient backward sent into the call's output tensors, by position among them."""
+    output_finite: bool | None = None
+    """Whether the replayed call's outputs came out finite (None before its replay)."""
 
     def arguments_unchanged(self) -> bool:
         return all(t._version == v for t, v in self.versions)
