@@ -7,7 +7,8 @@ do not count. The advice, first rule that applies:
 
 1. some tensor already holds NaN/inf: "fix first: N tensor(s) already hold NaN/inf; then " and the advice of the
    rules below for the other tensors (no cast helps those N);
-2. nothing at ``warn`` or ``fail``: "safe to cast";
+2. nothing at ``warn`` or ``fail``: "safe to cast" ("nothing to judge: ..." when no tensor is cast to the target:
+   an empty checkpoint, or only integers and bookkeeping);
 3. only ``warn``: "cast; X% of values flush to zero" (or "N values become subnormal");
 4. ``fail`` on a float8/fp4 target (judged per tensor scaled to the target's max, as fp8 is used): "needs per-tensor
    scaling";
@@ -94,6 +95,8 @@ def _cast_advice(
     target: str, judged: Sequence[TensorScan], levels: dict[str, Level], underflow: int, subnormal: int, values: int
 ) -> str:
     failing = [name for name, level in levels.items() if level == "fail"]
+    if not judged:
+        return "nothing to judge: no tensor of the checkpoint is cast to this target"
     if not failing:
         if underflow:
             return f"cast; {100 * underflow / values:.2g}% of values flush to zero"

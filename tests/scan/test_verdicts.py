@@ -96,6 +96,14 @@ def test_a_clean_checkpoint_is_safe_to_cast(tmp_path: Path) -> None:
     assert dict(verdict.tensors) == {"ok": 1, "warn": 0, "fail": 0}
 
 
+def test_a_checkpoint_with_nothing_cast_to_the_target_is_not_called_safe(tmp_path: Path) -> None:
+    path = tmp_path / "ints.safetensors"
+    save_file({"ids": torch.arange(10), "mask": torch.ones(4, dtype=torch.bool)}, str(path))
+    [verdict] = scan_checkpoint(str(path), [lookup("fp16")]).summary.verdicts
+    assert verdict.advice == "nothing to judge: no tensor of the checkpoint is cast to this target"
+    assert dict(verdict.tensors) == {"ok": 0, "warn": 0, "fail": 0}
+
+
 def test_nan_sources_come_first_in_the_advice(tmp_path: Path) -> None:
     path = tmp_path / "nan.safetensors"
     save_file({"a": torch.tensor([1.0, float("nan")]), "b": torch.ones(3)}, str(path))
