@@ -98,6 +98,15 @@ def nan_trace(
             help="Near-plain speed: check loss, gradients and update each step; trace only the step that failed.",
         ),
     ] = False,
+    no_optimizer_snapshot: Annotated[
+        bool,
+        typer.Option(
+            "--no-optimizer-snapshot",
+            help="With --watch: do not copy the parameters and optimizer state before each update (saves about "
+            "model + optimizer state of memory; a NaN born inside the update then falls back to tracing the next "
+            "steps).",
+        ),
+    ] = False,
     fail_on: FailOnOption = None,
     config: ConfigOption = None,
     fmt: FormatOption = OutputFormat.table,
@@ -114,8 +123,9 @@ def nan_trace(
     (a dtype mismatch is explained and the report still written first).
     """
     given = NanTraceFlags(
-        steps, autocast, device, history, warn_frac, keep_going, max_skipped_steps, fail_on, config, watch
-    )
+        steps, autocast, device, history, warn_frac, keep_going, max_skipped_steps, fail_on, config, watch,
+        not no_optimizer_snapshot,
+    )  # fmt: skip
     options = resolve_nantrace_options(target, script_args, given, nproc=nproc, fmt=fmt, output=output, quiet=quiet)
     return execute_nantrace(options)
 
@@ -134,6 +144,7 @@ class NanTraceFlags:
     fail_on: FailOn | None = None
     config: Path | None = None
     watch: bool = False
+    optimizer_snapshot: bool = True
 
 
 @dataclass(frozen=True)
@@ -192,6 +203,8 @@ def resolve_nantrace_options(
     watch = pick(True if given.watch else None, settings, COMMAND, "watch", _RUN.watch)
     if watch and trace.keep_going:
         raise UsageError("--watch and --keep-going cannot be combined: watch mode replays the first failing step only")
+    if not given.optimizer_snapshot and not watch:
+        raise UsageError("--no-optimizer-snapshot applies to --watch (a full trace copies nothing)")
     threshold = FailOn(pick(given.fail_on, settings, COMMAND, "fail-on", FailOn.fail))
     path, factory = split_target(target)
     arguments = tuple(script_args or ())
@@ -199,7 +212,7 @@ def resolve_nantrace_options(
         path=path,
         factory=factory,
         script_args=arguments,
-        run=RunSettings(trace, autocast, device, steps, watch=watch),
+        run=RunSettings(trace, autocast, device, steps, watch=watch, optimizer_snapshot=given.optimizer_snapshot),
         threshold=threshold,
         fmt=fmt,
         output=output.absolute() if output is not None else None,
@@ -221,7 +234,12 @@ def resolve_nantrace_options(
             "--format": fmt.value,
             "--output": resolved.output,
         }
-        switches = {"--keep-going": given.keep_going, "--quiet": quiet, "--watch": watch}
+        switches = {
+            "--keep-going": given.keep_going,
+            "--quiet": quiet,
+            "--watch": watch,
+            "--no-optimizer-snapshot": not given.optimizer_snapshot,
+        }
         relaunch = launch_arguments(path, list(arguments), flags, switches)
         return dataclasses.replace(resolved, nproc=nproc, launch_arguments=tuple(relaunch))
     if info is not None:

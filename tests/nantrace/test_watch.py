@@ -418,3 +418,35 @@ def test_without_the_optimizer_snapshot_a_nan_born_in_the_update_is_said_not_rep
     assert summary.optimizer_snapshot is False
     # Only RNG state and the output's gradient were held: 5056 + 8 float32 bytes.
     assert summary.snapshot_bytes == torch.get_rng_state().nbytes + 8 * 4
+
+
+UPDATE_OVERFLOW = """
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+for step in range(1, 6):
+    loss = model(torch.randn(8, 4)).pow(2).mean() * (1e30 if step == 3 else 1.0)
+    loss.backward()
+    optimizer.param_groups[0]["lr"] = 1e10 if step == 3 else 1e-2  # 1e10 * ~1e30 overflows the update
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+
+def test_no_optimizer_snapshot_on_the_command_line(nantrace: NanTrace) -> None:
+    path, _ = nantrace.write("update.py", UPDATE_OVERFLOW)
+    code, doc, _ = nantrace.json("--watch", "--no-optimizer-snapshot", str(path))
+    assert code == 1
+    summary = doc["watch"]
+    assert summary["optimizer_snapshot"] is False
+    assert (summary["detected"], summary["detected_step"], summary["replayed_step"]) == ("optimizer_step", 3, None)
+    assert summary["reason"] == "the NaN was born in the optimizer step, and the optimizer snapshot is off"
+    # only the RNG state and the model output's gradient (8 float32 values) were held
+    assert summary["snapshot_bytes"] == torch.get_rng_state().nbytes + 8 * 4
+    with_copy = nantrace.json("--watch", str(path))[1]["watch"]
+    assert (with_copy["optimizer_snapshot"], with_copy["replayed_step"]) == (True, 3)
+    refused = nantrace.run(str(path), "--no-optimizer-snapshot")
+    assert (refused.exit_code, refused.stdout) == (2, "")
+    assert refused.stderr.startswith("error: --no-optimizer-snapshot applies to --watch")

@@ -34,7 +34,11 @@ def run_script_watched(
 ) -> NanTraceReport:
     """``runner.run_script`` in watch mode: the script runs as ``__main__``, the first non-finite step ends it."""
     check_python_file(path)
-    watcher = Watcher(dataclasses.replace(settings.options, restore_default_dtype=True), on_found=_stop)
+    watcher = Watcher(
+        dataclasses.replace(settings.options, restore_default_dtype=True),
+        on_found=_stop,
+        optimizer_snapshot=settings.optimizer_snapshot,
+    )
     if session is not None:
         # The session only calls interrupt() on what it watches, which a Watcher has as a Tracer does.
         session.attach(cast("Tracer", watcher), lambda: finished(watcher, settings, str(path)))
@@ -60,7 +64,7 @@ def run_factory_watched(
     """``runner.run_factory`` in watch mode: ``steps`` forward + backward + SGD steps of the factory's model."""
     training = FactoryTraining.load(path, name, settings)
     options = dataclasses.replace(settings.options, restore_default_dtype=True)
-    watcher = Watcher(options, model=training.model, on_found=_stop)
+    watcher = Watcher(options, model=training.model, on_found=_stop, optimizer_snapshot=settings.optimizer_snapshot)
     try:
         with watcher:
             training.train(steps, progress)
