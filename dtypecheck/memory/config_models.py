@@ -176,11 +176,66 @@ class _Choice:
     notes: tuple[str, ...] = ()
 
 
+DIFFUSERS_TEXT_LEN = 77
+"""The text encoder's length a diffusers UNet's cross-attention is estimated at by default (CLIP's 77 tokens)."""
+DIFFUSERS_INPUTS = {"UNet2DConditionModel": "unet", "UNet2DModel": "unet", "AutoencoderKL": "vae"}
+"""The diffusers model classes a ``config.json`` may name (``_class_name``), by the inputs they take."""
+
+
+def _diffusers_choice(path: Path, data: dict[str, Any]) -> _Choice:
+    """A diffusers UNet or VAE built from its ``config.json`` (``ModelClass.from_config``; nothing is downloaded)."""
+    name = str(data.get("_class_name", ""))
+    if name not in DIFFUSERS_INPUTS:
+        known = ", ".join(DIFFUSERS_INPUTS)
+        raise InputError(f"{path}: a diffusers {name or 'model'!r} config; estimate-memory builds {known}")
+    try:
+        import diffusers
+    except ImportError:
+        raise InputError(
+            f"{path}: a diffusers {name} config needs diffusers (pip install 'dtypecheck[diffusers]')"
+        ) from None
+    diffusers.utils.logging.set_verbosity_error()  # its chatter would interleave with the table
+    cls = getattr(diffusers, name)
+    config = {k: v for k, v in data.items() if not k.startswith("_")}
+
+    def build(layers: int | None) -> torch.nn.Module:
+        module: torch.nn.Module = cls.from_config(config)
+        return module
+
+    note = (
+        f"diffusers {name}: a training step is noise prediction, MSE of the output against a target of its shape; "
+        "the sequence length is the text encoder's (cross-attention) length"
+    )
+    return _Choice(build, False, f"diffusers-{DIFFUSERS_INPUTS[name]}", name, None, config, notes=(note,))
+
+
+def _diffusers_inputs(config: dict[str, Any], head: str, batch: int, seq: int, *, real: bool) -> dict[str, Any]:
+    """A UNet's ``sample`` (latents of ``sample_size``), a float ``timestep`` per sample (floats, so that the default
+    loss is the MSE of noise prediction, not a cross-entropy over integer inputs) and, for a conditioned UNet, the
+    text encoder's ``encoder_hidden_states`` of ``seq`` tokens; a VAE's image ``sample``."""
+    import torch
+
+    size = config.get("sample_size") or 64
+    height, width = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+    make = torch.randn if real else torch.zeros
+    sample = make((batch, int(config.get("in_channels", 4)), height, width))
+    if head == "diffusers-vae":
+        return {"sample": sample}
+    found: dict[str, Any] = {"sample": sample, "timestep": torch.full((batch,), 500.0)}
+    cross = config.get("cross_attention_dim")
+    if cross is not None:
+        width_of = int(cross[0] if isinstance(cross, list | tuple) else cross)
+        found["encoder_hidden_states"] = make((batch, seq, width_of))
+    return found
+
+
 def _choose_builder(path: Path, data: dict[str, Any]) -> _Choice:
     from dtypecheck.memory.decoder import LLAMA_LIKE, MINI_MODEL_TYPE
 
     model_type = data.get("model_type")
     blocks = data.get("num_hidden_layers")
+    if "_diffusers_version" in data or str(data.get("_class_name", "")) in DIFFUSERS_INPUTS:
+        return _diffusers_choice(path, data)
     if model_type == MINI_MODEL_TYPE:
         return _Choice(_mini_builder(path, data), True, "mini", MINI_MODEL_TYPE, blocks)
     try:
@@ -217,6 +272,8 @@ def build_from_config(path: Path, data: dict[str, Any], *, batch_size: int, seq_
         if choice.head == "mini":
             ids = torch.randint(0, vocab, (batch, seq)) if real else torch.zeros((batch, seq), dtype=torch.long)
             return {"input_ids": ids, "labels": ids} if (own_loss and module.training) else {"input_ids": ids}
+        if choice.head.startswith("diffusers-"):
+            return _diffusers_inputs(choice.hf_config, choice.head, batch, seq, real=real)
         return _hf_inputs(
             module, choice.hf_config, choice.head, batch, seq, train=module.training, labels=own_loss, real=real
         )
@@ -295,6 +352,9 @@ def open_hf_config(
     notes: tuple[str, ...] = ()
     if seq_len is not None and limit is not None and seq_len > limit.tokens:
         raise ParameterError(f"{{seq_len}} {seq_len:,} is beyond this model's {limit.name} ({limit.tokens:,})")
+    if seq_len is None and "_diffusers_version" in data:
+        seq_len = DIFFUSERS_TEXT_LEN
+        notes = (f"default text length {DIFFUSERS_TEXT_LEN} (CLIP's) for the cross-attention; --seq-len to change",)
     if seq_len is None:
         seq_len = DEFAULT_SEQ_LEN
         if limit is not None and limit.tokens < seq_len:
