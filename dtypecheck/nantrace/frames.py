@@ -36,7 +36,6 @@ class FrameFinder:
         # Frames above the runner are the command line (typer, click): never the user's line. Reaching it
         # means the op was called by dtypecheck itself (factory mode calling a library model directly).
         self._runner = str(Path(__file__).resolve().parent / "runner.py")
-        self._watch_runner = str(Path(__file__).resolve().parent / "watch" / "run.py")  # --watch's own runner
 
     def is_internal(self, code: CodeType) -> bool:
         verdict = self._internal.get(code)
@@ -59,7 +58,7 @@ class FrameFinder:
                 verdict = self.is_internal(code)
             if not verdict:
                 return code, frame.f_lineno
-            if code.co_filename in (self._runner, self._watch_runner):
+            if code.co_filename == self._runner:
                 return None
             frame = frame.f_back
         return None

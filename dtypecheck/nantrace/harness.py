@@ -1,4 +1,4 @@
-"""How nan-trace runs the user's code, traced (``runner``) or watched (``watch.run``) alike: a script as ``__main__``
+"""How nan-trace runs the user's code, traced or watched alike (``runner``): a script as ``__main__``
 with its own argv and import path, or a factory's model trained for N forward + backward + SGD steps.
 
 The two modes differ only in what watches the run and in what an exception becomes, so everything else lives here.

@@ -45,6 +45,6 @@ class RunSettings:
     steps: int = 3
     """Factory mode: forward + backward + SGD steps to run (a script runs its own loop)."""
     watch: bool = False
-    """``--watch``: cheap checks each step, full tracing of the step that failed (``watch/run.py`` runs it)."""
+    """``--watch``: cheap checks each step, full tracing of the step that failed (a ``Watcher``, not a ``Tracer``)."""
     optimizer_snapshot: bool = True
     """Watch mode copies the parameters and optimizer state before each update, to replay a NaN born inside it."""

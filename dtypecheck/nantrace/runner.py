@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from dtypecheck.errors import InputError, UserCodeError
 from dtypecheck.nantrace.harness import FactoryTraining, as_main, finished, release, run_main
@@ -15,7 +15,10 @@ from dtypecheck.progress import ProgressCallback, no_progress
 from dtypecheck.usercode import check_python_file, python_target, raise_user_error, user_traceback
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from dtypecheck.nantrace.distributed import Session
+    from dtypecheck.nantrace.watch.watcher import Watcher
 
 
 def split_target(target: str) -> tuple[Path, str | None]:
@@ -31,18 +34,15 @@ def run_script(
     stdout: TextIO | None = None,
     session: Session | None = None,
 ) -> NanTraceReport:
-    """Run ``path`` as ``__main__`` with ``argv`` under tracing; its prints go to ``stdout`` when given.
+    """Run ``path`` as ``__main__`` with ``argv`` under tracing (watched with ``settings.watch``); its prints go to
+    ``stdout`` when given.
 
-    ``session``: this process is one rank of a distributed run (``distributed.Session``). With
-    ``settings.watch`` the script runs watched (``watch.run``)."""
-    if settings.watch:
-        from dtypecheck.nantrace.watch.run import run_script_watched
-
-        return run_script_watched(path, argv, settings, stdout=stdout, session=session)
+    ``session``: this process is one rank of a distributed run (``distributed.Session``)."""
     check_python_file(path)
-    tracer = Tracer(dataclasses.replace(settings.options, stop_run=True, restore_default_dtype=True))
+    tracer = _tracer(settings)
     if session is not None:
-        session.attach(tracer, lambda: finished(tracer, settings, str(path)))
+        # The session only calls interrupt() on what it watches, which a Watcher has as a Tracer does.
+        session.attach(cast("Tracer", tracer), lambda: finished(tracer, settings, str(path)))
     failure: dict[str, Any] = {}
     namespace: dict[str, Any] = {}
     try:
@@ -52,15 +52,67 @@ def run_script(
     except StopTracing:
         pass
     except SystemExit as exc:
-        if exc.code not in (None, 0) and not tracer.found_nonfinite:
+        if exc.code not in (None, 0) and not _found_nonfinite(tracer):
             raise UserCodeError(f"{path.name} exited with status {exc.code}") from None
     except Exception as exc:  # noqa: BLE001  (the user's own exception becomes exit 3 with their traceback)
-        # After a non-finite producer the exception is its consequence (in the report): exit 1, not 3.
-        if not tracer.found_nonfinite:
-            failure = _dtype_failure_or_raise(tracer, exc, path.name, path)
+        failure = _failure(tracer, exc, path.name, path)
     finally:
         release(namespace, session)
     return finished(tracer, settings, str(path), **failure)
+
+
+def run_factory(
+    path: Path, name: str, steps: int, settings: RunSettings, *, progress: ProgressCallback = no_progress
+) -> NanTraceReport:
+    """Run ``steps`` forward + backward + SGD steps of the factory's model under tracing (watched with
+    ``settings.watch``)."""
+    training = FactoryTraining.load(path, name, settings)
+    tracer = _tracer(settings, training.model)
+    failure: dict[str, Any] = {}
+    try:
+        with tracer:
+            training.train(steps, progress)
+    except StopTracing:
+        pass
+    except InputError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        failure = _failure(tracer, exc, f"{name}'s model", path)
+    if isinstance(tracer, Tracer):
+        failure = {"steps": training.done, **failure}  # a watcher counts the steps it checked itself
+    return finished(tracer, settings, f"{path}:{name}", **failure)
+
+
+def _stop() -> None:
+    raise StopTracing
+
+
+def _tracer(settings: RunSettings, model: nn.Module | None = None) -> Tracer | Watcher:
+    """A full ``Tracer`` that stops the run at the first finding, or with ``settings.watch`` a ``Watcher`` that
+    ends it once the failing step is replayed."""
+    options = dataclasses.replace(settings.options, restore_default_dtype=True)
+    if settings.watch:
+        from dtypecheck.nantrace.watch.watcher import Watcher
+
+        return Watcher(options, model=model, on_found=_stop, optimizer_snapshot=settings.optimizer_snapshot)
+    names = None if model is None else {id(m): n for n, m in model.named_modules()}
+    return Tracer(dataclasses.replace(options, stop_run=True), module_names=names, model=model)
+
+
+def _found_nonfinite(tracer: Tracer | Watcher) -> bool:
+    """A full trace that already found a non-finite producer reports the script's exception as its consequence
+    (exit 1); watch mode ends the run at its finding, so an exception there is the user's own (exit 3)."""
+    return isinstance(tracer, Tracer) and tracer.found_nonfinite
+
+
+def _failure(tracer: Tracer | Watcher, exc: Exception, what: str, user_file: Path) -> dict[str, Any]:
+    """The report arguments after the traced code raised ``exc``: none after a non-finite producer (the exception
+    is its consequence), an explained dtype mismatch under a full trace, else exit 3 with the user's traceback."""
+    if _found_nonfinite(tracer):
+        return {}
+    if not isinstance(tracer, Tracer):  # watch mode does not explain dtype mismatches
+        raise_user_error(exc, what, user_file)
+    return _dtype_failure_or_raise(tracer, exc, what, user_file)
 
 
 def _dtype_failure_or_raise(tracer: Tracer, exc: BaseException, what: str, user_file: Path) -> dict[str, Any]:
@@ -80,30 +132,3 @@ def _dtype_failure_or_raise(tracer: Tracer, exc: BaseException, what: str, user_
     if probe.dtype_error is None:
         raise_user_error(exc, what, user_file)
     return {"dtype_error": probe.dtype_error, "status": probe.status}
-
-
-def run_factory(
-    path: Path, name: str, steps: int, settings: RunSettings, *, progress: ProgressCallback = no_progress
-) -> NanTraceReport:
-    """Run ``steps`` forward + backward + SGD steps of the factory's model under tracing (watched with
-    ``settings.watch``)."""
-    if settings.watch:
-        from dtypecheck.nantrace.watch.run import run_factory_watched
-
-        return run_factory_watched(path, name, steps, settings, progress=progress)
-    training = FactoryTraining.load(path, name, settings)
-    names = {id(m): n for n, m in training.model.named_modules()}
-    options = dataclasses.replace(settings.options, stop_run=True, restore_default_dtype=True)
-    tracer = Tracer(options, module_names=names, model=training.model)
-    failure: dict[str, Any] = {}
-    try:
-        with tracer:
-            training.train(steps, progress)
-    except StopTracing:
-        pass
-    except InputError:
-        raise
-    except Exception as exc:  # noqa: BLE001
-        if not tracer.found_nonfinite:
-            failure = _dtype_failure_or_raise(tracer, exc, f"{name}'s model", path)
-    return finished(tracer, settings, f"{path}:{name}", steps=training.done, **failure)

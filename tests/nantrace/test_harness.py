@@ -12,7 +12,7 @@ import torch
 
 from dtypecheck.nantrace.harness import FactoryTraining, as_main, default_loss, run_main
 from dtypecheck.nantrace.options import RunSettings
-from dtypecheck.nantrace.watch.run import run_script_watched
+from dtypecheck.nantrace.runner import run_script
 
 MOVES = """
 import os
@@ -39,7 +39,7 @@ def test_a_watched_script_that_changes_directory_leaves_the_callers_in_place(tmp
     script = tmp_path / "train.py"
     script.write_text(MOVES, encoding="utf-8")
     cwd = Path.cwd()
-    report = run_script_watched(script, [], RunSettings(watch=True), stdout=io.StringIO())
+    report = run_script(script, [], RunSettings(watch=True), stdout=io.StringIO())
     assert (report.status, Path.cwd()) == ("clean", cwd)
 
 
