@@ -51,6 +51,16 @@ class RankInfo:
     run_id: str
 
 
+def store_client(info: RankInfo) -> Any:
+    """A client of the store the launcher (torchrun, ``--nproc``) hosts at ``MASTER_ADDR:MASTER_PORT``: ranks
+    exchange reports through it without a process group."""
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    return TCPStore(
+        info.master_addr, info.master_port, is_master=False, timeout=timedelta(seconds=60), wait_for_workers=False
+    )
+
+
 def rank_info(environ: dict[str, str] | None = None) -> RankInfo | None:
     """From ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``; None for a single process."""
     env = os.environ if environ is None else environ
@@ -139,15 +149,7 @@ class Session:
 
     def _client(self) -> Any:
         if self._store is None:
-            from torch.distributed import TCPStore  # type: ignore[attr-defined]
-
-            self._store = TCPStore(
-                self.info.master_addr,
-                self.info.master_port,
-                is_master=False,
-                timeout=timedelta(seconds=60),
-                wait_for_workers=False,
-            )
+            self._store = store_client(self.info)
         return self._store
 
     def _has(self, key: str) -> bool:

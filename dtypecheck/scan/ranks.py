@@ -18,7 +18,6 @@ import pickle
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import TYPE_CHECKING, Protocol, cast
 
 from dtypecheck.errors import DtypecheckError, ExitCode
@@ -75,11 +74,9 @@ class Ranks:
     @classmethod
     def connect(cls, info: RankInfo, scan_number: int = 0) -> Ranks:
         """A client of the store the launcher hosts at ``MASTER_ADDR:MASTER_PORT`` (as nan-trace's ranks use)."""
-        from torch.distributed import TCPStore  # type: ignore[attr-defined]
+        from dtypecheck.nantrace.distributed import store_client
 
-        store = TCPStore(
-            info.master_addr, info.master_port, is_master=False, timeout=timedelta(seconds=60), wait_for_workers=False
-        )
+        store = store_client(info)
         # torch's stub types the value as str; TCPStore takes bytes as well
         return cls(info.rank, info.world_size, cast("Store", store), f"dtypecheck/scan/{info.run_id}/{scan_number}/")
 
