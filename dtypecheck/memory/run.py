@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dtypecheck.errors import InputError, ParameterError
-from dtypecheck.loaders.hub import resolve_hub_config
 from dtypecheck.memory.config_models import open_hf_config
 from dtypecheck.memory.devices import DeviceBudget, default_device, parse_fit
 from dtypecheck.memory.estimate import EstimateOptions, estimate_subject
@@ -94,6 +93,8 @@ def open_subject(
         return open_factory(target, batch_size=batch_size, loss=loss)
     path = Path(target)
     if not path.exists():
+        from dtypecheck.loaders.hub import resolve_hub_config  # only for a path that does not exist
+
         hub_config = resolve_hub_config(target)
         if hub_config is None:
             raise InputError(f"no such file or directory: {target}")
