@@ -20,6 +20,7 @@ from dtypecheck.cli._app import (
     emit,
     pick,
     project_config,
+    settle_start_up_heap,
     user_code_guard,
 )
 from dtypecheck.errors import ExitCode, ParameterError, UsageError
@@ -259,9 +260,12 @@ def resolve_memory_options(
 
 def execute_memory(command: MemoryCommand) -> int:
     """Estimate (with the fit and the measurement asked for), render through ``emit``, return the exit code."""
+    import torch  # noqa: F401  (the estimate's one heavy import, made before the heap is settled)
+
     from dtypecheck.memory import estimate_memory
     from dtypecheck.render.progress import progress_bar
 
+    settle_start_up_heap()
     with (
         flags_named(),
         user_code_guard(command.model),

@@ -14,6 +14,9 @@ if TYPE_CHECKING:
 def new_fake_mode() -> FakeTensorMode:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from dtypecheck.memory.lazy_dynamo import defer_dynamo_import
+
+    defer_dynamo_import()
     # Real tensors may meet fake ones (a constant a module creates in forward): treat them as fake too.
     return FakeTensorMode(allow_non_fake_inputs=True)
 
@@ -40,8 +43,10 @@ def fakify_module(module: torch.nn.Module, mode: FakeTensorMode) -> torch.nn.Mod
             if param is None:
                 continue
             if id(param) not in memo:
+                # Made outside the mode: inside it, a meta tensor's detach() is converted as a foreign input.
+                fake = fake_tensor(mode, param)
                 with mode:
-                    memo[id(param)] = nn.Parameter(fake_tensor(mode, param), requires_grad=param.requires_grad)
+                    memo[id(param)] = nn.Parameter(fake, requires_grad=param.requires_grad)
             sub._parameters[name] = memo[id(param)]
         for name, buffer in list(sub._buffers.items()):
             if buffer is None:

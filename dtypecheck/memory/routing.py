@@ -18,6 +18,8 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from dtypecheck.memory.workspaces import op_name
+
 if TYPE_CHECKING:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -106,7 +108,7 @@ class Shadows:
 
         tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         known = all(t in self.values for t in tensors)
-        name = str(func)
+        name = op_name(func)
         if name == "aten._local_scalar_dense.default":
             if known and tensors:
                 with unset_fake_temporarily():
@@ -199,7 +201,7 @@ class Shadows:
         """An op fake tensors cannot size: run it on the known values, or index with the known mask's positions."""
         import torch
 
-        name = str(func)
+        name = op_name(func)
         if known:
             real = self._run_real(func, args, kwargs)
             fake = self._to_fake(real)

@@ -33,13 +33,23 @@ _BATCH_DIMS = {"aten.mkldnn_rnn_layer.default": (1, None, None, None, None, 0, 0
 
 _BFLOAT16_META_ONLY = frozenset({"aten._grouped_mm.default"})
 
+_OP_NAMES: dict[Any, str] = {}
+
+
+def op_name(func: Any) -> str:
+    """``str(func)`` ("aten.view.default"), made once per op: the tracer asks for it several times per call."""
+    name = _OP_NAMES.get(func)
+    if name is None:
+        name = _OP_NAMES[func] = str(func)
+    return name
+
 
 def run_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``func(*args, **kwargs)`` on fake tensors, shaping a bfloat16-only meta kernel in bfloat16."""
     import torch
     from torch.utils._pytree import tree_map
 
-    if str(func) not in _BFLOAT16_META_ONLY:
+    if op_name(func) not in _BFLOAT16_META_ONLY:
         return func(*args, **kwargs)
     dtypes = {a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()}
     if dtypes <= {torch.bfloat16}:
@@ -56,7 +66,7 @@ def run_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 def workspace_output(func: Any) -> int | None:
     """The index of ``func``'s workspace output, when fake tensors cannot size it."""
-    return _WORKSPACE_OUTPUT.get(str(func))
+    return _WORKSPACE_OUTPUT.get(op_name(func))
 
 
 def _shapes(args: tuple[Any, ...]) -> tuple[Any, ...]:

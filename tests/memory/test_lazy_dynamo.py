@@ -1,0 +1,122 @@
+"""estimate-memory runs fake tensors without importing torch._dynamo, and leaves torch whole for what comes after.
+
+Each check runs in a fresh interpreter: whether ``torch._dynamo`` is imported is a property of the process.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.memory._fixtures import DECODER
+
+DEEP = {**DECODER, "num_hidden_layers": 6}  # deeper than the shallow traces: the extrapolated path
+
+
+def _python(code: str, *args: str) -> dict[str, object]:
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    result: dict[str, object] = json.loads(done.stdout.splitlines()[-1])
+    return result
+
+
+ESTIMATE = """
+    import json, sys
+    if sys.argv[2] == "dynamo-first":
+        import torch._dynamo
+    from dtypecheck.memory import estimate_memory
+    report = estimate_memory(sys.argv[1])
+    print(json.dumps({
+        "totals": [row.bytes.total for row in report.estimates],
+        "dynamo": "torch._dynamo.convert_frame" in sys.modules,
+    }))
+"""
+
+
+@pytest.fixture(scope="module")
+def deep_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("deep")
+    (folder / "config.json").write_text(json.dumps(DEEP), encoding="utf-8")
+    return folder
+
+
+def test_a_config_estimate_does_not_import_dynamo_and_equals_one_made_with_it(deep_config: Path) -> None:
+    without = _python(ESTIMATE, str(deep_config), "fresh")
+    with_dynamo = _python(ESTIMATE, str(deep_config), "dynamo-first")
+    assert without["dynamo"] is False
+    assert with_dynamo["dynamo"] is True
+    assert without["totals"] == with_dynamo["totals"]
+    totals = without["totals"]
+    assert isinstance(totals, list)
+    assert len(totals) == 9  # the default grid
+
+
+def test_torch_dynamo_is_whole_after_an_estimate(deep_config: Path) -> None:
+    code = """
+        import json, sys
+        from dtypecheck.memory import estimate_memory
+        estimate_memory(sys.argv[1])
+        import torch
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        raw = FakeTensorMode.__dict__["__torch_dispatch__"].__wrapped__
+        served_as_is = getattr(raw, "__dynamo_disable", None) is raw
+        compiling = torch._dynamo.is_compiling()  # an attribute the stand-in does not hold: the real package loads
+        compiled = torch.compile(lambda x: x * 2 + 1, backend="eager")(torch.arange(3.0)).tolist()
+        print(json.dumps({
+            "served_as_is": served_as_is,
+            "compiling": compiling,
+            "real": type(torch._dynamo).__name__ == "module" and sys.modules["torch._dynamo"] is torch._dynamo,
+            "one_config": torch._dynamo.config is sys.modules["torch._dynamo.config"],
+            "compiled": compiled,
+            "frame_now": getattr(raw, "__dynamo_disable", None) not in (None, raw),
+        }))
+    """
+    result = _python(code, str(deep_config))
+    assert result == {
+        "served_as_is": True,  # during the estimate, no dynamo-disable frame was built
+        "compiling": False,
+        "real": True,
+        "one_config": True,
+        "compiled": [1.0, 3.0, 5.0],
+        "frame_now": True,  # the first dispatch after the real import built the real frame
+    }
+
+
+def test_a_dynamo_submodule_imported_under_the_stand_in_is_loaded_once_by_the_real_package() -> None:
+    code = """
+        import importlib.util, json, sys
+        import torch
+        from dtypecheck.memory.lazy_dynamo import defer_dynamo_import
+        defer_dynamo_import()
+        stand_in = torch._dynamo
+        spec = importlib.util.find_spec("torch._dynamo")
+        before = "torch._dynamo.convert_frame" in sys.modules
+        from torch._dynamo.source import ConstantSource
+        import torch._dynamo.source as again
+        module = sys.modules["torch._dynamo.source"]
+        print(json.dumps({
+            "spec": spec.name,
+            "stand_in": type(stand_in).__name__,
+            "before": before,
+            "real": sys.modules["torch._dynamo"] is torch._dynamo and type(torch._dynamo).__name__ == "module",
+            "same": again is module and torch._dynamo.source is module and ConstantSource is module.ConstantSource,
+            "module_spec": module.__spec__.name,
+            "works": ConstantSource("x").source_name,
+        }))
+    """
+    assert _python(code) == {
+        "spec": "torch._dynamo",
+        "stand_in": "_StandIn",
+        "before": False,
+        "real": True,
+        "same": True,
+        "module_spec": "torch._dynamo.source",
+        "works": "x",
+    }
