@@ -11,12 +11,16 @@ batch (model states dominate) and a large one (activations dominate), the estima
 step against the peak PyTorch's MemTracker measures on a real CPU step (after a warm-up step, so the optimizer
 states exist). Rows: float32 and bfloat16 autocast (amp). Target: |error| <= 10%.
 
-Speed: wall time of estimating a Llama-2-70B-shaped config (default grid, every row), median of --repeats runs
-in fresh processes, and the same with the deep model traced in full instead of extrapolated from shallow copies.
+Speed: wall and CPU time of estimating a Llama-2-70B-shaped config (default grid, every row), median of --repeats
+runs in fresh processes, once as dtypecheck's own decoder (``model_type: dtypecheck-decoder``, issue 23.4's <= 2 s)
+and once as the Hub's ``llama`` config that transformers builds; ``--against`` times another checkout alternately
+(before and after in one run); ``--full-trace`` also traces the deep model in full instead of extrapolating.
 
     .venv/bin/python benchmarks/bench_memory.py --repeats 3
     .venv/bin/python benchmarks/bench_memory.py --suite step          # issue 12's models only
     .venv/bin/python benchmarks/bench_memory.py --suite fit           # issue 22's --fit answers and wall times
+    git worktree add /tmp/before b2825a2                               # issue 23.4: before and after, one run
+    .venv/bin/python benchmarks/bench_memory.py --suite speed --repeats 7 --against /tmp/before
 """
 
 from __future__ import annotations
@@ -96,6 +100,21 @@ DECODER = {
     "num_attention_heads": 8,
     "num_key_value_heads": 4,
     "tie_word_embeddings": True,
+}
+LLAMA_70B_HF = {
+    # A Llama-2-70B config.json as the Hub has it (the fields the model reads): built as transformers'
+    # LlamaForCausalLM, whose import alone takes ~2 s (it imports torch._dynamo itself).
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "vocab_size": 32000,
+    "hidden_size": 8192,
+    "intermediate_size": 28672,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-05,
+    "hidden_act": "silu",
 }
 LLAMA_70B = {
     "model_type": "dtypecheck-decoder",
@@ -208,12 +227,13 @@ def step_accuracy() -> list[tuple[str, str, int, int, float, str]]:
     return rows
 
 
-def _time_cli(folder: Path, extra_env: dict[str, str] | None = None) -> tuple[float, float]:
-    """Wall and CPU (user + system) seconds of one whole estimate-memory process."""
+def _time_cli(folder: Path, checkout: Path | None = None) -> tuple[float, float]:
+    """Wall and CPU (user + system) seconds of one whole estimate-memory process (of the code in ``checkout``,
+    another clone or worktree of the repository, when given)."""
     import os
     import resource
 
-    env = dict(os.environ, **(extra_env or {}))
+    env = dict(os.environ, PYTHONPATH=str(checkout)) if checkout else None
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(
@@ -222,6 +242,7 @@ def _time_cli(folder: Path, extra_env: dict[str, str] | None = None) -> tuple[fl
         text=True,
         check=False,
         env=env,
+        cwd=checkout,
     )
     elapsed = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -241,17 +262,29 @@ print(json.dumps([time.perf_counter() - start, [r.bytes.total for r in report.es
 """
 
 
-def speed(folder: Path, repeats: int, full: bool) -> None:
+def speed(folder: Path, repeats: int, full: bool, against: Path | None = None) -> None:
     big = folder / "llama70b"
     big.mkdir(exist_ok=True)
     (big / "config.json").write_text(json.dumps(LLAMA_70B), encoding="utf-8")
-    runs = [_time_cli(big) for _ in range(repeats)]
-    wall = statistics.median(w for w, _ in runs)
-    cpu = statistics.median(c for _, c in runs)
-    print(
-        f"\n70B config, default grid (9 rows), whole process: median {wall:.2f} s wall, {cpu:.2f} s CPU over {repeats}"
-        f" (walls {', '.join(f'{w:.2f}' for w, _ in runs)})"
-    )
+    hub = folder / "llama70b-hf"
+    hub.mkdir(exist_ok=True)
+    (hub / "config.json").write_text(json.dumps(LLAMA_70B_HF), encoding="utf-8")
+    for title, config in (("70B config (dtypecheck-decoder)", big), ("Llama-2-70B config (transformers)", hub)):
+        runs: dict[str, list[tuple[float, float]]] = {"this tree": [], str(against): []}
+        for _ in range(repeats):  # alternated, so that both see the same load on shared cores
+            runs["this tree"].append(_time_cli(config))
+            if against is not None:
+                runs[str(against)].append(_time_cli(config, against))
+        print(f"\n{title}, default grid (9 rows), whole process, medians over {repeats}:")
+        medians = {}
+        for name, times in runs.items():
+            if times:
+                medians[name] = (statistics.median(w for w, _ in times), statistics.median(c for _, c in times))
+                walls = ", ".join(f"{w:.2f}" for w, _ in times)
+                print(f"  {name}: {medians[name][0]:.2f} s wall, {medians[name][1]:.2f} s CPU (walls {walls})")
+        if against is not None:
+            (wall, cpu), (then_wall, then_cpu) = medians["this tree"], medians[str(against)]
+            print(f"  this tree / {against}: {wall / then_wall:.2f}x wall, {cpu / then_cpu:.2f}x CPU")
     if full:
         done = subprocess.run([sys.executable, "-c", FULL_TRACE, str(big)], capture_output=True, text=True, check=True)
         seconds, totals = json.loads(done.stdout)
@@ -355,6 +388,12 @@ def main() -> None:
     parser.add_argument("--suite", choices=("all", "step", "speed", "fit"), default="all")
     parser.add_argument("--fit-device", default="h100-80gb", help="the --fit target of --suite fit")
     parser.add_argument("--full-trace", action="store_true", help="also trace the 70B model in full (slow)")
+    parser.add_argument(
+        "--against",
+        type=Path,
+        help="--suite speed: also time this checkout of the repository (e.g. a `git worktree` of an older commit), "
+        "alternating runs with this tree",
+    )
     args = parser.parse_args()
     sys.path.insert(0, str(HERE.parent.parent))  # the repository root: ``benchmarks`` and ``dtypecheck``
     if args.suite in ("all", "step"):
@@ -369,7 +408,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         if args.suite == "speed":
-            speed(folder, args.repeats, args.full_trace)
+            speed(folder, args.repeats, args.full_trace, args.against)
             return
         if args.suite == "fit":
             fit_answers(folder, args.fit_device, "bfloat16")

@@ -158,13 +158,18 @@ def _shards(strategy: Strategy, world_size: int) -> tuple[int, int, int]:
 
 SHALLOW_LAYERS = (1, 2, 3)
 """Block counts traced to extrapolate a deep model: two to extrapolate from, a third to check linearity."""
+LATER_SHALLOW_LAYERS = (2, 3, 4)
+"""The same from the second block on, when the first block's bytes differ from the rest's (its input is the
+embedding's output, not a block's: a 70B Llama config's inference peak grows from 1 to 2 blocks, not after)."""
 
 
 class TraceCache:
     """Traces each distinct pass once: rows that compute alike share a profile. A model of many identical
     blocks (a config's ``num_hidden_layers``) is traced at 1 and 2 blocks and extrapolated when the bytes grow
     by the same step per block; the first inference pass and the first training pass are also traced at 3
-    blocks to check that step. This is what keeps a 70B config to seconds."""
+    blocks to check that step. Where the step from 1 to 2 blocks differs from the next, a trace at 4 blocks checks
+    whether the steps agree from the second block on, and the pass is extrapolated from 2 and 3 blocks. This is
+    what keeps a 70B config to seconds."""
 
     def __init__(self, subject: Subject, checkpointing: bool, progress: ProgressCallback, total: int) -> None:
         self.subject = subject
@@ -173,9 +178,15 @@ class TraceCache:
         self.total = total
         self.cache: dict[tuple[int, str, bool], Profile | None] = {}
         self.shallow: dict[int, Traceable] = {}
-        self.linear: dict[bool, bool] = {}
-        """Per pass kind (training or not): whether its bytes were checked to grow by one step per block."""
-        self.extrapolated = False
+        self.linear_from: dict[bool, int | None] = {}
+        """Per pass kind (training or not): the block count from which its bytes were checked to grow by one step
+        per block, None when they were not."""
+        self.extrapolated_from: dict[bool, int] = {}
+        """Per pass kind (training or not) extrapolated: the smaller block count it was extrapolated from."""
+
+    @property
+    def extrapolated(self) -> bool:
+        return bool(self.extrapolated_from)
 
     def get(self, row: Row) -> Profile | None:
         traceable = self.subject.traceable
@@ -193,25 +204,66 @@ class TraceCache:
     def _profile(self, traceable: Traceable, row: Row, compute: DtypeSpec, amp: bool) -> Profile:
         layers = traceable.layers
         training = row.mode == "training"
-        if layers and traceable.with_layers is not None and layers > SHALLOW_LAYERS[-1]:
-            checked = training in self.linear
-            if checked and not self.linear[training]:
+        if not (layers and layers > SHALLOW_LAYERS[-1] and self._shallow_built(SHALLOW_LAYERS)):
+            return self._trace(traceable, row, compute, amp)
+        if training in self.linear_from:
+            start = self.linear_from[training]
+            if start is None:
                 return self._trace(traceable, row, compute, amp)
-            counts = SHALLOW_LAYERS[:2] if checked else SHALLOW_LAYERS
-            try:
-                for count in counts:
-                    if count not in self.shallow:
-                        self.shallow[count] = traceable.with_layers(count)
-            except InputError:
-                traceable.with_layers = None  # this config cannot be built shallower: trace it whole
+            profiles = self._shallow_traces((start, start + 1), row, compute, amp)
+        else:
+            profiles = self._shallow_traces(SHALLOW_LAYERS, row, compute, amp)
+            start = SHALLOW_LAYERS[0] if linear_profiles(profiles) else None
+            if start is None and layers > LATER_SHALLOW_LAYERS[-1] and self._shallow_built(LATER_SHALLOW_LAYERS):
+                profiles = profiles[1:] + self._shallow_traces(LATER_SHALLOW_LAYERS[-1:], row, compute, amp)
+                start = LATER_SHALLOW_LAYERS[0] if linear_profiles(profiles) else None
+            self.linear_from[training] = start
+            if start is None:
                 return self._trace(traceable, row, compute, amp)
-            profiles = [self._trace(self.shallow[count], row, compute, amp) for count in counts]
-            if not checked:
-                self.linear[training] = linear_profiles(profiles)
-            if self.linear[training]:
-                self.extrapolated = True
-                return ExtrapolatedProfile(profiles[0], profiles[1], SHALLOW_LAYERS[0], layers)
-        return self._trace(traceable, row, compute, amp)
+        self.extrapolated_from[training] = start
+        return ExtrapolatedProfile(profiles[0], profiles[1], start, layers)
+
+    def _shallow_built(self, counts: tuple[int, ...]) -> bool:
+        """Whether copies of the model with ``counts`` blocks exist (built now if need be); False (and never
+        again asked) when the config cannot be built shallower."""
+        traceable = self.subject.traceable
+        if traceable is None or traceable.with_layers is None:
+            return False
+        try:
+            for count in counts:
+                if count not in self.shallow:
+                    self.shallow[count] = traceable.with_layers(count)
+        except InputError:
+            traceable.with_layers = None
+            return False
+        return True
+
+    def _shallow_traces(
+        self, counts: tuple[int, ...], row: Row, compute: DtypeSpec, amp: bool
+    ) -> list[ActivationProfile]:
+        return [self._trace(self.shallow[count], row, compute, amp) for count in counts]
+
+    def extrapolation_note(self) -> str | None:
+        """What the extrapolations assumed, in one note: the same words as before when every pass kind was
+        extrapolated from 1 and 2 blocks, each kind's own counts otherwise."""
+        if not self.extrapolated_from:
+            return None
+        layers = self.subject.traceable.layers if self.subject.traceable else 0
+
+        def said(start: int) -> str:
+            shallow = SHALLOW_LAYERS if start == SHALLOW_LAYERS[0] else LATER_SHALLOW_LAYERS
+            differing = "" if shallow is SHALLOW_LAYERS else ", the first block differing"
+            return (
+                f"from traces with {shallow[0]} and {shallow[1]} blocks (their growth per block checked equal at "
+                f"{shallow[2]}{differing})"
+            )
+
+        starts = set(self.extrapolated_from.values())
+        if starts == {SHALLOW_LAYERS[0]}:
+            return f"activations of {layers} identical blocks extrapolated {said(SHALLOW_LAYERS[0])}"
+        kinds = sorted(self.extrapolated_from.items(), key=lambda kind: kind[0])
+        each = "; ".join(f"{'training' if training else 'inference'} {said(start)}" for training, start in kinds)
+        return f"activations of {layers} identical blocks extrapolated: {each}"
 
     @staticmethod
     def _what(row: Row, compute: DtypeSpec) -> str:
@@ -380,11 +432,7 @@ def estimate_subject(
     info = subject.model_info()
     if profiles.notes():
         info = dataclasses.replace(info, notes=(*info.notes, *profiles.notes()))
-    if profiles.extrapolated:
-        note = (
-            f"activations of {subject.traceable.layers if subject.traceable else 0} identical blocks extrapolated "
-            f"from traces with {' and '.join(map(str, SHALLOW_LAYERS[:2]))} blocks (their growth per block checked "
-            f"equal at {SHALLOW_LAYERS[2]})"
-        )
+    note = profiles.extrapolation_note()
+    if note is not None:
         info = dataclasses.replace(info, notes=(*info.notes, note))
     return MemoryReport(info, estimates, None, tuple(skipped))

@@ -68,10 +68,14 @@ class _StandIn(types.ModuleType):
         self.served: list[Callable[..., Any]] = []
         """The functions ``disable`` returned as they are: their cached frame is dropped when the real one loads."""
 
-    def disable(self, fn: Callable[..., Any], recursive: bool = True, wrapping: bool = True) -> Callable[..., Any]:
-        # Nothing is compiled while dynamo is not loaded: a dynamo-disable frame would change nothing.
-        self.served.append(fn)
-        return fn
+    def disable(self, fn: Callable[..., Any] | None = None, recursive: bool = True, **kwargs: Any) -> Any:
+        if fn is not None and kwargs == {"wrapping": False}:
+            # torch's own lazy wrapper (``torch._disable_dynamo``) asking for the frame it caches on ``fn``:
+            # nothing is compiled while dynamo is not loaded, so ``fn`` itself serves until the real one loads.
+            self.served.append(fn)
+            return fn
+        # A decorator (``torch.compiler.disable``, the user's own): it must be the real one, kept for good.
+        return _load_real().disable(fn, recursive, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") and name.endswith("__"):

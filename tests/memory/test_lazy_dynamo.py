@@ -120,3 +120,23 @@ def test_a_dynamo_submodule_imported_under_the_stand_in_is_loaded_once_by_the_re
         "module_spec": "torch._dynamo.source",
         "works": "x",
     }
+
+
+def test_a_decorator_disabling_dynamo_under_the_stand_in_gets_the_real_disable() -> None:
+    # torch.compiler.disable at a class definition (transformers does this) must give a function dynamo skips for
+    # good, not the function itself: the stand-in serves only torch's own lazy wrappers.
+    code = """
+        import json, sys
+        import torch
+        from dtypecheck.memory.lazy_dynamo import defer_dynamo_import
+        defer_dynamo_import()
+        def step(x):
+            return x + 1
+        disabled = torch.compiler.disable(step, reason="views")
+        print(json.dumps({
+            "wrapped": disabled is not step,
+            "real": type(sys.modules["torch._dynamo"]).__name__ == "module",
+            "value": disabled(torch.ones(1)).item(),
+        }))
+    """
+    assert _python(code) == {"wrapped": True, "real": True, "value": 2.0}

@@ -159,6 +159,33 @@ def test_deep_config_is_extrapolated_exactly(tmp_path):
         assert report.estimates == full.estimates
 
 
+def test_a_config_whose_first_block_differs_is_extrapolated_from_the_second_exactly(tmp_path):
+    # A Llama whose first block peaks lower than the others (as a 70B Llama's inference pass does): the bytes
+    # grow from 1 to 2 blocks and not from 2 to 3, so 1 and 2 blocks cannot be extrapolated from; 2 and 3 can,
+    # checked at 4. The estimates must equal those of the model traced in full, all 6 blocks.
+    config = {
+        "model_type": "llama",
+        "vocab_size": 300,
+        "hidden_size": 64,
+        "intermediate_size": 224,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 1,
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    options = EstimateOptions(dtypes=(lookup("float32"), lookup("bfloat16")))
+    subject = open_subject(str(path), seq_len=16, batch_size=1)
+    report = estimate_memory(subject, options)
+    (note,) = [note for note in report.model.notes if "extrapolated" in note]
+    assert "from traces with 2 and 3 blocks (their growth per block checked equal at 4, the first block" in note
+    assert subject.traceable is not None
+    subject.traceable.with_layers = None
+    full = estimate_memory(subject, options)
+    assert not any("extrapolated" in note for note in full.model.notes)
+    assert report.estimates == full.estimates
+
+
 def test_linear_profiles_rejects_uneven_growth():
     from dtypecheck.memory.tracing import ActivationProfile
 
