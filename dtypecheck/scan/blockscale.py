@@ -119,10 +119,10 @@ def mx_loss(values: np.ndarray, last: int, target: DtypeSpec) -> Loss:
 @jit
 def _finite_max(values: np.ndarray, start: int, stop: int) -> float:
     best = 0.0
-    for i in range(start, stop):
-        a = abs(np.float64(values[i]))
-        if a < np.inf:
-            best = max(best, a)
+    block = values[start:stop]  # (indexes from 0: no wraparound test, the loop vectorises)
+    for i in range(block.shape[0]):
+        a = abs(np.float64(block[i]))
+        best = max(best, a if a < np.inf else 0.0)
     return best
 
 

@@ -57,6 +57,21 @@ def jit(func: F) -> F:
     return cast(F, compiled)
 
 
+def jit_sums(func: F) -> F:
+    """``jit``, with the float additions of ``func`` itself allowed to be reassociated (LLVM's ``reassoc`` flag
+    only: no assumption about NaN, inf or signed zeros), so that a loop summing floats vectorises.
+
+    The flag applies to the instructions compiled for ``func``, not to those of the jitted functions it calls
+    (they keep strict IEEE semantics when inlined), so exact arithmetic such as rounding belongs in a callee.
+    """
+    if not NUMBA:
+        return func
+    from numba import njit
+
+    compiled = njit(nogil=True, cache=True, boundscheck=False, error_model="numpy", fastmath={"reassoc"})(func)
+    return cast(F, compiled)
+
+
 @jit
 def _block_extremes(block: np.ndarray, mask: Any, sign_shift: Any) -> tuple[Any, Any, Any]:
     """(min key, max key, min magnitude) of one block: the vectorised loop every value goes through once.
