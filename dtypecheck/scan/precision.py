@@ -144,8 +144,15 @@ _BELOW = 1.0 - 2.0**-40
 filter that leaves the exact division to the few values that can raise the maximum."""
 
 
+@jit
+def relative_bar(max_rel: float) -> float:
+    """The bar ``group_sums`` flags relative errors above: just below ``max_rel`` (``_BELOW``), or inf once
+    ``max_rel`` is 1, which nothing exceeds (a rounding never errs by more than the value itself)."""
+    return max_rel * _BELOW if max_rel < 1.0 else np.inf
+
+
 @jit_sums
-def _group_sums(
+def group_sums(
     values: np.ndarray,
     start: int,
     stop: int,
@@ -158,7 +165,7 @@ def _group_sums(
 ) -> tuple[float, float, int, int, int]:
     """(signal, noise, underflow, overflow, candidates) of ``values[start:stop]`` times ``factor``: the loop of
     ``group_loss_into`` without a branch, so that it vectorises. A value that cannot count is zeroed rather than
-    skipped; ``candidates`` counts the values whose relative error might exceed ``bar`` (``_max_relative``
+    skipped; ``candidates`` counts the values whose relative error might exceed ``bar`` (``max_relative``
     finds which, exactly). Each value's terms are those of the scalar loop; only the sums' order differs."""
     signal = 0.0
     noise = 0.0
@@ -187,7 +194,7 @@ def _group_sums(
 
 
 @jit
-def _max_relative(
+def max_relative(
     values: np.ndarray,
     start: int,
     stop: int,
@@ -198,7 +205,7 @@ def _max_relative(
     clip: bool,
     max_rel: float,
 ) -> float:
-    """The largest of ``max_rel`` and the relative errors of ``values[start:stop]`` that ``_group_sums`` keeps."""
+    """The largest of ``max_rel`` and the relative errors of ``values[start:stop]`` that ``group_sums`` keeps."""
     bar = max_rel * _BELOW
     for i in range(start, stop):
         a = abs(np.float64(values[i]))
@@ -234,18 +241,17 @@ def group_loss_into(
     """``grouped_loss`` of ``values[start:stop]`` (any float dtype; non-finite values skipped) times ``factor``,
     added into ``out``: [signal, noise, max_rel, underflow, overflow] (float64: counts stay exact below 2**53).
 
-    One vectorised pass (``_group_sums``) sums and counts and tells whether any value's relative error may
-    exceed the largest so far; only then does a scalar pass (``_max_relative``) look for it. Once a tensor's
+    One vectorised pass (``group_sums``) sums and counts and tells whether any value's relative error may
+    exceed the largest so far; only then does a scalar pass (``max_relative``) look for it. Once a tensor's
     largest relative error is found (within its first few groups, for most data) the scalar pass seldom runs.
     The noise is summed in the scaled unit and divided by ``factor**2`` once per group (numpy divides each
     error first: the sums agree to a few ulps, like any change of summation order)."""
     max_rel = out[2]
-    bar = max_rel * _BELOW if max_rel < 1.0 else np.inf  # no rounding errs by more than the value itself
-    signal, noise, underflow, overflow, candidates = _group_sums(
-        values, start, stop, factor, mantissa_bits, emin, fmt_max, clip, bar
+    signal, noise, underflow, overflow, candidates = group_sums(
+        values, start, stop, factor, mantissa_bits, emin, fmt_max, clip, relative_bar(max_rel)
     )
     if candidates:
-        out[2] = _max_relative(values, start, stop, factor, mantissa_bits, emin, fmt_max, clip, max_rel)
+        out[2] = max_relative(values, start, stop, factor, mantissa_bits, emin, fmt_max, clip, max_rel)
     out[0] += signal
     out[1] += noise / (factor * factor)
     out[3] += underflow

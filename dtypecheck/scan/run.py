@@ -327,7 +327,9 @@ def _second_pass(pipeline: _Pipeline, scanners: list[TensorScanner]) -> None:
 
 def _scaled_jobs(scanner: TensorScanner) -> Iterator[Job]:
     absmax = scanner.scaling_absmax()
-    if scanner.plan is None:
+    # A source that defers its reads cuts chunks of chunk_bytes() (the last one ends the tensor): whole rows.
+    deferred = callable(getattr(scanner.record.source, "iter_readers", None))
+    if deferred and scanner.rows_whole(scanner.chunk_bytes()):
         for read, nbytes in _readers(scanner):
             job = partial(_on, scanner.second_pass, read, nbytes, absmax)
             yield job, scanner.merge_second, nbytes, scanner.record.name

@@ -158,12 +158,24 @@ class TensorScanner:
         return 2 if spec.kind == "complex" else spec.packed
 
     def chunk_bytes(self) -> int:
-        """Source bytes per chunk, so that the converted chunk stays near ``KERNEL_CHUNK_BYTES``."""
+        """Source bytes per chunk, so that the converted chunk stays near ``KERNEL_CHUNK_BYTES``; a whole number
+        of the rows the precision measures need (``MeasurePlan.unit``), so that a contiguous source's chunks
+        need no regrouping."""
         if self.mode != "float" or self.record.numel == 0:
             return KERNEL_CHUNK_BYTES
         source_itemsize = max(1, self.record.nbytes // max(1, self.record.numel))
         converted = self.values_per_element * (self.kernel.bits // 8)
-        return max(source_itemsize, KERNEL_CHUNK_BYTES * source_itemsize // max(converted, source_itemsize))
+        size = max(source_itemsize, KERNEL_CHUNK_BYTES * source_itemsize // max(converted, source_itemsize))
+        row = (self.plan.unit or 0) * source_itemsize if self.plan is not None else 0
+        return size - size % row if 0 < row <= size else size
+
+    def rows_whole(self, nbytes: int) -> bool:
+        """Whether a chunk of ``nbytes`` source bytes holds whole rows for the precision measures."""
+        unit = None if self.plan is None else self.plan.unit
+        if not unit or self.record.numel == 0:
+            return True
+        source_itemsize = max(1, self.record.nbytes // self.record.numel)
+        return nbytes % (unit * source_itemsize) == 0
 
     # --- per chunk (any thread) ----------------------------------------------------------------------
 
