@@ -37,6 +37,7 @@ from dtypecheck.scan.tensor import TensorScanner
 from dtypecheck.scan.verdicts import with_verdicts
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
     from dtypecheck.config import ScanPolicy
@@ -214,7 +215,7 @@ def _scan(
 Job = tuple[Callable[[], Any], Callable[[Any], None], int, str]
 """(work on a pool thread, merge on the main thread, source bytes, tensor name)."""
 
-Reader = tuple[Callable[..., "torch.Tensor"], int]
+Reader = tuple[Callable[..., "torch.Tensor | np.ndarray"], int]
 """(produce one chunk, its source bytes): sources that can defer their reads let the pool threads do them."""
 
 
@@ -228,12 +229,13 @@ def _data_key(record: TensorRecord) -> object | None:
 
 
 def _readers(scanner: TensorScanner) -> Iterator[Reader]:
+    """The tensor's chunk readers; a mapped source gives numpy arrays where it can (no torch import)."""
     source = scanner.record.source
     if source is None or not scanner.readable:
         return
     deferred = getattr(source, "iter_readers", None)
     if callable(deferred):
-        yield from deferred(scanner.chunk_bytes())
+        yield from deferred(scanner.chunk_bytes(), arrays=True)
         return
     for chunk in source.iter_chunks(scanner.chunk_bytes()):
         advise_willneed(chunk)
@@ -247,7 +249,7 @@ def _same(chunk: torch.Tensor, into: memoryview | None = None) -> torch.Tensor:
 _SCRATCH = threading.local()
 
 
-def _on(work: Callable[..., Any], read: Callable[..., torch.Tensor], nbytes: int, *args: Any) -> Any:
+def _on(work: Callable[..., Any], read: Callable[..., torch.Tensor | np.ndarray], nbytes: int, *args: Any) -> Any:
     """``work(chunk, *args)`` with the chunk read here, on the pool thread, into that thread's reusable buffer (a
     fresh buffer per chunk would cost the kernel's zero-filling of every page); ``work`` returns counts only."""
     import numpy as np
@@ -335,7 +337,9 @@ def _scaled_jobs(scanner: TensorScanner) -> Iterator[Job]:
             yield job, scanner.merge_second, nbytes, scanner.record.name
         return
     # Per-channel and MX measures need chunks cut on whole rows: read them here, in order, and regroup.
-    for chunk in scanner.second_chunks(read() for read, _ in _readers(scanner)):
+    source = scanner.record.source
+    assert source is not None  # (a scanner with a second pass read its values in the first)
+    for chunk in scanner.second_chunks(source.iter_chunks(scanner.chunk_bytes())):
         yield partial(scanner.second_pass, chunk, absmax), scanner.merge_second, _nbytes(chunk), scanner.record.name
 
 

@@ -179,16 +179,16 @@ class TensorScanner:
 
     # --- per chunk (any thread) ----------------------------------------------------------------------
 
-    def _float_values(self, chunk: torch.Tensor) -> np.ndarray:
+    def _float_values(self, chunk: torch.Tensor | np.ndarray) -> np.ndarray:
         assert self.spec is not None
         return float_values(chunk, self.kernel, self.float4_table)
 
-    def process(self, chunk: torch.Tensor) -> ChunkResult:
+    def process(self, chunk: torch.Tensor | np.ndarray) -> ChunkResult:
         if self.mode == "float":
             return self._process_float(chunk)
         return self._process_int(chunk)
 
-    def _process_float(self, chunk: torch.Tensor) -> ChunkResult:
+    def _process_float(self, chunk: torch.Tensor | np.ndarray) -> ChunkResult:
         kernel = self.kernel
         values = self._float_values(chunk)
         bits = values.view(kernel.int_dtype)
@@ -225,7 +225,7 @@ class TensorScanner:
             losses=None if self.plan is None else self.plan.measure_unscaled(values),
         )
 
-    def _process_int(self, chunk: torch.Tensor) -> ChunkResult:
+    def _process_int(self, chunk: torch.Tensor | np.ndarray) -> ChunkResult:
         return integer_chunk(chunk, self._int_targets())
 
     def merge(self, part: ChunkResult) -> None:
@@ -274,7 +274,7 @@ class TensorScanner:
         """The second pass's chunks: cut on whole rows when per-channel and MX scaling are measured."""
         return chunks if self.plan is None else self.plan.regroup(chunks)
 
-    def second_pass(self, chunk: torch.Tensor, absmax: float) -> tuple[dict[str, int], Losses | None]:
+    def second_pass(self, chunk: torch.Tensor | np.ndarray, absmax: float) -> tuple[dict[str, int], Losses | None]:
         values = self._float_values(chunk)
         bits = values.view(self.kernel.int_dtype)
         found = {}
@@ -286,7 +286,7 @@ class TensorScanner:
                 )
         return found, None if self.plan is None else self.plan.measure(values, absmax)
 
-    def finite_max_pass(self, chunk: torch.Tensor) -> int:
+    def finite_max_pass(self, chunk: torch.Tensor | np.ndarray) -> int:
         bits = self._float_values(chunk).view(self.kernel.int_dtype)
         return int(self.kernels.max_finite_magnitude(bits, self.mask, self.inf_bits))
 

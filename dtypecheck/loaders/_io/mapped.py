@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from dtypecheck.errors import InputError
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
     from dtypecheck.loaders.base import TensorSource
@@ -180,10 +181,24 @@ class Window(io.RawIOBase):
 
 
 def itemsize_of(dtype: str) -> int:
-    import torch
+    """Bytes per element of torch dtype ``dtype`` (sub-byte integers take a byte each, as in torch), from the
+    dtype registry: reading a checkpoint's layout needs no torch import."""
+    from dtypecheck.dtypes import lookup
 
-    size: int = getattr(torch, dtype).itemsize
-    return size
+    try:
+        bits = lookup(dtype).itemsize_bits
+    except Exception:  # noqa: BLE001 - a torch dtype the registry does not know: ask torch
+        import torch
+
+        size: int = getattr(torch, dtype).itemsize
+        return size
+    return (bits + 7) // 8
+
+
+NUMPY_DTYPES = frozenset(
+    ("float16", "float32", "float64", "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+)
+"""torch dtypes whose bytes numpy reads as the same values (little-endian, as checkpoints store them)."""
 
 
 def _frombuffer(buffer: mmap.mmap, offset: int, nbytes: int, dtype: str) -> torch.Tensor:
@@ -207,24 +222,39 @@ class MappedSource:
     dtype: str
 
     def iter_chunks(self, max_bytes: int) -> Iterator[torch.Tensor]:
-        for read, _nbytes in self.iter_readers(max_bytes):
-            yield read()
+        for offset, nbytes in self._cuts(max_bytes):
+            yield self._read(offset, nbytes)
 
-    def iter_readers(self, max_bytes: int) -> Iterator[tuple[Callable[[], torch.Tensor], int]]:
-        """(read one chunk, its bytes) for each chunk, without reading yet: a scanner calls the readers on its
-        worker threads, so the copies out of the page cache run in parallel. A reader takes an optional ``into``
-        buffer to reuse (the chunk then lives in it: the caller must be done with it before the next read)."""
+    def _cuts(self, max_bytes: int) -> Iterator[tuple[int, int]]:
         itemsize = itemsize_of(self.dtype)
         step = max(itemsize, (max_bytes // itemsize) * itemsize)
         for start in range(0, self.nbytes, step):
-            count = min(step, self.nbytes - start)
-            yield partial(self._read, self.offset + start, count), count
+            yield self.offset + start, min(step, self.nbytes - start)
+
+    def iter_readers(
+        self, max_bytes: int, *, arrays: bool = False
+    ) -> Iterator[tuple[Callable[..., torch.Tensor | np.ndarray], int]]:
+        """(read one chunk, its bytes) for each chunk, without reading yet: a scanner calls the readers on its
+        worker threads, so the copies out of the page cache run in parallel. A reader takes an optional ``into``
+        buffer to reuse (the chunk then lives in it: the caller must be done with it before the next read).
+
+        With ``arrays``, a dtype numpy reads (``NUMPY_DTYPES``) comes as a flat numpy array, so that a scan of
+        such a checkpoint never imports torch (about a second of start-up); other dtypes as torch tensors."""
+        read = self._read_array if arrays and self.dtype in NUMPY_DTYPES else self._read
+        for offset, nbytes in self._cuts(max_bytes):
+            yield partial(read, offset, nbytes), nbytes
 
     def _read(self, offset: int, nbytes: int, into: memoryview | None = None) -> torch.Tensor:
         import torch
 
         data = read_range(self.buffer, offset, nbytes, into)
         return torch.frombuffer(data, dtype=torch.uint8).view(getattr(torch, self.dtype))
+
+    def _read_array(self, offset: int, nbytes: int, into: memoryview | None = None) -> np.ndarray:
+        import numpy as np
+
+        data = read_range(self.buffer, offset, nbytes, into)
+        return np.frombuffer(data, dtype=np.dtype(self.dtype).newbyteorder("<"))
 
 
 STRIDED_COPY_LIMIT = 64 << 20
