@@ -51,9 +51,13 @@ def float4_table(fmt: FloatFormat) -> np.ndarray:
 def float_values(chunk: torch.Tensor | np.ndarray, kernel: KernelFormat, float4: np.ndarray | None) -> np.ndarray:
     """The chunk's values as a flat float32 (float64 for 64-bit formats) array: every conversion is exact;
     complex chunks give their real and imaginary parts, float4 chunks both values of each byte. A numpy chunk
-    is float16, float32 or float64 (``NUMPY_DTYPES``)."""
-    if isinstance(chunk, np.ndarray):  # float16/32/64 read by numpy (``MappedSource`` arrays): no torch needed
+    is float16, float32 or float64 (``NUMPY_DTYPES``), or uint16 holding bfloat16 bit patterns: bfloat16 is
+    float32 without its low 16 bits, so shifting them back in is the exact conversion."""
+    if isinstance(chunk, np.ndarray):  # read by numpy (``MappedSource`` arrays): no torch needed
         flat = chunk.reshape(-1)
+        if flat.dtype == np.uint16:
+            widened: np.ndarray = (flat.astype(np.uint32) << np.uint32(16)).view(np.float32)
+            return widened
         kernel_dtype = np.float64 if kernel is FLOAT64 else np.float32
         return flat if flat.dtype == kernel_dtype else flat.astype(kernel_dtype)
     import torch

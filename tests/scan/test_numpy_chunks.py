@@ -31,7 +31,8 @@ def _mixed(path: Path) -> Path:
         "f32": torch.from_numpy(x.astype(np.float32)),
         "f16": torch.from_numpy(np.where(np.isinf(x), x, np.clip(x, -6e4, 6e4)).astype(np.float16)),
         "f64": torch.from_numpy(x),
-        "bf16": torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16),  # (a torch chunk: numpy has no bf16)
+        "bf16": torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16),  # (numpy: bit patterns, widened)
+        "e4m3": torch.from_numpy(np.clip(x, -400, 400).astype(np.float32)).to(torch.float8_e4m3fn),  # (torch)
         "i8": torch.from_numpy(rng.integers(-128, 128, 300, dtype=np.int8)),
         "u16": torch.from_numpy(rng.integers(0, 2**16, 300, dtype=np.uint16)),
         "i64": torch.from_numpy(rng.integers(-(2**40), 2**40, 300, dtype=np.int64)),
@@ -51,7 +52,7 @@ def test_numpy_chunks_give_the_reports_of_torch_chunks(
     monkeypatch.setattr(mapped, "NUMPY_DTYPES", frozenset())  # every chunk a torch tensor, as before
     tensors = scan_checkpoint(str(path), targets, precision=precision, workers=2)
     assert arrays == tensors
-    assert {t.name for t in arrays.tensors} == {"f32", "f16", "f64", "bf16", "i8", "u16", "i64", "mask"}
+    assert {t.name for t in arrays.tensors} == {"f32", "f16", "f64", "bf16", "e4m3", "i8", "u16", "i64", "mask"}
     f16 = next(t for t in arrays.tensors if t.name == "f16")
     assert f16.nan == 1
     assert f16.posinf == 1
@@ -71,7 +72,8 @@ SCAN_WITHOUT_TORCH = textwrap.dedent(
 def test_a_scan_of_numpy_dtypes_never_imports_torch(tmp_path: Path) -> None:
     path = tmp_path / "plain.safetensors"
     x = np.random.default_rng(2).standard_normal((64, 48)).astype(np.float32) * np.float32(1e3)
-    save_file({"w": torch.from_numpy(x), "h": torch.from_numpy(x.astype(np.float16)), "n": torch.arange(7)}, str(path))
+    w, h, b = torch.from_numpy(x), torch.from_numpy(x.astype(np.float16)), torch.from_numpy(x).to(torch.bfloat16)
+    save_file({"w": w, "h": h, "b": b, "n": torch.arange(7)}, str(path))
     done = subprocess.run(
         [sys.executable, "-c", SCAN_WITHOUT_TORCH, str(path)],
         capture_output=True,
@@ -85,6 +87,10 @@ def test_a_scan_of_numpy_dtypes_never_imports_torch(tmp_path: Path) -> None:
     w = next(t for t in report["tensors"] if t["name"] == "w")
     assert w["absmax"] == float(np.abs(x).max())
     assert w["casts"]["float16"]["sqnr_db"] is not None
+    b_values = b.float().numpy()
+    (b_report,) = [t for t in report["tensors"] if t["name"] == "b"]
+    assert (b_report["min"], b_report["max"]) == (float(b_values.min()), float(b_values.max()))
+    assert b_report["casts"]["bfloat16"]["sqnr_db"] == "inf"  # bfloat16 to bfloat16: exact
 
 
 def test_bytes_per_element_are_torchs() -> None:

@@ -199,6 +199,8 @@ NUMPY_DTYPES = frozenset(
     ("float16", "float32", "float64", "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 )
 """torch dtypes whose bytes numpy reads as the same values (little-endian, as checkpoints store them)."""
+BIT_PATTERN_ARRAYS = {"bfloat16": "uint16"}
+"""torch dtypes numpy has not, read as arrays of their bit patterns (``scan.values.float_values`` widens them)."""
 
 
 def _frombuffer(buffer: mmap.mmap, offset: int, nbytes: int, dtype: str) -> torch.Tensor:
@@ -238,9 +240,11 @@ class MappedSource:
         worker threads, so the copies out of the page cache run in parallel. A reader takes an optional ``into``
         buffer to reuse (the chunk then lives in it: the caller must be done with it before the next read).
 
-        With ``arrays``, a dtype numpy reads (``NUMPY_DTYPES``) comes as a flat numpy array, so that a scan of
-        such a checkpoint never imports torch (about a second of start-up); other dtypes as torch tensors."""
-        read = self._read_array if arrays and self.dtype in NUMPY_DTYPES else self._read
+        With ``arrays``, a dtype numpy reads (``NUMPY_DTYPES``) comes as a flat numpy array, and bfloat16 as its
+        bit patterns (``BIT_PATTERN_ARRAYS``), so that a scan of such a checkpoint never imports torch (about a
+        second of start-up); other dtypes as torch tensors."""
+        numpy_reads = self.dtype in NUMPY_DTYPES or self.dtype in BIT_PATTERN_ARRAYS
+        read = self._read_array if arrays and numpy_reads else self._read
         for offset, nbytes in self._cuts(max_bytes):
             yield partial(read, offset, nbytes), nbytes
 
@@ -254,7 +258,7 @@ class MappedSource:
         import numpy as np
 
         data = read_range(self.buffer, offset, nbytes, into)
-        return np.frombuffer(data, dtype=np.dtype(self.dtype).newbyteorder("<"))
+        return np.frombuffer(data, dtype=np.dtype(BIT_PATTERN_ARRAYS.get(self.dtype, self.dtype)).newbyteorder("<"))
 
 
 STRIDED_COPY_LIMIT = 64 << 20
