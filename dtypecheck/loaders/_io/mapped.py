@@ -41,7 +41,10 @@ class FileMap:
         self.path = path
         self.fd = open_regular(path)  # a FIFO or a device is refused before anything is read
         try:
-            self.size = os.fstat(self.fd).st_size
+            status = os.fstat(self.fd)
+            self.size = status.st_size
+            self.stamp = (status.st_size, status.st_mtime_ns)
+            """(size, modification time) when opened: a read that finds them changed is an InputError."""
             if self.size == 0:
                 raise InputError(f"{path}: empty file")
             self.buffer = mmap.mmap(self.fd, 0, access=mmap.ACCESS_READ)
@@ -67,7 +70,8 @@ class FileMap:
 
     def pread(self, offset: int, nbytes: int, into: memoryview | None = None) -> memoryview:
         """``nbytes`` of the file from ``offset``, read now (not mapped), into ``into`` (a reusable buffer of at
-        least ``nbytes``) or a new one; a file that shrank is an InputError."""
+        least ``nbytes``) or a new one; a file that shrank, or was written to since it was opened, is an
+        InputError (checked after the read, so the bytes returned are the file's as it was opened)."""
         import numpy as np
 
         if into is None:
@@ -80,13 +84,20 @@ class FileMap:
                 self.check_size(offset + nbytes)
                 raise InputError(f"{self.path}: short read at byte {offset + done} (changed during the scan?)")
             done += got
+        self.check_size(offset + nbytes)
         return view
 
     def check_size(self, end: int) -> None:
-        """An InputError when the file no longer reaches ``end`` (before reading the map there)."""
-        now = os.fstat(self.fd).st_size
-        if now < end:
-            raise InputError(f"{self.path}: the file shrank to {now} bytes while it was read (changed during the scan)")
+        """An InputError when the file no longer reaches ``end`` (before reading the map there), or no longer has
+        the size and modification time it had when opened (rewritten in place, or truncated and written again:
+        its bytes may now mix two versions)."""
+        now = os.fstat(self.fd)
+        if now.st_size < max(end, self.size):
+            raise InputError(
+                f"{self.path}: the file shrank to {now.st_size} bytes while it was read (changed during the scan)"
+            )
+        if (now.st_size, now.st_mtime_ns) != self.stamp:
+            raise InputError(f"{self.path}: the file was written to while it was read (changed during the scan)")
 
     def close(self) -> None:
         _FILES.pop(id(self.buffer), None)
