@@ -24,6 +24,11 @@ one large tensor instead of the 4 GiB one:
     .venv/bin/python benchmarks/bench_scan.py --gib 1 --repeats 5 --versus=--precision
     .venv/bin/python benchmarks/bench_scan.py --gib 1 --repeats 5 --versus='--precision --target fp16,bf16,e4m3'
 
+``--base`` gives the plain side options of its own, e.g. the same targets, to time what ``--precision`` adds to them:
+
+    .venv/bin/python benchmarks/bench_scan.py --gib 1 --repeats 5 --base='--target fp16,bf16,e4m3' \
+        --versus='--precision --target fp16,bf16,e4m3'
+
 ``--before DIR`` also times the same commands with dtypecheck imported from DIR, in the same rounds, so that a
 change is measured before and after side by side (each command runs once untimed first: numba's cache and the
 page cache are warm for both):
@@ -169,10 +174,11 @@ def measure(
     tensors: int,
     versus: bool = False,
     before: Path | None = None,
+    base: list[str] | None = None,
 ) -> dict[str, list[float]]:
     """Alternating runs of the floor (or, ``versus``, the plain scan) and the scan with ``extra``; with ``before``
     (a checkout of earlier code) the same scan commands of that code run in the same rounds (``before_*``)."""
-    floor_command = scan_command(path) if versus else [sys.executable, "-c", FLOOR, str(path)]
+    floor_command = scan_command(path, base) if versus else [sys.executable, "-c", FLOOR, str(path)]
     contenders: list[tuple[str, list[str], Path | None]] = [
         ("floor", floor_command, ROOT if versus else None),
         ("scan", scan_command(path, extra), ROOT),
@@ -200,7 +206,7 @@ def measure(
     return results
 
 
-def report(label: str, results: dict[str, list[float]], check: bool, versus: str = "") -> bool:
+def report(label: str, results: dict[str, list[float]], check: bool, versus: str = "", base: str = "") -> bool:
     ok = True
     print(f"{label}: median of {len(results['scan'])} runs each")
     for prefix, code in (("", "this code"), ("before_", "the code before")):
@@ -215,7 +221,10 @@ def report(label: str, results: dict[str, list[float]], check: bool, versus: str
         every = {name: " ".join(f"{t:.2f}" for t in results[name]) for name in (floor_key, f"{prefix}scan")}
         print(f" {code}:")
         if versus:
-            print(f"  plain dtypecheck scan-model --format json: wall {floor:6.2f} s   cpu {floor_cpu:6.2f} s")
+            plain = (
+                f"dtypecheck scan-model --format json {base}" if base else "plain dtypecheck scan-model --format json"
+            )
+            print(f"  {plain}: wall {floor:6.2f} s   cpu {floor_cpu:6.2f} s")
             print(f"  ... with {versus}: wall {scan:6.2f} s   cpu {scan_cpu:6.2f} s")
             cpu_ratio = scan_cpu / floor_cpu
             print(f"  ratio wall {ratio:.2f}x   ratio cpu {cpu_ratio:.2f}x   peak private memory {anon:.0f} MiB")
@@ -244,6 +253,7 @@ def main() -> None:
     )
     parser.add_argument("--gib", type=int, choices=(1, 4), default=4, help="file size: 1 GiB (one tensor) or 4 GiB")
     parser.add_argument("--versus", default="", help="time the plain scan against the scan with these options")
+    parser.add_argument("--base", default="", help="with --versus: options of the plain scan (e.g. its --target)")
     parser.add_argument(
         "--before", type=Path, help="a checkout of earlier code (e.g. from git archive) to time in the same rounds"
     )
@@ -261,9 +271,16 @@ def main() -> None:
         versus = bool(args.versus)
         extra = (args.versus or args.scan_args).split()
         results = measure(
-            path, args.repeats, cold=False, extra=extra, tensors=len(tensors), versus=versus, before=args.before
+            path,
+            args.repeats,
+            cold=False,
+            extra=extra,
+            tensors=len(tensors),
+            versus=versus,
+            before=args.before,
+            base=args.base.split(),
         )
-        ok = report("warm page cache", results, check=not versus, versus=args.versus)
+        ok = report("warm page cache", results, check=not versus, versus=args.versus, base=args.base)
         if args.cold:
             cold = measure(
                 path,
@@ -273,8 +290,9 @@ def main() -> None:
                 tensors=len(tensors),
                 versus=versus,
                 before=args.before,
+                base=args.base.split(),
             )
-            report("cold page cache", cold, check=False, versus=args.versus)
+            report("cold page cache", cold, check=False, versus=args.versus, base=args.base)
     finally:
         if not args.keep:
             path.unlink(missing_ok=True)
