@@ -27,7 +27,7 @@ from dtypecheck.loaders import Checkpoint, Finding, TensorRecord, open_checkpoin
 from dtypecheck.progress import ProgressCallback, no_progress
 from dtypecheck.scan.gate import CheckpointPlan, Gate
 from dtypecheck.scan.keep_float32 import DEFAULT_MIN_SQNR_DB, with_keep_float32
-from dtypecheck.scan.kernel import Kernels, kernels
+from dtypecheck.scan.kernel import kernels
 from dtypecheck.scan.policy import apply_policy
 from dtypecheck.scan.ranks import Ranks, split_by_bytes
 from dtypecheck.scan.report import ScanReport, summarise
@@ -64,7 +64,8 @@ def scan_checkpoint(
 ) -> ScanReport:
     """Scan every tensor of ``checkpoint`` (file, folder, ``file.py:factory`` or Hub id).
 
-    ``targets`` default to float16 and bfloat16. ``compiled=False`` forces the numpy kernels (same results).
+    ``targets`` default to float16 and bfloat16. ``compiled=False`` forces the numpy kernels (same results),
+    ``True`` numba's; by default a small checkpoint (``kernel.SMALL_SCAN_BYTES``) is scanned with numpy's.
     ``policy`` (the project's ignore rules and tolerances) sets the levels; the dtype-consistency findings
     are added either way. ``precision`` adds the precision-loss measures (``measures``) in the second pass;
     ``keep_float32_sqnr_db`` is the SQNR below which a cast loses too much for the summary's ``keep_float32``.
@@ -88,9 +89,7 @@ def scan_checkpoint(
     gate = Gate([plan], update=update_baseline)  # the baseline is read before the scan: a bad one fails fast
     opened = open_checkpoint(checkpoint)
     try:
-        report = _scan(
-            opened, specs, progress, workers or default_workers(), kernels(compiled), precision, selection, ranks
-        )
+        report = _scan(opened, specs, progress, workers or default_workers(), compiled, precision, selection, ranks)
     finally:
         opened.close()
     assert report is not None  # rank 0 (or a single process) always builds the report
@@ -119,9 +118,7 @@ def scan_share(
         specs = check_targets(targets) if targets else [lookup(name) for name in DEFAULT_TARGETS]
         opened = open_checkpoint(checkpoint)
         try:
-            _scan(
-                opened, specs, no_progress, workers or default_workers(), kernels(compiled), precision, selection, ranks
-            )
+            _scan(opened, specs, no_progress, workers or default_workers(), compiled, precision, selection, ranks)
         finally:
             opened.close()
     except Exception as exc:
@@ -149,13 +146,14 @@ def _scan(
     targets: list[DtypeSpec],
     progress: ProgressCallback,
     workers: int,
-    k: Kernels,
+    compiled: bool | None,
     precision: bool = False,
     selection: Selection = EVERYTHING,
     ranks: Ranks | None = None,
 ) -> ScanReport | None:
     """The report; with ``ranks``, only this rank's share of the parts is scanned: rank 0 collects the others'
-    results and returns the report, the other ranks publish theirs and return None."""
+    results and returns the report, the other ranks publish theirs and return None. ``compiled``: as
+    ``kernel.kernels`` (None: numba for all but a small checkpoint)."""
     parts = _parts(checkpoint)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dtypecheck-scan") as pool:
         every = (
@@ -171,6 +169,8 @@ def _scan(
                 if key is not None and first_of.setdefault(key, record) is not record:
                     copies.append((record, first_of[key]))
         shared = {id(copy) for copy, _ in copies}
+        data_bytes = sum(r.nbytes for records in listed for r in records if id(r) not in shared)
+        k = kernels(compiled, data_bytes, precision=precision)
         scanners_by_part = [
             [TensorScanner(r, targets, k, precision=precision) for r in records if id(r) not in shared]
             for records in listed
