@@ -60,8 +60,8 @@ class _Lazy:
         _PENDING.append(self)
 
     def __call__(self, *args: Any) -> Any:
-        if self.compiled is None:
-            compile_all()
+        if self.compiled is None and not compile_all():
+            return self.func(*args)  # (numba is there but cannot be imported: the plain function, slowly)
         assert self.compiled is not None
         return self.compiled(*args)
 
@@ -70,14 +70,18 @@ _PENDING: list[_Lazy] = []
 _COMPILING = threading.Lock()
 
 
-def compile_all() -> None:
+def compile_all() -> bool:
     """Import numba and make every ``jit`` function a numba dispatcher, in place: each module global naming a
     ``_Lazy`` (its own, or one imported from another module) is replaced by the dispatcher, so that compiled
-    functions calling each other see dispatchers, as numba needs. Idempotent and thread-safe."""
+    functions calling each other see dispatchers, as numba needs. Idempotent and thread-safe; False when numba,
+    though installed, cannot be imported."""
     with _COMPILING:
         if not _PENDING:
-            return
-        from numba import njit
+            return True
+        try:
+            from numba import njit
+        except ImportError:
+            return False
 
         for lazy in _PENDING:
             lazy.compiled = njit(**lazy.options)(lazy.func)
@@ -87,6 +91,7 @@ def compile_all() -> None:
                 if isinstance(value, _Lazy) and value.compiled is not None:
                     names[name] = value.compiled
         _PENDING.clear()
+        return True
 
 
 _OPTIONS: dict[str, Any] = {"nogil": True, "cache": True, "boundscheck": False, "error_model": "numpy"}
@@ -308,9 +313,8 @@ class Kernels:
     """The four kernels: numba-compiled where numba is installed, else the numpy versions."""
 
     def __init__(self, compiled: bool) -> None:
-        self.compiled = compiled
-        if compiled:
-            compile_all()  # (here, on the main thread, before any worker calls a kernel)
+        self.compiled = compiled and compile_all()  # (on the main thread, before any worker calls a kernel)
+        if self.compiled:
             self.scan_bits = _scan_bits_py
             self.extrema_without_nan = _extrema_without_nan_py
             self.count_magnitudes = _count_magnitudes_py

@@ -83,3 +83,33 @@ def test_small_and_large_choices_give_one_report(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(kernel, "SMALL_SCAN_BYTES", 0)
     large = scan_checkpoint(str(path), targets)  # numba's
     assert small == large
+
+
+BROKEN_NUMBA = textwrap.dedent(
+    """
+    import json, sys
+    from dtypecheck.scan import kernel
+    from dtypecheck.scan.run import scan_checkpoint
+    assert kernel.NUMBA  # installed...
+    sys.modules["numba"] = None  # ...but its import fails
+    report = scan_checkpoint(sys.argv[1], compiled=True, precision=True)
+    print(json.dumps({"compiled": kernel.kernels(True).compiled, "absmax": report.tensors[0].absmax}))
+    """
+)
+
+
+@pytest.mark.skipif(not kernel.NUMBA, reason="needs numba installed")
+def test_a_numba_that_cannot_be_imported_leaves_the_numpy_kernels(tmp_path: Path) -> None:
+    path = tmp_path / "small.safetensors"
+    x = np.random.default_rng(8).standard_normal((32, 16)).astype(np.float32)
+    save_file({"w": torch.from_numpy(x)}, str(path))
+    done = subprocess.run(
+        [sys.executable, "-c", BROKEN_NUMBA, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=environment(),
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"compiled": False, "absmax": float(np.abs(x).max())}
