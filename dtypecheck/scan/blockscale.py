@@ -21,8 +21,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dtypecheck.dtypes import DtypeSpec
-from dtypecheck.scan.kernel import jit
-from dtypecheck.scan.precision import SUB_BLOCK, Loss, finite_magnitudes, group_loss_into, grouped_loss, loss_of
+from dtypecheck.scan.kernel import jit, jit_sums
+from dtypecheck.scan.precision import (
+    SUB_BLOCK,
+    Loss,
+    finite_magnitudes,
+    group_loss_into,
+    group_sums,
+    grouped_loss,
+    loss_of,
+    max_relative,
+    relative_bar,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -118,12 +128,16 @@ def mx_loss(values: np.ndarray, last: int, target: DtypeSpec) -> Loss:
 
 @jit
 def _finite_max(values: np.ndarray, start: int, stop: int) -> float:
-    best = 0.0
-    for i in range(start, stop):
-        a = abs(np.float64(values[i]))
-        if a < np.inf:
-            best = max(best, a)
-    return best
+    """The largest finite magnitude of ``values[start:stop]`` (0.0 when none), as the largest bit pattern: a
+    float maximum would not vectorise (it must keep NaN's ordering), non-negative floats order as integers."""
+    best = 0
+    block = values[start:stop]  # (indexes from 0: no wraparound test, the loop vectorises)
+    for i in range(block.shape[0]):
+        a = abs(np.float64(block[i]))
+        finite = np.float64(a if a < np.inf else 0.0)
+        best = max(best, finite.view(np.int64))
+    found = np.int64(best)
+    return float(found.view(np.float64))
 
 
 @jit
@@ -137,19 +151,57 @@ def _per_channel_into(
 
 
 @jit
+def _mx_factor(values: np.ndarray, start: int, stop: int, emax: int) -> float:
+    """``mx_factors``: 1 / 2**clamp(floor(log2 blockmax) - emax, e8m0's exponents), 1 for an all-zero block."""
+    blockmax = _finite_max(values, start, stop)
+    if blockmax == 0.0:
+        return 1.0
+    exponent = (np.float64(blockmax).view(np.int64) >> 52) - 1023
+    shared = min(max(exponent - emax, E8M0_EXPONENTS[0]), E8M0_EXPONENTS[1])
+    factor: float = np.int64((1023 - shared) << 52).view(np.float64)
+    return factor
+
+
+@jit_sums
+def _mx_row_sums(
+    values: np.ndarray, row: int, last: int, emax: int, mantissa_bits: int, emin: int, fmt_max: float, bar: float
+) -> tuple[float, float, int, int, int]:
+    """``group_sums`` of every MX block of one row, added up (one call per row, not per 32 values)."""
+    signal = 0.0
+    noise = 0.0
+    underflow = 0
+    overflow = 0
+    candidates = 0
+    for start in range(row, row + last, MX_BLOCK):
+        stop = min(start + MX_BLOCK, row + last)
+        factor = _mx_factor(values, start, stop, emax)
+        sums = group_sums(values, start, stop, factor, mantissa_bits, emin, fmt_max, True, bar)
+        signal += sums[0]
+        noise += sums[1] / (factor * factor)  # (a power of two: exact)
+        underflow += sums[2]
+        overflow += sums[3]
+        candidates += sums[4]
+    return signal, noise, underflow, overflow, candidates
+
+
+@jit
 def _mx_into(
     values: np.ndarray, last: int, emax: int, mantissa_bits: int, emin: int, fmt_max: float, out: np.ndarray
 ) -> None:
     for row in range(0, values.shape[0] - last + 1, last):
-        for start in range(row, row + last, MX_BLOCK):
-            stop = min(start + MX_BLOCK, row + last)
-            blockmax = _finite_max(values, start, stop)
-            factor = 1.0
-            if blockmax > 0.0:  # ``mx_factors``: 1 / 2**clamp(floor(log2 blockmax) - emax, e8m0's exponents)
-                exponent = (np.float64(blockmax).view(np.int64) >> 52) - 1023
-                shared = min(max(exponent - emax, E8M0_EXPONENTS[0]), E8M0_EXPONENTS[1])
-                factor = np.int64((1023 - shared) << 52).view(np.float64)
-            group_loss_into(values, start, stop, factor, mantissa_bits, emin, fmt_max, True, out)
+        bar = relative_bar(out[2])
+        signal, noise, underflow, overflow, candidates = _mx_row_sums(
+            values, row, last, emax, mantissa_bits, emin, fmt_max, bar
+        )
+        if candidates:
+            for start in range(row, row + last, MX_BLOCK):
+                stop = min(start + MX_BLOCK, row + last)
+                factor = _mx_factor(values, start, stop, emax)
+                out[2] = max_relative(values, start, stop, factor, mantissa_bits, emin, fmt_max, True, out[2])
+        out[0] += signal
+        out[1] += noise
+        out[3] += underflow
+        out[4] += overflow
 
 
 def compiled_per_channel_loss(values: np.ndarray, row: int, target: DtypeSpec) -> Loss:

@@ -22,7 +22,10 @@ numba (or with ``DTYPECHECK_NO_NUMBA=1``) numpy versions with identical results 
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -37,24 +40,81 @@ F = TypeVar("F", bound=Callable[..., Any])
 def _numba_wanted() -> bool:
     if os.environ.get("DTYPECHECK_NO_NUMBA", "") not in ("", "0"):
         return False
-    try:
-        import numba  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return importlib.util.find_spec("numba") is not None  # (found, not imported: that costs ~0.3 s, see jit)
 
 
 NUMBA = _numba_wanted()
 
 
+class _Lazy:
+    """A function to compile with numba once compiled kernels are first asked for (``compile_all``).
+
+    Importing numba and dispatching its first function costs ~0.3 s, more than a small checkpoint's whole scan
+    with the numpy kernels, so nothing imports numba until a scan wants the compiled kernels."""
+
+    def __init__(self, func: Callable[..., Any], options: dict[str, Any]) -> None:
+        self.func = func
+        self.options = options
+        self.compiled: Callable[..., Any] | None = None
+        functools.update_wrapper(self, func)
+        _PENDING.append(self)
+
+    def __call__(self, *args: Any) -> Any:
+        if self.compiled is None and not compile_all():
+            return self.func(*args)  # (numba is there but cannot be imported: the plain function, slowly)
+        assert self.compiled is not None
+        return self.compiled(*args)
+
+
+_PENDING: list[_Lazy] = []
+_COMPILING = threading.Lock()
+
+
+def compile_all() -> bool:
+    """Import numba and make every ``jit`` function a numba dispatcher, in place: each module global naming a
+    ``_Lazy`` (its own, or one imported from another module) is replaced by the dispatcher, so that compiled
+    functions calling each other see dispatchers, as numba needs. Idempotent and thread-safe; False when numba,
+    though installed, cannot be imported."""
+    with _COMPILING:
+        if not _PENDING:
+            return True
+        try:
+            from numba import njit
+        except ImportError:
+            return False
+
+        for lazy in _PENDING:
+            lazy.compiled = njit(**lazy.options)(lazy.func)
+        for lazy in _PENDING:
+            names = lazy.func.__globals__
+            for name, value in list(names.items()):
+                if isinstance(value, _Lazy) and value.compiled is not None:
+                    names[name] = value.compiled
+        _PENDING.clear()
+        return True
+
+
+_OPTIONS: dict[str, Any] = {"nogil": True, "cache": True, "boundscheck": False, "error_model": "numpy"}
+
+
 def jit(func: F) -> F:
-    """Compile with numba (GIL released, machine code cached on disk) when it is there; else leave as is."""
+    """Compile with numba (GIL released, machine code cached on disk) when it is there, on first use (``_Lazy``);
+    else leave as is."""
     if not NUMBA:
         return func
-    from numba import njit
+    return cast(F, _Lazy(func, _OPTIONS))
 
-    compiled = njit(nogil=True, cache=True, boundscheck=False, error_model="numpy")(func)
-    return cast(F, compiled)
+
+def jit_sums(func: F) -> F:
+    """``jit``, with the float additions of ``func`` itself allowed to be reassociated (LLVM's ``reassoc`` flag
+    only: no assumption about NaN, inf or signed zeros), so that a loop summing floats vectorises.
+
+    The flag applies to the instructions compiled for ``func``, not to those of the jitted functions it calls
+    (they keep strict IEEE semantics when inlined), so exact arithmetic such as rounding belongs in a callee.
+    """
+    if not NUMBA:
+        return func
+    return cast(F, _Lazy(func, {**_OPTIONS, "fastmath": {"reassoc"}}))
 
 
 @jit
@@ -253,8 +313,8 @@ class Kernels:
     """The four kernels: numba-compiled where numba is installed, else the numpy versions."""
 
     def __init__(self, compiled: bool) -> None:
-        self.compiled = compiled
-        if compiled:
+        self.compiled = compiled and compile_all()  # (on the main thread, before any worker calls a kernel)
+        if self.compiled:
             self.scan_bits = _scan_bits_py
             self.extrema_without_nan = _extrema_without_nan_py
             self.count_magnitudes = _count_magnitudes_py
@@ -266,7 +326,18 @@ class Kernels:
             self.max_finite_magnitude = _max_finite_magnitude_np
 
 
-def kernels(compiled: bool | None = None) -> Kernels:
-    """The compiled kernels when numba is in use (``compiled=None``), or the version asked for."""
-    use = NUMBA if compiled is None else compiled and NUMBA
-    return Kernels(use)
+SMALL_SCAN_BYTES = 64 << 20
+"""A scan of fewer bytes than this uses the numpy kernels by default: at ~4 ns of CPU per value (numba's ~1 ns
+with the reads) they finish it (~60 ms) before numba would have been imported and dispatched (~0.3 s)."""
+SMALL_PRECISION_SCAN_BYTES = 1 << 20
+"""The same with ``--precision``, whose numpy version costs ~400 ns per value (float64 temporaries per target)."""
+
+
+def kernels(compiled: bool | None = None, data_bytes: int | None = None, *, precision: bool = False) -> Kernels:
+    """The compiled kernels when numba is in use (``compiled=None``) and the scan reads at least
+    ``SMALL_SCAN_BYTES`` (``SMALL_PRECISION_SCAN_BYTES`` with ``precision``; ``data_bytes`` None: unknown, so
+    compiled), or the version asked for."""
+    if compiled is None:
+        small = SMALL_PRECISION_SCAN_BYTES if precision else SMALL_SCAN_BYTES
+        compiled = data_bytes is None or data_bytes >= small
+    return Kernels(compiled and NUMBA)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dtypecheck.dtypes import DtypeSpec
-from dtypecheck.scan.kernel import jit
+from dtypecheck.scan.kernel import jit, jit_sums
 from dtypecheck.scan.quantize import round_magnitudes
 
 SUB_BLOCK = 1 << 16
@@ -145,6 +145,88 @@ filter that leaves the exact division to the few values that can raise the maxim
 
 
 @jit
+def relative_bar(max_rel: float) -> float:
+    """The bar ``group_sums`` flags relative errors above: just below ``max_rel`` (``_BELOW``), or inf once
+    ``max_rel`` is 1, which nothing exceeds (a rounding never errs by more than the value itself)."""
+    return max_rel * _BELOW if max_rel < 1.0 else np.inf
+
+
+@jit_sums
+def group_sums(
+    values: np.ndarray,
+    start: int,
+    stop: int,
+    factor: float,
+    mantissa_bits: int,
+    emin: int,
+    fmt_max: float,
+    clip: bool,
+    bar: float,
+) -> tuple[float, float, int, int, int]:
+    """(signal, noise, underflow, overflow, candidates) of ``values[start:stop]`` times ``factor``: the loop of
+    ``group_loss_into`` without a branch, so that it vectorises. A value that cannot count is zeroed rather than
+    skipped; ``candidates`` counts the values whose relative error might exceed ``bar`` (``max_relative``
+    finds which, exactly). Each value's terms are those of the scalar loop; only the sums' order differs."""
+    signal = 0.0
+    noise = 0.0
+    underflow = 0
+    overflow = 0
+    candidates = 0
+    block = values[start:stop]  # indexes from 0 are known non-negative: no wraparound test, so no gathers
+    for i in range(block.shape[0]):
+        a = abs(np.float64(block[i]))
+        finite = a < np.inf  # NaN and inf: neither signal nor error
+        a = a if finite else 0.0
+        scaled = a * factor
+        rounded = rne_magnitude(scaled, mantissa_bits, emin)
+        beyond = rounded > fmt_max
+        kept = not beyond or clip
+        rounded = fmt_max if beyond else rounded
+        error = abs(scaled - rounded)
+        a = a if kept else 0.0
+        error = error if kept else 0.0
+        overflow += beyond
+        underflow += kept & (rounded == 0.0) & (scaled > 0.0)
+        candidates += error > bar * scaled  # (never for scaled == 0: its error is 0)
+        signal += a * a
+        noise += error * error
+    return signal, noise, underflow, overflow, candidates
+
+
+@jit
+def max_relative(
+    values: np.ndarray,
+    start: int,
+    stop: int,
+    factor: float,
+    mantissa_bits: int,
+    emin: int,
+    fmt_max: float,
+    clip: bool,
+    max_rel: float,
+) -> float:
+    """The largest of ``max_rel`` and the relative errors of ``values[start:stop]`` that ``group_sums`` keeps."""
+    bar = max_rel * _BELOW
+    for i in range(start, stop):
+        a = abs(np.float64(values[i]))
+        if not a < np.inf:
+            continue
+        scaled = a * factor
+        rounded = rne_magnitude(scaled, mantissa_bits, emin)
+        if rounded > fmt_max:
+            if not clip:
+                continue
+            rounded = fmt_max
+        error = abs(scaled - rounded)
+        if error > bar * scaled:
+            relative = error / scaled
+            if relative > max_rel:
+                max_rel = relative
+                bar = max_rel * _BELOW
+    return max_rel
+
+
+@jit
 def group_loss_into(
     values: np.ndarray,
     start: int,
@@ -159,37 +241,19 @@ def group_loss_into(
     """``grouped_loss`` of ``values[start:stop]`` (any float dtype; non-finite values skipped) times ``factor``,
     added into ``out``: [signal, noise, max_rel, underflow, overflow] (float64: counts stay exact below 2**53).
 
+    One vectorised pass (``group_sums``) sums and counts and tells whether any value's relative error may
+    exceed the largest so far; only then does a scalar pass (``max_relative``) look for it. Once a tensor's
+    largest relative error is found (within its first few groups, for most data) the scalar pass seldom runs.
     The noise is summed in the scaled unit and divided by ``factor**2`` once per group (numpy divides each
     error first: the sums agree to a few ulps, like any change of summation order)."""
-    signal = 0.0
-    noise = 0.0
     max_rel = out[2]
-    bar = max_rel * _BELOW
-    underflow = 0
-    overflow = 0
-    for i in range(start, stop):
-        a = abs(np.float64(values[i]))
-        if not a < np.inf:  # NaN and inf: neither signal nor error
-            continue
-        scaled = a * factor
-        rounded = rne_magnitude(scaled, mantissa_bits, emin)
-        if rounded > fmt_max:
-            overflow += 1
-            if not clip:
-                continue
-            rounded = fmt_max
-        error = abs(scaled - rounded)
-        underflow += (rounded == 0.0) & (scaled > 0.0)
-        if error > bar * scaled:  # (never for scaled == 0: its error is 0)
-            relative = error / scaled
-            if relative > max_rel:
-                max_rel = relative
-                bar = max_rel * _BELOW
-        signal += a * a
-        noise += error * error
+    signal, noise, underflow, overflow, candidates = group_sums(
+        values, start, stop, factor, mantissa_bits, emin, fmt_max, clip, relative_bar(max_rel)
+    )
+    if candidates:
+        out[2] = max_relative(values, start, stop, factor, mantissa_bits, emin, fmt_max, clip, max_rel)
     out[0] += signal
     out[1] += noise / (factor * factor)
-    out[2] = max_rel
     out[3] += underflow
     out[4] += overflow
 

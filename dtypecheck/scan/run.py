@@ -27,7 +27,7 @@ from dtypecheck.loaders import Checkpoint, Finding, TensorRecord, open_checkpoin
 from dtypecheck.progress import ProgressCallback, no_progress
 from dtypecheck.scan.gate import CheckpointPlan, Gate
 from dtypecheck.scan.keep_float32 import DEFAULT_MIN_SQNR_DB, with_keep_float32
-from dtypecheck.scan.kernel import Kernels, kernels
+from dtypecheck.scan.kernel import kernels
 from dtypecheck.scan.policy import apply_policy
 from dtypecheck.scan.ranks import Ranks, split_by_bytes
 from dtypecheck.scan.report import ScanReport, summarise
@@ -37,6 +37,7 @@ from dtypecheck.scan.tensor import TensorScanner
 from dtypecheck.scan.verdicts import with_verdicts
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
     from dtypecheck.config import ScanPolicy
@@ -63,7 +64,8 @@ def scan_checkpoint(
 ) -> ScanReport:
     """Scan every tensor of ``checkpoint`` (file, folder, ``file.py:factory`` or Hub id).
 
-    ``targets`` default to float16 and bfloat16. ``compiled=False`` forces the numpy kernels (same results).
+    ``targets`` default to float16 and bfloat16. ``compiled=False`` forces the numpy kernels (same results),
+    ``True`` numba's; by default a small checkpoint (``kernel.SMALL_SCAN_BYTES``) is scanned with numpy's.
     ``policy`` (the project's ignore rules and tolerances) sets the levels; the dtype-consistency findings
     are added either way. ``precision`` adds the precision-loss measures (``measures``) in the second pass;
     ``keep_float32_sqnr_db`` is the SQNR below which a cast loses too much for the summary's ``keep_float32``.
@@ -87,9 +89,7 @@ def scan_checkpoint(
     gate = Gate([plan], update=update_baseline)  # the baseline is read before the scan: a bad one fails fast
     opened = open_checkpoint(checkpoint)
     try:
-        report = _scan(
-            opened, specs, progress, workers or default_workers(), kernels(compiled), precision, selection, ranks
-        )
+        report = _scan(opened, specs, progress, workers or default_workers(), compiled, precision, selection, ranks)
     finally:
         opened.close()
     assert report is not None  # rank 0 (or a single process) always builds the report
@@ -118,9 +118,7 @@ def scan_share(
         specs = check_targets(targets) if targets else [lookup(name) for name in DEFAULT_TARGETS]
         opened = open_checkpoint(checkpoint)
         try:
-            _scan(
-                opened, specs, no_progress, workers or default_workers(), kernels(compiled), precision, selection, ranks
-            )
+            _scan(opened, specs, no_progress, workers or default_workers(), compiled, precision, selection, ranks)
         finally:
             opened.close()
     except Exception as exc:
@@ -148,13 +146,14 @@ def _scan(
     targets: list[DtypeSpec],
     progress: ProgressCallback,
     workers: int,
-    k: Kernels,
+    compiled: bool | None,
     precision: bool = False,
     selection: Selection = EVERYTHING,
     ranks: Ranks | None = None,
 ) -> ScanReport | None:
     """The report; with ``ranks``, only this rank's share of the parts is scanned: rank 0 collects the others'
-    results and returns the report, the other ranks publish theirs and return None."""
+    results and returns the report, the other ranks publish theirs and return None. ``compiled``: as
+    ``kernel.kernels`` (None: numba for all but a small checkpoint)."""
     parts = _parts(checkpoint)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dtypecheck-scan") as pool:
         every = (
@@ -170,6 +169,8 @@ def _scan(
                 if key is not None and first_of.setdefault(key, record) is not record:
                     copies.append((record, first_of[key]))
         shared = {id(copy) for copy, _ in copies}
+        data_bytes = sum(r.nbytes for records in listed for r in records if id(r) not in shared)
+        k = kernels(compiled, data_bytes, precision=precision)
         scanners_by_part = [
             [TensorScanner(r, targets, k, precision=precision) for r in records if id(r) not in shared]
             for records in listed
@@ -214,7 +215,7 @@ def _scan(
 Job = tuple[Callable[[], Any], Callable[[Any], None], int, str]
 """(work on a pool thread, merge on the main thread, source bytes, tensor name)."""
 
-Reader = tuple[Callable[..., "torch.Tensor"], int]
+Reader = tuple[Callable[..., "torch.Tensor | np.ndarray"], int]
 """(produce one chunk, its source bytes): sources that can defer their reads let the pool threads do them."""
 
 
@@ -228,12 +229,13 @@ def _data_key(record: TensorRecord) -> object | None:
 
 
 def _readers(scanner: TensorScanner) -> Iterator[Reader]:
+    """The tensor's chunk readers; a mapped source gives numpy arrays where it can (no torch import)."""
     source = scanner.record.source
     if source is None or not scanner.readable:
         return
     deferred = getattr(source, "iter_readers", None)
     if callable(deferred):
-        yield from deferred(scanner.chunk_bytes())
+        yield from deferred(scanner.chunk_bytes(), arrays=True)
         return
     for chunk in source.iter_chunks(scanner.chunk_bytes()):
         advise_willneed(chunk)
@@ -247,7 +249,7 @@ def _same(chunk: torch.Tensor, into: memoryview | None = None) -> torch.Tensor:
 _SCRATCH = threading.local()
 
 
-def _on(work: Callable[..., Any], read: Callable[..., torch.Tensor], nbytes: int, *args: Any) -> Any:
+def _on(work: Callable[..., Any], read: Callable[..., torch.Tensor | np.ndarray], nbytes: int, *args: Any) -> Any:
     """``work(chunk, *args)`` with the chunk read here, on the pool thread, into that thread's reusable buffer (a
     fresh buffer per chunk would cost the kernel's zero-filling of every page); ``work`` returns counts only."""
     import numpy as np
@@ -327,13 +329,17 @@ def _second_pass(pipeline: _Pipeline, scanners: list[TensorScanner]) -> None:
 
 def _scaled_jobs(scanner: TensorScanner) -> Iterator[Job]:
     absmax = scanner.scaling_absmax()
-    if scanner.plan is None:
+    # A source that defers its reads cuts chunks of chunk_bytes() (the last one ends the tensor): whole rows.
+    deferred = callable(getattr(scanner.record.source, "iter_readers", None))
+    if deferred and scanner.rows_whole(scanner.chunk_bytes()):
         for read, nbytes in _readers(scanner):
             job = partial(_on, scanner.second_pass, read, nbytes, absmax)
             yield job, scanner.merge_second, nbytes, scanner.record.name
         return
     # Per-channel and MX measures need chunks cut on whole rows: read them here, in order, and regroup.
-    for chunk in scanner.second_chunks(read() for read, _ in _readers(scanner)):
+    source = scanner.record.source
+    assert source is not None  # (a scanner with a second pass read its values in the first)
+    for chunk in scanner.second_chunks(source.iter_chunks(scanner.chunk_bytes())):
         yield partial(scanner.second_pass, chunk, absmax), scanner.merge_second, _nbytes(chunk), scanner.record.name
 
 

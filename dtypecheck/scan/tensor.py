@@ -158,25 +158,37 @@ class TensorScanner:
         return 2 if spec.kind == "complex" else spec.packed
 
     def chunk_bytes(self) -> int:
-        """Source bytes per chunk, so that the converted chunk stays near ``KERNEL_CHUNK_BYTES``."""
+        """Source bytes per chunk, so that the converted chunk stays near ``KERNEL_CHUNK_BYTES``; a whole number
+        of the rows the precision measures need (``MeasurePlan.unit``), so that a contiguous source's chunks
+        need no regrouping."""
         if self.mode != "float" or self.record.numel == 0:
             return KERNEL_CHUNK_BYTES
         source_itemsize = max(1, self.record.nbytes // max(1, self.record.numel))
         converted = self.values_per_element * (self.kernel.bits // 8)
-        return max(source_itemsize, KERNEL_CHUNK_BYTES * source_itemsize // max(converted, source_itemsize))
+        size = max(source_itemsize, KERNEL_CHUNK_BYTES * source_itemsize // max(converted, source_itemsize))
+        row = (self.plan.unit or 0) * source_itemsize if self.plan is not None else 0
+        return size - size % row if 0 < row <= size else size
+
+    def rows_whole(self, nbytes: int) -> bool:
+        """Whether a chunk of ``nbytes`` source bytes holds whole rows for the precision measures."""
+        unit = None if self.plan is None else self.plan.unit
+        if not unit or self.record.numel == 0:
+            return True
+        source_itemsize = max(1, self.record.nbytes // self.record.numel)
+        return nbytes % (unit * source_itemsize) == 0
 
     # --- per chunk (any thread) ----------------------------------------------------------------------
 
-    def _float_values(self, chunk: torch.Tensor) -> np.ndarray:
+    def _float_values(self, chunk: torch.Tensor | np.ndarray) -> np.ndarray:
         assert self.spec is not None
         return float_values(chunk, self.kernel, self.float4_table)
 
-    def process(self, chunk: torch.Tensor) -> ChunkResult:
+    def process(self, chunk: torch.Tensor | np.ndarray) -> ChunkResult:
         if self.mode == "float":
             return self._process_float(chunk)
         return self._process_int(chunk)
 
-    def _process_float(self, chunk: torch.Tensor) -> ChunkResult:
+    def _process_float(self, chunk: torch.Tensor | np.ndarray) -> ChunkResult:
         kernel = self.kernel
         values = self._float_values(chunk)
         bits = values.view(kernel.int_dtype)
@@ -213,7 +225,7 @@ class TensorScanner:
             losses=None if self.plan is None else self.plan.measure_unscaled(values),
         )
 
-    def _process_int(self, chunk: torch.Tensor) -> ChunkResult:
+    def _process_int(self, chunk: torch.Tensor | np.ndarray) -> ChunkResult:
         return integer_chunk(chunk, self._int_targets())
 
     def merge(self, part: ChunkResult) -> None:
@@ -262,7 +274,7 @@ class TensorScanner:
         """The second pass's chunks: cut on whole rows when per-channel and MX scaling are measured."""
         return chunks if self.plan is None else self.plan.regroup(chunks)
 
-    def second_pass(self, chunk: torch.Tensor, absmax: float) -> tuple[dict[str, int], Losses | None]:
+    def second_pass(self, chunk: torch.Tensor | np.ndarray, absmax: float) -> tuple[dict[str, int], Losses | None]:
         values = self._float_values(chunk)
         bits = values.view(self.kernel.int_dtype)
         found = {}
@@ -274,7 +286,7 @@ class TensorScanner:
                 )
         return found, None if self.plan is None else self.plan.measure(values, absmax)
 
-    def finite_max_pass(self, chunk: torch.Tensor) -> int:
+    def finite_max_pass(self, chunk: torch.Tensor | np.ndarray) -> int:
         bits = self._float_values(chunk).view(self.kernel.int_dtype)
         return int(self.kernels.max_finite_magnitude(bits, self.mask, self.inf_bits))
 

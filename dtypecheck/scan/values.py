@@ -48,9 +48,18 @@ def float4_table(fmt: FloatFormat) -> np.ndarray:
     return np.array(values, dtype=np.float32)
 
 
-def float_values(chunk: torch.Tensor, kernel: KernelFormat, float4: np.ndarray | None) -> np.ndarray:
+def float_values(chunk: torch.Tensor | np.ndarray, kernel: KernelFormat, float4: np.ndarray | None) -> np.ndarray:
     """The chunk's values as a flat float32 (float64 for 64-bit formats) array: every conversion is exact;
-    complex chunks give their real and imaginary parts, float4 chunks both values of each byte."""
+    complex chunks give their real and imaginary parts, float4 chunks both values of each byte. A numpy chunk
+    is float16, float32 or float64 (``NUMPY_DTYPES``), or uint16 holding bfloat16 bit patterns: bfloat16 is
+    float32 without its low 16 bits, so shifting them back in is the exact conversion."""
+    if isinstance(chunk, np.ndarray):  # read by numpy (``MappedSource`` arrays): no torch needed
+        flat = chunk.reshape(-1)
+        if flat.dtype == np.uint16:
+            widened: np.ndarray = (flat.astype(np.uint32) << np.uint32(16)).view(np.float32)
+            return widened
+        kernel_dtype = np.float64 if kernel is FLOAT64 else np.float32
+        return flat if flat.dtype == kernel_dtype else flat.astype(kernel_dtype)
     import torch
 
     if float4 is not None:
@@ -75,14 +84,17 @@ def float_to_int_overflow(values: np.ndarray, target: DtypeSpec) -> int:
     return int(above + below)
 
 
-def integer_chunk(chunk: torch.Tensor, targets: Sequence[DtypeSpec]) -> ChunkResult:
+def integer_chunk(chunk: torch.Tensor | np.ndarray, targets: Sequence[DtypeSpec]) -> ChunkResult:
     """min, max, zeros, smallest nonzero magnitude and each integer target's overflow count of one chunk."""
-    import torch
+    if isinstance(chunk, np.ndarray):
+        values = chunk.reshape(-1).view(np.uint8) if chunk.dtype == np.bool_ else chunk.reshape(-1)
+    else:
+        import torch
 
-    storage = spec_of(chunk.dtype).storage_dtype  # numpy has no view of bool's bits
-    if str(chunk.dtype) != f"torch.{storage}":
-        chunk = chunk.view(getattr(torch, storage))
-    values = chunk.numpy()
+        storage = spec_of(chunk.dtype).storage_dtype  # numpy has no view of bool's bits
+        if str(chunk.dtype) != f"torch.{storage}":
+            chunk = chunk.view(getattr(torch, storage))
+        values = chunk.numpy()
     if values.size == 0:
         return ChunkResult(values=0)
     info = np.iinfo(values.dtype)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from dtypecheck.errors import InputError
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
     from dtypecheck.loaders.base import TensorSource
@@ -40,7 +41,10 @@ class FileMap:
         self.path = path
         self.fd = open_regular(path)  # a FIFO or a device is refused before anything is read
         try:
-            self.size = os.fstat(self.fd).st_size
+            status = os.fstat(self.fd)
+            self.size = status.st_size
+            self.stamp = (status.st_size, status.st_mtime_ns)
+            """(size, modification time) when opened: a read that finds them changed is an InputError."""
             if self.size == 0:
                 raise InputError(f"{path}: empty file")
             self.buffer = mmap.mmap(self.fd, 0, access=mmap.ACCESS_READ)
@@ -66,7 +70,8 @@ class FileMap:
 
     def pread(self, offset: int, nbytes: int, into: memoryview | None = None) -> memoryview:
         """``nbytes`` of the file from ``offset``, read now (not mapped), into ``into`` (a reusable buffer of at
-        least ``nbytes``) or a new one; a file that shrank is an InputError."""
+        least ``nbytes``) or a new one; a file that shrank, or was written to since it was opened, is an
+        InputError (checked after the read, so the bytes returned are the file's as it was opened)."""
         import numpy as np
 
         if into is None:
@@ -79,13 +84,20 @@ class FileMap:
                 self.check_size(offset + nbytes)
                 raise InputError(f"{self.path}: short read at byte {offset + done} (changed during the scan?)")
             done += got
+        self.check_size(offset + nbytes)
         return view
 
     def check_size(self, end: int) -> None:
-        """An InputError when the file no longer reaches ``end`` (before reading the map there)."""
-        now = os.fstat(self.fd).st_size
-        if now < end:
-            raise InputError(f"{self.path}: the file shrank to {now} bytes while it was read (changed during the scan)")
+        """An InputError when the file no longer reaches ``end`` (before reading the map there), or no longer has
+        the size and modification time it had when opened (rewritten in place, or truncated and written again:
+        its bytes may now mix two versions)."""
+        now = os.fstat(self.fd)
+        if now.st_size < max(end, self.size):
+            raise InputError(
+                f"{self.path}: the file shrank to {now.st_size} bytes while it was read (changed during the scan)"
+            )
+        if (now.st_size, now.st_mtime_ns) != self.stamp:
+            raise InputError(f"{self.path}: the file was written to while it was read (changed during the scan)")
 
     def close(self) -> None:
         _FILES.pop(id(self.buffer), None)
@@ -180,10 +192,26 @@ class Window(io.RawIOBase):
 
 
 def itemsize_of(dtype: str) -> int:
-    import torch
+    """Bytes per element of torch dtype ``dtype`` (sub-byte integers take a byte each, as in torch), from the
+    dtype registry: reading a checkpoint's layout needs no torch import."""
+    from dtypecheck.dtypes import lookup
 
-    size: int = getattr(torch, dtype).itemsize
-    return size
+    try:
+        bits = lookup(dtype).itemsize_bits
+    except Exception:  # noqa: BLE001 - a torch dtype the registry does not know: ask torch
+        import torch
+
+        size: int = getattr(torch, dtype).itemsize
+        return size
+    return (bits + 7) // 8
+
+
+NUMPY_DTYPES = frozenset(
+    ("float16", "float32", "float64", "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+)
+"""torch dtypes whose bytes numpy reads as the same values (little-endian, as checkpoints store them)."""
+BIT_PATTERN_ARRAYS = {"bfloat16": "uint16"}
+"""torch dtypes numpy has not, read as arrays of their bit patterns (``scan.values.float_values`` widens them)."""
 
 
 def _frombuffer(buffer: mmap.mmap, offset: int, nbytes: int, dtype: str) -> torch.Tensor:
@@ -207,24 +235,41 @@ class MappedSource:
     dtype: str
 
     def iter_chunks(self, max_bytes: int) -> Iterator[torch.Tensor]:
-        for read, _nbytes in self.iter_readers(max_bytes):
-            yield read()
+        for offset, nbytes in self._cuts(max_bytes):
+            yield self._read(offset, nbytes)
 
-    def iter_readers(self, max_bytes: int) -> Iterator[tuple[Callable[[], torch.Tensor], int]]:
-        """(read one chunk, its bytes) for each chunk, without reading yet: a scanner calls the readers on its
-        worker threads, so the copies out of the page cache run in parallel. A reader takes an optional ``into``
-        buffer to reuse (the chunk then lives in it: the caller must be done with it before the next read)."""
+    def _cuts(self, max_bytes: int) -> Iterator[tuple[int, int]]:
         itemsize = itemsize_of(self.dtype)
         step = max(itemsize, (max_bytes // itemsize) * itemsize)
         for start in range(0, self.nbytes, step):
-            count = min(step, self.nbytes - start)
-            yield partial(self._read, self.offset + start, count), count
+            yield self.offset + start, min(step, self.nbytes - start)
+
+    def iter_readers(
+        self, max_bytes: int, *, arrays: bool = False
+    ) -> Iterator[tuple[Callable[..., torch.Tensor | np.ndarray], int]]:
+        """(read one chunk, its bytes) for each chunk, without reading yet: a scanner calls the readers on its
+        worker threads, so the copies out of the page cache run in parallel. A reader takes an optional ``into``
+        buffer to reuse (the chunk then lives in it: the caller must be done with it before the next read).
+
+        With ``arrays``, a dtype numpy reads (``NUMPY_DTYPES``) comes as a flat numpy array, and bfloat16 as its
+        bit patterns (``BIT_PATTERN_ARRAYS``), so that a scan of such a checkpoint never imports torch (about a
+        second of start-up); other dtypes as torch tensors."""
+        numpy_reads = self.dtype in NUMPY_DTYPES or self.dtype in BIT_PATTERN_ARRAYS
+        read = self._read_array if arrays and numpy_reads else self._read
+        for offset, nbytes in self._cuts(max_bytes):
+            yield partial(read, offset, nbytes), nbytes
 
     def _read(self, offset: int, nbytes: int, into: memoryview | None = None) -> torch.Tensor:
         import torch
 
         data = read_range(self.buffer, offset, nbytes, into)
         return torch.frombuffer(data, dtype=torch.uint8).view(getattr(torch, self.dtype))
+
+    def _read_array(self, offset: int, nbytes: int, into: memoryview | None = None) -> np.ndarray:
+        import numpy as np
+
+        data = read_range(self.buffer, offset, nbytes, into)
+        return np.frombuffer(data, dtype=np.dtype(BIT_PATTERN_ARRAYS.get(self.dtype, self.dtype)).newbyteorder("<"))
 
 
 STRIDED_COPY_LIMIT = 64 << 20

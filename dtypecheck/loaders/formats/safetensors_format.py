@@ -16,7 +16,7 @@ from typing import Any
 
 from dtypecheck.dtypes import SAFETENSORS_DTYPES
 from dtypecheck.errors import InputError
-from dtypecheck.loaders._io.mapped import EMPTY_SOURCE, FileMap, MappedSource
+from dtypecheck.loaders._io.mapped import EMPTY_SOURCE, FileMap, MappedSource, itemsize_of
 from dtypecheck.loaders._io.pickle_files import polyglot_findings
 from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord, check_count, check_dims
 
@@ -126,9 +126,7 @@ class SafetensorsCheckpoint:
         for s in shape:
             numel *= s
         bits = {"float4_e2m1fn_x2": 4, "bool": 8}.get(dtype)
-        import torch
-
-        itemsize_bits = bits if bits is not None else getattr(torch, dtype).itemsize * 8
+        itemsize_bits = bits if bits is not None else itemsize_of(dtype) * 8  # (the registry's: no torch import)
         expected = (numel * itemsize_bits + 7) // 8
         if offsets[1] - offsets[0] != expected:
             raise InputError(
