@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 import pytest
+import torch
 
 from dtypecheck.dtypes import REGISTRY, float_specs, lookup, parse_dtype_list
 from dtypecheck.errors import UnknownDtypeError
@@ -262,3 +264,30 @@ def test_scaled_targets_short_names_and_storage_views() -> None:
         if spec.kind in ("int", "uint", "bool") and spec.safetensors and spec.available:
             view = torch.zeros(3, dtype=spec.torch_dtype()).view(storage.torch_dtype())  # type: ignore[arg-type]
             assert view.numpy().shape == (3,)
+
+
+def test_dtypes_known_without_torch_are_in_torch_and_the_oldest_torch_is_the_required_one() -> None:
+    import re
+
+    from dtypecheck.dtypes import IN_EVERY_SUPPORTED_TORCH, OLDEST_SUPPORTED_TORCH
+
+    for name in IN_EVERY_SUPPORTED_TORCH:
+        assert isinstance(getattr(torch, name), torch.dtype), name
+        assert lookup(name).name == name
+    project = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text(encoding="utf-8")
+    required = re.findall(r'^\s*"torch\s*>=\s*([0-9.]+)"', project, flags=re.MULTILINE)
+    assert required == [f"{OLDEST_SUPPORTED_TORCH[0]}.{OLDEST_SUPPORTED_TORCH[1]}"]
+
+
+def test_common_targets_are_parsed_without_importing_torch() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from dtypecheck.dtypes import parse_dtype_list\n"
+        "specs = parse_dtype_list(['fp16,bf16,e4m3', 'e5m2,int8'])\n"
+        "print(','.join(s.name for s in specs), 'torch' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["float16,bfloat16,float8_e4m3fn,float8_e5m2,int8", "False"]
