@@ -10,6 +10,12 @@ is the steadier of the two.
 
     .venv/bin/python benchmarks/bench_nantrace.py --steps 4 --repeats 3
     .venv/bin/python benchmarks/bench_nantrace.py --ddp --steps 4 --repeats 3
+
+``--compare SRC`` also times the traced run with another checkout of dtypecheck first on ``PYTHONPATH`` (say the
+commit before a change, ``git archive BASE | tar -x -C SRC``), alternating with this one, so that before and after
+are measured side by side on the same loaded cores:
+
+    .venv/bin/python benchmarks/bench_nantrace.py --steps 2 --repeats 5 --compare /tmp/base
 """
 
 from __future__ import annotations
@@ -84,11 +90,13 @@ def _cpu_of_children() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _timed(command: list[str], threads: int | None) -> tuple[float, float]:
-    """(wall seconds, CPU seconds) of one whole process."""
+def _timed(command: list[str], threads: int | None, source: str | None = None) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one whole process; ``source``: a dtypecheck checkout put first on its path."""
     env = dict(os.environ)
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
+    if source is not None:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (source, env.get("PYTHONPATH")) if p)
     cpu_before = _cpu_of_children()
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
@@ -104,11 +112,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="plain/traced pairs, alternating")
     parser.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for both runs (default: torch's)")
     parser.add_argument("--ddp", action="store_true", help="2 DDP ranks (gloo) instead of one process")
+    parser.add_argument("--compare", metavar="SRC", default=None, help="also trace with the dtypecheck checkout SRC")
     args = parser.parse_args()
     threads = 1 if args.ddp and args.threads is None else args.threads
     with tempfile.TemporaryDirectory() as folder:
         plain_cmd, traced_cmd = _commands(Path(folder), args.steps, args.ddp)
-        plain, traced, plain_cpu, traced_cpu = [], [], [], []
+        plain, traced, plain_cpu, traced_cpu, other_cpu = [], [], [], [], []
         for repeat in range(args.repeats):
             if args.ddp:  # a fresh port for each launch
                 plain_cmd, traced_cmd = _commands(Path(folder), args.steps, args.ddp)
@@ -118,9 +127,12 @@ def main() -> None:
             wall, cpu = _timed(traced_cmd, threads)
             traced.append(wall)
             traced_cpu.append(cpu)
+            if args.compare is not None:
+                other_cpu.append(_timed(traced_cmd, threads, args.compare)[1])
             print(
                 f"run {repeat + 1}: plain {plain[-1]:.2f} s ({plain_cpu[-1]:.2f} s CPU), "
-                f"traced {traced[-1]:.2f} s ({traced_cpu[-1]:.2f} s CPU)",
+                f"traced {traced[-1]:.2f} s ({traced_cpu[-1]:.2f} s CPU)"
+                + (f", traced with {args.compare} {other_cpu[-1]:.2f} s CPU" if other_cpu else ""),
                 flush=True,
             )
     cpu_ratio = statistics.median(traced_cpu) / statistics.median(plain_cpu)
@@ -128,6 +140,9 @@ def main() -> None:
         f"median CPU time plain {statistics.median(plain_cpu):.2f} s, traced {statistics.median(traced_cpu):.2f} s: "
         f"{cpu_ratio:.2f}x"
     )
+    if other_cpu:
+        other_ratio = statistics.median(other_cpu) / statistics.median(plain_cpu)
+        print(f"median CPU time traced with {args.compare} {statistics.median(other_cpu):.2f} s: {other_ratio:.2f}x")
     ratio = statistics.median(traced) / statistics.median(plain)
     print(
         f"median plain {statistics.median(plain):.2f} s, traced {statistics.median(traced):.2f} s: {ratio:.2f}x "

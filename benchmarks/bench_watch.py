@@ -14,6 +14,9 @@ back, and medians are compared, since the machine's cores are shared):
     .venv/bin/python benchmarks/bench_watch.py overhead --repeats 3
     .venv/bin/python benchmarks/bench_watch.py late
     .venv/bin/python benchmarks/bench_watch.py memory
+
+``overhead --full --compare SRC`` also times the full trace with another dtypecheck checkout first on the path
+(the commit before a change), alternating with this one: before and after side by side on the same cores.
 """
 
 from __future__ import annotations
@@ -88,7 +91,16 @@ def _ratio(name: str, plain: list[float], other: list[float], label: str) -> flo
     return ratio
 
 
-def overhead(folder: Path, repeats: int, small_steps: int, threads: int | None, full: bool) -> None:
+def overhead(
+    folder: Path,
+    repeats: int,
+    small_steps: int,
+    threads: int | None,
+    full: bool,
+    compare: str | None = None,
+    *,
+    loop: bool = True,
+) -> None:
     encoder = folder / "train_encoder.py"
     encoder.write_text(WORKLOAD, encoding="utf-8")
     small = folder / "train_small.py"
@@ -98,16 +110,26 @@ def overhead(folder: Path, repeats: int, small_steps: int, threads: int | None, 
         f"small model, {small_steps} steps": ([str(small)], [str(small_steps), "0"]),
     }
     for name, (script, argv) in workloads.items():
-        plain, watched, traced = [], [], []
+        plain, watched, traced, other = [], [], [], []
         for _ in range(repeats):
             plain.append(_timed([sys.executable, *script, *argv], threads)[1])
             watched.append(_timed(_nantrace("--watch", *script, "--", *argv), threads)[1])
             if full:
                 traced.append(_timed(_nantrace(*script, "--", *argv), threads)[1])
-        print(f"{name}: CPU seconds plain {plain}, watched {watched}" + (f", traced {traced}" if full else ""))
+            if full and compare is not None:
+                other.append(_timed(_nantrace(*script, "--", *argv), threads, compare)[1])
+        print(
+            f"{name}: CPU seconds plain {plain}, watched {watched}"
+            + (f", traced {traced}" if full else "")
+            + (f", traced with {compare} {other}" if other else "")
+        )
         _ratio(f"{name} (whole process)", plain, watched, "watched (target <= 1.05x)")
         if full:
             _ratio(f"{name} (whole process)", plain, traced, "fully traced")
+        if other:
+            _ratio(f"{name} (whole process)", plain, other, f"fully traced with {compare}")
+    if not loop:
+        return
     # The loop alone: what a run of 40,000 steps pays per step, start-up (importing dtypecheck) left out.
     plain_loop, watched_loop = [], []
     for _ in range(repeats):
@@ -174,11 +196,15 @@ def main() -> None:
     parser.add_argument("--small-steps", type=int, default=300)
     parser.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for every run")
     parser.add_argument("--full", action="store_true", help="overhead: also time a full trace")
+    parser.add_argument("--compare", metavar="SRC", default=None, help="overhead --full: also trace with checkout SRC")
+    parser.add_argument("--no-loop", action="store_true", help="overhead: skip the loop-only measurement")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as name:
         folder = Path(name)
         if args.what == "overhead":
-            overhead(folder, args.repeats, args.small_steps, args.threads, args.full)
+            overhead(
+                folder, args.repeats, args.small_steps, args.threads, args.full, args.compare, loop=not args.no_loop
+            )
         elif args.what == "late":
             late(folder)
         else:
