@@ -9,6 +9,7 @@ judged, and only the one that fired is re-run in detail.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,7 @@ from dtypecheck.nantrace.dtypeflow import DtypeFlow
 from dtypecheck.nantrace.eager import run_compile_eagerly
 from dtypecheck.nantrace.explain import explain
 from dtypecheck.nantrace.frames import FrameFinder, FrameKey, location_of
-from dtypecheck.nantrace.judge import Judge, written_tensors
+from dtypecheck.nantrace.judge import NODE_KEY, Judge, written_tensors
 from dtypecheck.nantrace.modules import ModuleStack
 from dtypecheck.nantrace.ops import OpInfo, OpKind, classify, iter_tensors, mutated_argument
 from dtypecheck.nantrace.options import TraceOptions
@@ -42,6 +43,14 @@ def _dispatch_mode_class() -> type[TorchDispatchMode]:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class CheckMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            # torch >= 2.6 wraps __torch_dispatch__ in two torch._dynamo.disable layers, so that dynamo never
+            # compiles it; under tracing nothing compiles (eager.run_compile_eagerly). The wrappers cost ~2 us
+            # per op (a third of the small-ops run's tracing time) and their first call imports torch._dynamo
+            # (~0.9 s of CPU, a third of a small script's whole run).
+            return False
+
         def __init__(self, tracer: Tracer) -> None:
             super().__init__()  # type: ignore[no-untyped-call]
             self.tracer = tracer
@@ -107,6 +116,7 @@ class Tracer:
         self._current_node = getattr(torch._C, "_current_autograd_node", lambda: None)
         self._aminmax = torch.aminmax
         self._strided = torch.strided
+        self._tensor = torch.Tensor
         self._is_grad_enabled = torch.is_grad_enabled
         self._mode: Any = None
         self._restore: list[tuple[Any, str, Any]] = []
@@ -172,22 +182,28 @@ class Tracer:
         grad_enabled = self._is_grad_enabled()
         if info.kind is OpKind.PASS and (backward or not grad_enabled):
             return self._made_unchecked(func, info, args, kwargs) if info.creates else func(*args, **kwargs)
-        # In backward the walk finds the user's .backward() call, or their own autograd.Function.backward;
-        # the judge prefers the forward line recorded on the node when there is one.
-        frame = self.frames.user_frame()
+        origin = node.metadata.get(NODE_KEY) if node is not None else None
+        # In backward the walk finds the user's .backward() call, or their own autograd.Function.backward; the
+        # judge prefers the forward line recorded on the node (NODE_KEY, tagged when the forward was flushed,
+        # before backward began): when it is there already the walk is only needed for the dtype watch below.
+        frame = self.frames.user_frame() if origin is None else origin[0]
         record = OpRecord(self.ops - 1, func, info, node, module, frame, grad_enabled, self._step)
         record.args, record.kwargs = args, kwargs
-        if info.kind is OpKind.CHECK:
-            self._before(record, info)
+        check = info.kind is OpKind.CHECK
+        if check:
+            self._before(record, info, args, kwargs)
         out = func(*args, **kwargs)
-        result = record.result = next(iter_tensors(out), None)
+        result = out if isinstance(out, self._tensor) else next(iter_tensors(out), None)
+        record.result = result
         if result is not None and (info.creates or result.dtype is not self.flow.dominant):
             where = (module, backward, self._step, self.ops - 1)
-            self.flow.after_op(func, info, (args, kwargs), result, frame, where)
-        if info.kind is OpKind.CHECK:
-            self._after(record, out)
-        self._window.append(record)
-        if len(self._window) >= self.options.window or self._held >= self.options.held_bytes:
+            walked = frame if origin is None else self.frames.user_frame()
+            self.flow.after_op(func, info, (args, kwargs), result, walked, where)
+        if check:
+            self._after(record, out, result)
+        window = self._window
+        window.append(record)
+        if len(window) >= self.options.window or self._held >= self.options.held_bytes:
             self.flush()
         return out
 
@@ -201,47 +217,54 @@ class Tracer:
         self.raises.op_raised(self._infos.get(func) or classify(func), func, args, kwargs, exc)
 
     # -- the checks --------------------------------------------------------------------------------------------
-    def _before(self, record: OpRecord, info: OpInfo) -> None:
-        import torch
-
+    def _before(self, record: OpRecord, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        # Run before every checked op: written for speed (locals, no helper calls in the common case).
         written: set[int] = set()
-        for where in info.written:
-            for tensor in iter_tensors(mutated_argument(record.args, record.kwargs, where)):
-                written.add(id(tensor))
-        for where in info.read_mutated:
-            for tensor in iter_tensors(mutated_argument(record.args, record.kwargs, where)):
-                # Unchanged since an earlier op of this window wrote it (an optimizer's chain of in-place updates
-                # on one state): that op's check already says what this one reads.
-                local = plain(tensor)
-                earlier = self._recent.get(id(local))
-                if earlier is not None and earlier.tensor is local and earlier.version == version_of(local):
-                    checked: Checked | None = earlier
-                else:
-                    checked = self._check(tensor)
-                if checked is not None:
-                    record.pre.append(checked)
-                    # The op is about to overwrite what it reads: keep a copy for the detailed re-run, unless
-                    # that would hold too much (a fused optimizer updating every state at once). Not in the
-                    # optimizer step (no grad, outside every module): copying each parameter and state before each
-                    # update was a tenth of a transformer step's tracing time, for a cause only (null there).
-                    keep = record.grad_enabled or record.module is not None
-                    if keep and self._held + tensor.nbytes <= self.options.held_bytes:
-                        record.clones[id(tensor)] = tensor.detach().clone()
-                        self._held += tensor.nbytes
+        if info.written:
+            for where in info.written:
+                for tensor in iter_tensors(mutated_argument(args, kwargs, where)):
+                    written.add(id(tensor))
+            for where in info.read_mutated:
+                for tensor in iter_tensors(mutated_argument(args, kwargs, where)):
+                    self._before_overwrite(record, tensor)
         inputs = record.inputs
-        for value in (*record.args, *record.kwargs.values()):
-            if isinstance(value, torch.Tensor):
+        tensor_type = self._tensor
+        for value in (*args, *kwargs.values()) if kwargs else args:
+            if isinstance(value, tensor_type):
                 if value.is_floating_point() and id(value) not in written:
-                    local = plain(value)
-                    inputs.append((local, version_of(local)))
+                    inputs.append(_with_version(value))
             elif isinstance(value, list | tuple):
                 for item in value:
-                    if isinstance(item, torch.Tensor) and item.is_floating_point() and id(item) not in written:
-                        local = plain(item)
-                        inputs.append((local, version_of(local)))
+                    if isinstance(item, tensor_type) and item.is_floating_point() and id(item) not in written:
+                        inputs.append(_with_version(item))
 
-    def _after(self, record: OpRecord, out: Any) -> None:
-        for tensor in written_tensors(record, out):
+    def _before_overwrite(self, record: OpRecord, tensor: torch.Tensor) -> None:
+        """``tensor`` is read and then overwritten by the op: check it now."""
+        # Unchanged since an earlier op of this window wrote it (an optimizer's chain of in-place updates
+        # on one state): that op's check already says what this one reads.
+        local = plain(tensor)
+        earlier = self._recent.get(id(local))
+        if earlier is not None and earlier.tensor is local and earlier.version == version_of(local):
+            checked: Checked | None = earlier
+        else:
+            checked = self._check(tensor)
+        if checked is not None:
+            record.pre.append(checked)
+            # The op is about to overwrite what it reads: keep a copy for the detailed re-run, unless
+            # that would hold too much (a fused optimizer updating every state at once). Not in the
+            # optimizer step (no grad, outside every module): copying each parameter and state before each
+            # update was a tenth of a transformer step's tracing time, for a cause only (null there).
+            keep = record.grad_enabled or record.module is not None
+            if keep and self._held + tensor.nbytes <= self.options.held_bytes:
+                record.clones[id(tensor)] = tensor.detach().clone()
+                self._held += tensor.nbytes
+
+    def _after(self, record: OpRecord, out: Any, result: torch.Tensor | None) -> None:
+        if result is not None and result is out:  # one tensor returned: the common case, without the list
+            tensors: Iterable[torch.Tensor] = (result,)
+        else:
+            tensors = written_tensors(record, out)
+        for tensor in tensors:
             checked = self._check(tensor)
             if checked is not None:
                 record.checked.append(checked)
@@ -249,7 +272,9 @@ class Tracer:
                 self._held += tensor.nbytes
 
     def _check(self, tensor: torch.Tensor) -> Checked | None:
-        tensor = plain(tensor)
+        local = getattr(tensor, "_local_tensor", None)  # records.plain, inlined: run for every op output
+        if local is not None:
+            tensor = local
         if (
             tensor.dtype not in self._checked_dtypes
             or tensor.layout is not self._strided
@@ -258,7 +283,9 @@ class Tracer:
         ):
             return None
         try:
-            detached = tensor.detach()
+            # Inside __torch_dispatch__ autograd is mostly excluded already; a tensor that still requires grad
+            # is detached, so that the check never records a graph.
+            detached = tensor.detach() if tensor.requires_grad else tensor
             # aminmax is ~60x slower than amin + amax on a non-contiguous tensor (a transposed view): measured with
             # benchmarks/bench_nantrace.py, it was most of the tracing cost of a transformer step.
             if detached.is_contiguous():
@@ -268,7 +295,7 @@ class Tracer:
         except (RuntimeError, NotImplementedError):
             return None  # a tensor subclass or backend without aminmax: unchecked rather than broken
         tiny = self._half.get(tensor.dtype)
-        small = None if tiny is None else (tensor.detach().abs() < tiny).sum()
+        small = None if tiny is None else (detached.abs() < tiny).sum()
         return Checked(tensor, lo, hi, small)
 
     def _phase_changed(self, backward: bool) -> None:
@@ -403,6 +430,17 @@ class TracedWorkerInit:
         tracer.__enter__()  # left on: the worker process ends with os._exit, the tracer with it
         if self.user_init is not None:
             self.user_init(worker_id)
+
+
+def _with_version(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(the plain tensor, its version counter now): ``records.plain`` and ``records.version_of``, inlined."""
+    local = getattr(tensor, "_local_tensor", None)
+    if local is not None:
+        tensor = local
+    try:
+        return tensor, tensor._version
+    except RuntimeError:  # an inference tensor keeps no version counter
+        return tensor, version_of(tensor)
 
 
 def _ended_normally(exc: BaseException | None) -> bool:
