@@ -240,8 +240,8 @@ def test_a_chain_of_in_place_ops_checks_each_link_once(monkeypatch: pytest.Monke
 
 def test_an_in_place_overflow_without_a_copy_still_has_its_counts() -> None:
     """The optimizer step keeps no copy of what it overwrites (too costly), so the op cannot be re-run from its
-    inputs; its output, unchanged since, is read as it is. Hand-computed in float32 (max 3.4028e38): 3e38 + 3e38 and 2e38 + 3e38
-    overflow to +inf, 1 + 3e38 stays finite."""
+    inputs; its output, unchanged since, is read as it is. Hand-computed in float32 (max 3.4028e38): 3e38 + 3e38
+    and 2e38 + 3e38 overflow to +inf, 1 + 3e38 stays finite."""
     weight = torch.nn.Parameter(torch.tensor([3e38, 2e38, 1.0]))
     optimizer = torch.optim.SGD([weight], lr=3e38)
     with Tracer() as tracer:
