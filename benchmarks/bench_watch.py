@@ -65,13 +65,16 @@ print(f"loop {time.process_time() - start:.4f}", file=sys.stderr)
 """
 
 
-def _loop_seconds(command: list[str], threads: int | None) -> float:
-    """The training loop's own CPU seconds (printed by the workload): the per-step cost, without start-up."""
+def _loop_seconds(command: list[str], threads: int | None, source: str | None = None) -> float:
+    """The training loop's own CPU seconds (printed by the workload): the per-step cost, without start-up;
+    ``source``: a dtypecheck checkout put first on the path."""
     import os
 
     env = dict(os.environ)
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
+    if source is not None:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (source, env.get("PYTHONPATH")) if p)
     done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     lines = [line for line in done.stderr.splitlines() if line.startswith("loop ")]
     if done.returncode not in (0, 1) or not lines:
@@ -131,12 +134,21 @@ def overhead(
     if not loop:
         return
     # The loop alone: what a run of 40,000 steps pays per step, start-up (importing dtypecheck) left out.
-    plain_loop, watched_loop = [], []
+    plain_loop, watched_loop, traced_loop, other_loop = [], [], [], []
+    traced_argv = _nantrace(str(small), "--", str(small_steps), "0")
     for _ in range(repeats):
         plain_loop.append(_loop_seconds([sys.executable, str(small), str(small_steps), "0"], threads))
         watched_loop.append(_loop_seconds(_nantrace("--watch", str(small), "--", str(small_steps), "0"), threads))
+        if full:
+            traced_loop.append(_loop_seconds(traced_argv, threads))
+        if full and compare is not None:
+            other_loop.append(_loop_seconds(traced_argv, threads, compare))
     print(f"small model loop CPU seconds: plain {plain_loop}, watched {watched_loop}")
     _ratio(f"small model, {small_steps} steps (loop only)", plain_loop, watched_loop, "watched")
+    if traced_loop:
+        _ratio(f"small model, {small_steps} steps (loop only)", plain_loop, traced_loop, "fully traced")
+    if other_loop:
+        _ratio(f"small model, {small_steps} steps (loop only)", plain_loop, other_loop, f"fully traced with {compare}")
 
 
 def _report(command: list[str]) -> dict[str, object]:
