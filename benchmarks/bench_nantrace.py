@@ -109,7 +109,8 @@ def _timed_with_loop(command: list[str], threads: int | None, source: str | None
         env["PYTHONPATH"] = os.pathsep.join(p for p in (source, env.get("PYTHONPATH")) if p)
     cpu_before = _cpu_of_children()
     start = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
+    # ``python -m`` puts the working folder first on the path: run the other checkout from its own folder.
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=env, cwd=source)
     elapsed = time.perf_counter() - start
     if done.returncode != 0:
         sys.exit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")

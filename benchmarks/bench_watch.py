@@ -75,7 +75,8 @@ def _loop_seconds(command: list[str], threads: int | None, source: str | None = 
         env["OMP_NUM_THREADS"] = str(threads)
     if source is not None:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (source, env.get("PYTHONPATH")) if p)
-    done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
+    # ``python -m`` puts the working folder first on the path: run the other checkout from its own folder.
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=env, cwd=source)
     lines = [line for line in done.stderr.splitlines() if line.startswith("loop ")]
     if done.returncode not in (0, 1) or not lines:
         sys.exit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr}")
