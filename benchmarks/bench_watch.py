@@ -14,6 +14,9 @@ back, and medians are compared, since the machine's cores are shared):
     .venv/bin/python benchmarks/bench_watch.py overhead --repeats 3
     .venv/bin/python benchmarks/bench_watch.py late
     .venv/bin/python benchmarks/bench_watch.py memory
+
+``overhead --full --compare SRC`` also times the full trace with another dtypecheck checkout first on the path
+(the commit before a change), alternating with this one: before and after side by side on the same cores.
 """
 
 from __future__ import annotations
@@ -62,14 +65,18 @@ print(f"loop {time.process_time() - start:.4f}", file=sys.stderr)
 """
 
 
-def _loop_seconds(command: list[str], threads: int | None) -> float:
-    """The training loop's own CPU seconds (printed by the workload): the per-step cost, without start-up."""
+def _loop_seconds(command: list[str], threads: int | None, source: str | None = None) -> float:
+    """The training loop's own CPU seconds (printed by the workload): the per-step cost, without start-up;
+    ``source``: a dtypecheck checkout put first on the path."""
     import os
 
     env = dict(os.environ)
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
-    done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
+    if source is not None:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (source, env.get("PYTHONPATH")) if p)
+    # ``python -m`` puts the working folder first on the path: run the other checkout from its own folder.
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=env, cwd=source)
     lines = [line for line in done.stderr.splitlines() if line.startswith("loop ")]
     if done.returncode not in (0, 1) or not lines:
         sys.exit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr}")
@@ -88,7 +95,16 @@ def _ratio(name: str, plain: list[float], other: list[float], label: str) -> flo
     return ratio
 
 
-def overhead(folder: Path, repeats: int, small_steps: int, threads: int | None, full: bool) -> None:
+def overhead(
+    folder: Path,
+    repeats: int,
+    small_steps: int,
+    threads: int | None,
+    full: bool,
+    compare: str | None = None,
+    *,
+    loop: bool = True,
+) -> None:
     encoder = folder / "train_encoder.py"
     encoder.write_text(WORKLOAD, encoding="utf-8")
     small = folder / "train_small.py"
@@ -98,23 +114,42 @@ def overhead(folder: Path, repeats: int, small_steps: int, threads: int | None, 
         f"small model, {small_steps} steps": ([str(small)], [str(small_steps), "0"]),
     }
     for name, (script, argv) in workloads.items():
-        plain, watched, traced = [], [], []
+        plain, watched, traced, other = [], [], [], []
         for _ in range(repeats):
             plain.append(_timed([sys.executable, *script, *argv], threads)[1])
             watched.append(_timed(_nantrace("--watch", *script, "--", *argv), threads)[1])
             if full:
                 traced.append(_timed(_nantrace(*script, "--", *argv), threads)[1])
-        print(f"{name}: CPU seconds plain {plain}, watched {watched}" + (f", traced {traced}" if full else ""))
+            if full and compare is not None:
+                other.append(_timed(_nantrace(*script, "--", *argv), threads, compare)[1])
+        print(
+            f"{name}: CPU seconds plain {plain}, watched {watched}"
+            + (f", traced {traced}" if full else "")
+            + (f", traced with {compare} {other}" if other else "")
+        )
         _ratio(f"{name} (whole process)", plain, watched, "watched (target <= 1.05x)")
         if full:
             _ratio(f"{name} (whole process)", plain, traced, "fully traced")
+        if other:
+            _ratio(f"{name} (whole process)", plain, other, f"fully traced with {compare}")
+    if not loop:
+        return
     # The loop alone: what a run of 40,000 steps pays per step, start-up (importing dtypecheck) left out.
-    plain_loop, watched_loop = [], []
+    plain_loop, watched_loop, traced_loop, other_loop = [], [], [], []
+    traced_argv = _nantrace(str(small), "--", str(small_steps), "0")
     for _ in range(repeats):
         plain_loop.append(_loop_seconds([sys.executable, str(small), str(small_steps), "0"], threads))
         watched_loop.append(_loop_seconds(_nantrace("--watch", str(small), "--", str(small_steps), "0"), threads))
+        if full:
+            traced_loop.append(_loop_seconds(traced_argv, threads))
+        if full and compare is not None:
+            other_loop.append(_loop_seconds(traced_argv, threads, compare))
     print(f"small model loop CPU seconds: plain {plain_loop}, watched {watched_loop}")
     _ratio(f"small model, {small_steps} steps (loop only)", plain_loop, watched_loop, "watched")
+    if traced_loop:
+        _ratio(f"small model, {small_steps} steps (loop only)", plain_loop, traced_loop, "fully traced")
+    if other_loop:
+        _ratio(f"small model, {small_steps} steps (loop only)", plain_loop, other_loop, f"fully traced with {compare}")
 
 
 def _report(command: list[str]) -> dict[str, object]:
@@ -174,11 +209,15 @@ def main() -> None:
     parser.add_argument("--small-steps", type=int, default=300)
     parser.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for every run")
     parser.add_argument("--full", action="store_true", help="overhead: also time a full trace")
+    parser.add_argument("--compare", metavar="SRC", default=None, help="overhead --full: also trace with checkout SRC")
+    parser.add_argument("--no-loop", action="store_true", help="overhead: skip the loop-only measurement")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as name:
         folder = Path(name)
         if args.what == "overhead":
-            overhead(folder, args.repeats, args.small_steps, args.threads, args.full)
+            overhead(
+                folder, args.repeats, args.small_steps, args.threads, args.full, args.compare, loop=not args.no_loop
+            )
         elif args.what == "late":
             late(folder)
         else:

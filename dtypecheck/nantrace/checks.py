@@ -15,11 +15,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Protocol, TypeAlias, runtime_checkable
 
-from dtypecheck.dtypes import spec_of
+from dtypecheck.dtypes import FloatFormat, spec_of
 from dtypecheck.findings import CHECK_LEVEL, Level
 from dtypecheck.nantrace.report import EventKind, Promotion, ScaleCollapse, SkippedStep
 
 if TYPE_CHECKING:
+    import torch
+
     from dtypecheck.nantrace.records import OpRecord
 
 
@@ -142,6 +144,28 @@ class NonFiniteProducer(_OpCheckBase):
         return _FOLLOW
 
 
+_FORMATS: dict[object, FloatFormat] = {}
+
+
+def format_of(dtype: torch.dtype) -> FloatFormat:
+    """``spec_of(dtype).fmt``, remembered: asked for every checked output at every flush."""
+    fmt = _FORMATS.get(dtype)
+    if fmt is None:
+        fmt = _FORMATS[dtype] = spec_of(dtype).fmt
+    return fmt
+
+
+_MAX: dict[object, float] = {}
+
+
+def max_of(dtype: torch.dtype) -> float:
+    """The dtype's largest finite value (``FloatFormat.max`` computes it on each call)."""
+    limit = _MAX.get(dtype)
+    if limit is None:
+        limit = _MAX[dtype] = format_of(dtype).max
+    return limit
+
+
 def _has_scalar_at_least(record: OpRecord, magnitude: float) -> bool:
     values = (*record.args, *record.kwargs.values())
     return any(isinstance(v, float) and abs(v) >= magnitude for v in values)
@@ -162,11 +186,11 @@ class NearOverflow(_OpCheckBase):
             return ()
         verdicts: list[Verdict] = []
         for position, checked in enumerate(record.checked):
-            limit = context.warn_frac * spec_of(checked.tensor.dtype).fmt.max
+            limit = context.warn_frac * max_of(checked.tensor.dtype)
             # A huge constant the user wrote (finfo.min masks) is not a climb towards overflow.
             if checked.absmax >= limit and not _has_scalar_at_least(record, limit):
                 verdicts.append(Warn("near_overflow", position))
-        return tuple(verdicts)
+        return tuple(verdicts) if verdicts else ()
 
 
 @dataclass(frozen=True)
@@ -180,13 +204,16 @@ class Underflow(_OpCheckBase):
     rule: str | None = "DTC203"
 
     def on_op(self, record: OpRecord, context: CheckContext, nonfinite: bool) -> tuple[Verdict, ...]:
+        # Cheapest test first: only half-precision outputs count their small values (small_count 0 elsewhere).
+        if nonfinite or not any(c.small_count for c in record.checked):
+            return ()
+        if context.already_warned("underflow", record.module):
+            return ()
         from dtypecheck.nantrace.rerun import underflows_in_float32
 
-        if nonfinite or context.already_warned("underflow", record.module):
-            return ()
         for position, checked in enumerate(record.checked):
-            fmt = spec_of(checked.tensor.dtype).fmt
-            if checked.absmax >= context.warn_frac * fmt.max or not checked.small_count:
+            fmt = format_of(checked.tensor.dtype)
+            if checked.absmax >= context.warn_frac * max_of(checked.tensor.dtype) or not checked.small_count:
                 continue
             if 2 * checked.small_count > checked.tensor.numel():
                 found = underflows_in_float32(record, position, fmt.smallest_normal)

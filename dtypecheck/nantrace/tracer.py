@@ -9,6 +9,7 @@ judged, and only the one that fired is re-run in detail.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,7 @@ from dtypecheck.nantrace.dtypeflow import DtypeFlow
 from dtypecheck.nantrace.eager import run_compile_eagerly
 from dtypecheck.nantrace.explain import explain
 from dtypecheck.nantrace.frames import FrameFinder, FrameKey, location_of
-from dtypecheck.nantrace.judge import Judge, written_tensors
+from dtypecheck.nantrace.judge import NODE_KEY, Judge, written_tensors
 from dtypecheck.nantrace.modules import ModuleStack
 from dtypecheck.nantrace.ops import OpInfo, OpKind, classify, iter_tensors, mutated_argument
 from dtypecheck.nantrace.options import TraceOptions
@@ -33,6 +34,13 @@ if TYPE_CHECKING:
     from torch.utils._python_dispatch import TorchDispatchMode
 
 
+_CPU_HELD = 32 << 20
+"""A window of CPU outputs is read back once it keeps this much alive, well before ``held_bytes``: reading back is
+no device sync there, and memory held past its natural lifetime is memory the allocator cannot reuse. Holding up to
+512 MiB doubled the page faults of benchmarks/bench_nantrace.py's transformer (190k -> 370k, 0.4 s more system
+time); at 32 MiB its traced loop went from 1.20x to 1.12x the plain loop's CPU time."""
+
+
 class StopTracing(BaseException):
     """Raised into the traced code at the first event to end the run (a BaseException, so that the user's own
     ``except Exception`` cannot swallow it)."""
@@ -42,6 +50,14 @@ def _dispatch_mode_class() -> type[TorchDispatchMode]:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class CheckMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            # torch >= 2.6 wraps __torch_dispatch__ in two torch._dynamo.disable layers, so that dynamo never
+            # compiles it; under tracing nothing compiles (eager.run_compile_eagerly). The wrappers cost ~2 us
+            # per op (a third of the small-ops run's tracing time) and their first call imports torch._dynamo
+            # (~0.9 s of CPU, a third of a small script's whole run).
+            return False
+
         def __init__(self, tracer: Tracer) -> None:
             super().__init__()  # type: ignore[no-untyped-call]
             self.tracer = tracer
@@ -97,9 +113,13 @@ class Tracer:
         self._step = 1
         self._in_backward = False
         self._window: list[OpRecord] = []
+        self._unsettled: list[Checked] = []
+        """The checks of the last op's in-place outputs, whose version counters autograd has still to bump."""
         self._recent: dict[int, Checked] = {}
         """This window's checks by ``id`` of the tensor: an in-place op need not re-check an unchanged target."""
         self._held = 0
+        self._held_cpu = 0
+        """Bytes of CPU outputs the window keeps alive (also counted in ``_held``)."""
         self._infos: dict[Any, OpInfo] = {}
         self._checked_dtypes = frozenset(getattr(torch, n) for n in CHECKED_DTYPES_NAMES)
         self._half = {getattr(torch, n): _tiny(n) for n in HALF_NAMES}
@@ -107,6 +127,7 @@ class Tracer:
         self._current_node = getattr(torch._C, "_current_autograd_node", lambda: None)
         self._aminmax = torch.aminmax
         self._strided = torch.strided
+        self._tensor = torch.Tensor
         self._is_grad_enabled = torch.is_grad_enabled
         self._mode: Any = None
         self._restore: list[tuple[Any, str, Any]] = []
@@ -159,6 +180,8 @@ class Tracer:
                 self._interrupted = False
                 raise StopTracing
             return func(*args, **kwargs)
+        if self._unsettled:
+            self._settle_versions()
         info = self._infos.get(func)
         if info is None:
             info = self._infos[func] = classify(func)
@@ -172,24 +195,50 @@ class Tracer:
         grad_enabled = self._is_grad_enabled()
         if info.kind is OpKind.PASS and (backward or not grad_enabled):
             return self._made_unchecked(func, info, args, kwargs) if info.creates else func(*args, **kwargs)
-        # In backward the walk finds the user's .backward() call, or their own autograd.Function.backward;
-        # the judge prefers the forward line recorded on the node when there is one.
-        frame = self.frames.user_frame()
+        origin = node.metadata.get(NODE_KEY) if node is not None else None
+        # In backward the walk finds the user's .backward() call, or their own autograd.Function.backward; the
+        # judge prefers the forward line recorded on the node (NODE_KEY, tagged when the forward was flushed,
+        # before backward began): when it is there already the walk is only needed for the dtype watch below.
+        frame = self.frames.user_frame() if origin is None else origin[0]
         record = OpRecord(self.ops - 1, func, info, node, module, frame, grad_enabled, self._step)
         record.args, record.kwargs = args, kwargs
-        if info.kind is OpKind.CHECK:
-            self._before(record, info)
+        check = info.kind is OpKind.CHECK
+        held, held_cpu = self._held, self._held_cpu
+        if check:
+            self._before(record, info, args, kwargs)
         out = func(*args, **kwargs)
-        result = record.result = next(iter_tensors(out), None)
+        result = out if isinstance(out, self._tensor) else next(iter_tensors(out), None)
+        record.result = result
         if result is not None and (info.creates or result.dtype is not self.flow.dominant):
             where = (module, backward, self._step, self.ops - 1)
-            self.flow.after_op(func, info, (args, kwargs), result, frame, where)
-        if info.kind is OpKind.CHECK:
-            self._after(record, out)
-        self._window.append(record)
-        if len(self._window) >= self.options.window or self._held >= self.options.held_bytes:
+            walked = frame if origin is None else self.frames.user_frame()
+            self.flow.after_op(func, info, (args, kwargs), result, walked, where)
+        if check:
+            self._after(record, out, result)
+        window = self._window
+        if window and (
+            len(window) >= self.options.window or self._held >= self.options.held_bytes or self._held_cpu >= _CPU_HELD
+        ):
+            # Judge the ops before this one, not this one: its output gets the grad_fn whose node must carry this
+            # line into backward only once dispatch returns (judged now, its backward ops would be given the
+            # .backward() line instead). It opens the next window with its bytes and its checks.
+            mine, mine_cpu = self._held - held, self._held_cpu - held_cpu
             self.flush()
+            self._held, self._held_cpu = mine, mine_cpu
+            for checked in record.checked:
+                self._recent[id(checked.tensor)] = checked
+        self._window.append(record)
+        if info.written and record.checked:
+            self._unsettled = record.checked
         return out
+
+    def _settle_versions(self) -> None:
+        """Take the version counters of the last in-place op's outputs as it left them: autograd bumps them only
+        after dispatch returns, so the one taken at the check would read as "written since" (the detailed pass
+        then re-ran the op from a copy, or gave up without one; an in-place chain re-checked each link)."""
+        for checked in self._unsettled:
+            checked.version = version_of(checked.tensor)
+        self._unsettled = []
 
     def _made_unchecked(self, func: Any, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         out = func(*args, **kwargs)
@@ -201,55 +250,66 @@ class Tracer:
         self.raises.op_raised(self._infos.get(func) or classify(func), func, args, kwargs, exc)
 
     # -- the checks --------------------------------------------------------------------------------------------
-    def _before(self, record: OpRecord, info: OpInfo) -> None:
-        import torch
-
+    def _before(self, record: OpRecord, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        # Run before every checked op: written for speed (locals, no helper calls in the common case).
         written: set[int] = set()
-        for where in info.written:
-            for tensor in iter_tensors(mutated_argument(record.args, record.kwargs, where)):
-                written.add(id(tensor))
-        for where in info.read_mutated:
-            for tensor in iter_tensors(mutated_argument(record.args, record.kwargs, where)):
-                # Unchanged since an earlier op of this window wrote it (an optimizer's chain of in-place updates
-                # on one state): that op's check already says what this one reads.
-                local = plain(tensor)
-                earlier = self._recent.get(id(local))
-                if earlier is not None and earlier.tensor is local and earlier.version == version_of(local):
-                    checked: Checked | None = earlier
-                else:
-                    checked = self._check(tensor)
-                if checked is not None:
-                    record.pre.append(checked)
-                    # The op is about to overwrite what it reads: keep a copy for the detailed re-run, unless
-                    # that would hold too much (a fused optimizer updating every state at once). Not in the
-                    # optimizer step (no grad, outside every module): copying each parameter and state before each
-                    # update was a tenth of a transformer step's tracing time, for a cause only (null there).
-                    keep = record.grad_enabled or record.module is not None
-                    if keep and self._held + tensor.nbytes <= self.options.held_bytes:
-                        record.clones[id(tensor)] = tensor.detach().clone()
-                        self._held += tensor.nbytes
+        if info.written:
+            for where in info.written:
+                for tensor in iter_tensors(mutated_argument(args, kwargs, where)):
+                    written.add(id(tensor))
+            for where in info.read_mutated:
+                for tensor in iter_tensors(mutated_argument(args, kwargs, where)):
+                    self._before_overwrite(record, tensor)
         inputs = record.inputs
-        for value in (*record.args, *record.kwargs.values()):
-            if isinstance(value, torch.Tensor):
+        tensor_type = self._tensor
+        for value in (*args, *kwargs.values()) if kwargs else args:
+            if isinstance(value, tensor_type):
                 if value.is_floating_point() and id(value) not in written:
-                    local = plain(value)
-                    inputs.append((local, version_of(local)))
+                    inputs.append(_with_version(value))
             elif isinstance(value, list | tuple):
                 for item in value:
-                    if isinstance(item, torch.Tensor) and item.is_floating_point() and id(item) not in written:
-                        local = plain(item)
-                        inputs.append((local, version_of(local)))
+                    if isinstance(item, tensor_type) and item.is_floating_point() and id(item) not in written:
+                        inputs.append(_with_version(item))
 
-    def _after(self, record: OpRecord, out: Any) -> None:
-        for tensor in written_tensors(record, out):
+    def _before_overwrite(self, record: OpRecord, tensor: torch.Tensor) -> None:
+        """``tensor`` is read and then overwritten by the op: check it now."""
+        # Unchanged since an earlier op of this window wrote it (an optimizer's chain of in-place updates
+        # on one state): that op's check already says what this one reads.
+        local = plain(tensor)
+        earlier = self._recent.get(id(local))
+        if earlier is not None and earlier.tensor is local and earlier.version == version_of(local):
+            checked: Checked | None = earlier
+        else:
+            checked = self._check(tensor)
+        if checked is not None:
+            record.pre.append(checked)
+            # The op is about to overwrite what it reads: keep a copy for the detailed re-run, unless
+            # that would hold too much (a fused optimizer updating every state at once). Not in the
+            # optimizer step (no grad, outside every module): copying each parameter and state before each
+            # update was a tenth of a transformer step's tracing time, for a cause only (null there).
+            keep = record.grad_enabled or record.module is not None
+            if keep and self._held + tensor.nbytes <= self.options.held_bytes:
+                record.clones[id(tensor)] = tensor.detach().clone()
+                self._held += tensor.nbytes
+
+    def _after(self, record: OpRecord, out: Any, result: torch.Tensor | None) -> None:
+        if result is not None and result is out:  # one tensor returned: the common case, without the list
+            tensors: Iterable[torch.Tensor] = (result,)
+        else:
+            tensors = written_tensors(record, out)
+        for tensor in tensors:
             checked = self._check(tensor)
             if checked is not None:
                 record.checked.append(checked)
                 self._recent[id(checked.tensor)] = checked
                 self._held += tensor.nbytes
+                if tensor.is_cpu:
+                    self._held_cpu += tensor.nbytes
 
     def _check(self, tensor: torch.Tensor) -> Checked | None:
-        tensor = plain(tensor)
+        local = getattr(tensor, "_local_tensor", None)  # records.plain, inlined: run for every op output
+        if local is not None:
+            tensor = local
         if (
             tensor.dtype not in self._checked_dtypes
             or tensor.layout is not self._strided
@@ -258,7 +318,9 @@ class Tracer:
         ):
             return None
         try:
-            detached = tensor.detach()
+            # Inside __torch_dispatch__ autograd is mostly excluded already; a tensor that still requires grad
+            # is detached, so that the check never records a graph.
+            detached = tensor.detach() if tensor.requires_grad else tensor
             # aminmax is ~60x slower than amin + amax on a non-contiguous tensor (a transposed view): measured with
             # benchmarks/bench_nantrace.py, it was most of the tracing cost of a transformer step.
             if detached.is_contiguous():
@@ -268,7 +330,7 @@ class Tracer:
         except (RuntimeError, NotImplementedError):
             return None  # a tensor subclass or backend without aminmax: unchecked rather than broken
         tiny = self._half.get(tensor.dtype)
-        small = None if tiny is None else (tensor.detach().abs() < tiny).sum()
+        small = None if tiny is None else (detached.abs() < tiny).sum()
         return Checked(tensor, lo, hi, small)
 
     def _phase_changed(self, backward: bool) -> None:
@@ -283,9 +345,11 @@ class Tracer:
 
     def judge_now(self) -> None:
         """Judge the window's ops without stopping the traced code (``flush`` stops it at a failure)."""
+        if self._unsettled:
+            self._settle_versions()
         window, self._window = self._window, []
         self._recent.clear()
-        self._held = 0
+        self._held = self._held_cpu = 0
         if window:
             self.judge.judge_window(window)
 
@@ -403,6 +467,17 @@ class TracedWorkerInit:
         tracer.__enter__()  # left on: the worker process ends with os._exit, the tracer with it
         if self.user_init is not None:
             self.user_init(worker_id)
+
+
+def _with_version(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(the plain tensor, its version counter now): ``records.plain`` and ``records.version_of``, inlined."""
+    local = getattr(tensor, "_local_tensor", None)
+    if local is not None:
+        tensor = local
+    try:
+        return tensor, tensor._version
+    except RuntimeError:  # an inference tensor keeps no version counter
+        return tensor, version_of(tensor)
 
 
 def _ended_normally(exc: BaseException | None) -> bool:
