@@ -12,7 +12,6 @@ from tests.memory._fixtures import write_decoder_config
 GIB = 2**30
 
 
-
 @pytest.mark.parametrize(
     ("text", "expected"),
     [("80GiB", 80 * 2**30), ("24GB", 24 * 10**9), ("1.5TiB", 3 * 2**39), ("4096", 4096), ("512 mib", 512 * 2**20)],

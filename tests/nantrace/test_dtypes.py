@@ -512,8 +512,7 @@ def _embedding_with_float_ids() -> None:
             "float32",  # no model: the program's dtype is the first float op's (randn's float32)
             "bmm-left",  # made float16 by .half(): the cast is where its dtype came from
             "bmm-call",
-            "cast the `self` argument with `.to(torch.float32)`, or where it is created "
-            "(test_dtypes.py:{made})",
+            "cast the `self` argument with `.to(torch.float32)`, or where it is created (test_dtypes.py:{made})",
         ),
         (
             _embedding_with_float_ids,

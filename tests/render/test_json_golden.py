@@ -44,9 +44,13 @@ def test_scan_golden_counts_agree_with_numpy(command_documents: dict[str, tuple[
         "subnormal": int(np.count_nonzero((half != 0) & (np.abs(half) < np.finfo(np.float16).tiny))),
     }
     (tensor,) = [t for t in document["tensors"] if t["name"] == "layer.weight"]
-    assert {check: tensor["casts"]["float16"][check] for check in expected} == expected == {
-        "overflow": 1,
-        "underflow": 1,
-        "subnormal": 1,
-    }
+    assert (
+        {check: tensor["casts"]["float16"][check] for check in expected}
+        == expected
+        == {
+            "overflow": 1,
+            "underflow": 1,
+            "subnormal": 1,
+        }
+    )
     assert (tensor["nan"], tensor["absmax"], tensor["level"]) == (1, 70000.0, "fail")

@@ -80,6 +80,7 @@ def post_hooks_apart() -> Iterator[None]:
     finally:
         optimizer_module._global_optimizer_post_hooks = running
 
+
 LOSS_OUTSIDE = (
     "the step's loss went non-finite while every replayed model output was finite: it was born in the loss "
     "computed outside the model calls, which watch mode does not re-run; the first non-finite value inside them is "
