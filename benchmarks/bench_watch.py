@@ -29,6 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the repository root too
 from benchmarks.bench_nantrace import WORKLOAD, _timed
 
 SMALL = """
