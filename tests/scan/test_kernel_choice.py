@@ -7,8 +7,6 @@ numpy kernels give the same results (``test_exact``, ``test_precision_kernels`` 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -20,7 +18,7 @@ from safetensors.torch import save_file
 from dtypecheck.dtypes import lookup
 from dtypecheck.scan import blockscale, kernel, precision
 from dtypecheck.scan.run import scan_checkpoint
-from tests.security.harness import environment
+from tests.security.harness import run_python
 
 
 def test_the_kernels_chosen_by_size() -> None:
@@ -61,14 +59,7 @@ def test_a_small_scan_never_imports_numba(tmp_path: Path) -> None:
     path = tmp_path / "small.safetensors"
     x = np.random.default_rng(4).standard_normal((128, 64)).astype(np.float32)
     save_file({"w": torch.from_numpy(x)}, str(path))
-    done = subprocess.run(
-        [sys.executable, "-c", SMALL_SCAN, str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=environment(),
-        check=False,
-    )
+    done = run_python(SMALL_SCAN, str(path))
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"numba": False, "absmax": float(np.abs(x).max())}
 
@@ -103,13 +94,6 @@ def test_a_numba_that_cannot_be_imported_leaves_the_numpy_kernels(tmp_path: Path
     path = tmp_path / "small.safetensors"
     x = np.random.default_rng(8).standard_normal((32, 16)).astype(np.float32)
     save_file({"w": torch.from_numpy(x)}, str(path))
-    done = subprocess.run(
-        [sys.executable, "-c", BROKEN_NUMBA, str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=environment(),
-        check=False,
-    )
+    done = run_python(BROKEN_NUMBA, str(path))
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"compiled": False, "absmax": float(np.abs(x).max())}

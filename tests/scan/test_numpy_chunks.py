@@ -7,8 +7,6 @@ the layout the loader reads (bytes per element) must be torch's for every dtype 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -20,7 +18,7 @@ from safetensors.torch import save_file
 from dtypecheck.dtypes import lookup
 from dtypecheck.loaders._io import mapped
 from dtypecheck.scan.run import scan_checkpoint
-from tests.security.harness import environment
+from tests.security.harness import run_python
 
 
 def _mixed(path: Path) -> Path:
@@ -74,14 +72,7 @@ def test_a_scan_of_numpy_dtypes_never_imports_torch(tmp_path: Path) -> None:
     x = np.random.default_rng(2).standard_normal((64, 48)).astype(np.float32) * np.float32(1e3)
     w, h, b = torch.from_numpy(x), torch.from_numpy(x.astype(np.float16)), torch.from_numpy(x).to(torch.bfloat16)
     save_file({"w": w, "h": h, "b": b, "n": torch.arange(7)}, str(path))
-    done = subprocess.run(
-        [sys.executable, "-c", SCAN_WITHOUT_TORCH, str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=environment(),
-        check=False,
-    )
+    done = run_python(SCAN_WITHOUT_TORCH, str(path))
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     w = next(t for t in report["tensors"] if t["name"] == "w")

@@ -48,6 +48,18 @@ def environment() -> dict[str, str]:
     return env
 
 
+def run_python(code: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``python -c CODE ARGS`` in a fresh process with this checkout first on the path."""
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=environment(),
+        check=False,
+    )
+
+
 def code_under_test() -> Path:
     """The checkout whose dtypecheck the child processes run (its folder is their working directory too, since
     ``python -m`` puts the working directory first on the path)."""

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.security import corpus
-from tests.security.harness import environment, handled, run_hostile
+from tests.security.harness import environment, handled, run_hostile, run_python
 
 TRUNCATE_AFTER_FIRST_CHUNK = textwrap.dedent(
     """
@@ -85,13 +85,6 @@ TRUNCATE_BEFORE_PARSING = textwrap.dedent(
 
 def test_truncation_while_headers_are_parsed_is_an_input_error(tmp_path: Path) -> None:
     path = corpus.big_checkpoint(tmp_path, "torch-zip", megabytes=1)
-    done = subprocess.run(
-        [sys.executable, "-c", TRUNCATE_BEFORE_PARSING, str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=environment(),
-        check=False,
-    )
+    done = run_python(TRUNCATE_BEFORE_PARSING, str(path))
     assert done.returncode == 0, done.stderr  # -7 would be SIGBUS: parsers read with pread too, not the map
     assert done.stdout.startswith("input-error"), done.stdout
