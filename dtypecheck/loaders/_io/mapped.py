@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
-    from dtypecheck.loaders.base import TensorSource
+    from dtypecheck.findings import Finding
+    from dtypecheck.loaders.base import Checkpoint, TensorRecord, TensorSource
 
 
 class FileMap:
@@ -110,6 +111,32 @@ class FileMap:
 
 _FILES: dict[int, FileMap] = {}
 """Open ``FileMap``s by ``id`` of their map, so a source holding the map can read its file with ``pread``."""
+
+
+class FileCheckpoint:
+    """A checkpoint of one file, parsed from its map when opened: ``_parse`` sets ``findings`` and ``_records``
+    (a parse error closes the map); the map stays open for the tensors' reads until ``close``."""
+
+    format: str
+
+    def __init__(self, path: Path) -> None:
+        self.source = str(path)
+        self.findings: list[Finding] = []
+        self._records: list[TensorRecord] = []
+        with FileMap.kept_if_parsed(path) as self._map:
+            self._parse()
+
+    def _parse(self) -> None:
+        raise NotImplementedError
+
+    def records(self) -> Iterator[TensorRecord]:
+        return iter(self._records)
+
+    def parts(self) -> list[Checkpoint]:
+        return [self]
+
+    def close(self) -> None:
+        self._map.close()
 
 
 def read_range(buffer: mmap.mmap | bytes, offset: int, nbytes: int, into: memoryview | None = None) -> memoryview:

@@ -13,13 +13,12 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dtypecheck.dtypes import GGUF_PLAIN_TYPES
 from dtypecheck.errors import InputError
-from dtypecheck.loaders._io.mapped import EMPTY_SOURCE, FileMap, MappedSource, read_range
-from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord, TensorSource, check_count
+from dtypecheck.loaders._io.mapped import EMPTY_SOURCE, FileCheckpoint, MappedSource, read_range
+from dtypecheck.loaders.base import Finding, TensorRecord, TensorSource, check_count
 
 if TYPE_CHECKING:
     import mmap
@@ -133,16 +132,10 @@ def _quant_sizes(ggml_type: int, where: str) -> tuple[int, int] | None:
     return sizes
 
 
-class GgufCheckpoint:
+class GgufCheckpoint(FileCheckpoint):
     format = "gguf"
 
-    def __init__(self, path: Path) -> None:
-        self.source = str(path)
-        self.findings: list[Finding] = []
-        with FileMap.kept_if_parsed(path) as self._map:
-            self._records = self._parse()
-
-    def _parse(self) -> list[TensorRecord]:
+    def _parse(self) -> None:
         reader = _Reader(self._map.buffer, self._map.size, self.source)
         if reader.take(4) != b"GGUF":
             raise InputError(f"{self.source}: not a GGUF file")
@@ -167,7 +160,7 @@ class GgufCheckpoint:
             ggml_type, offset = reader.unpack("<I"), reader.unpack("<Q")
             infos.append(_TensorInfo(name, tuple(reversed(dims)), ggml_type, offset))
         data_start = -(-reader.pos // alignment) * alignment
-        return [self._record(info, data_start) for info in infos]
+        self._records = [self._record(info, data_start) for info in infos]
 
     def _record(self, info: _TensorInfo, data_start: int) -> TensorRecord:
         numel = 1
@@ -210,12 +203,3 @@ class GgufCheckpoint:
             raise InputError(f"{self.source}: tensor {info.name!r} lies outside the file (truncated?)")
         as_stored = stored if stored_as is not None else None
         return TensorRecord(info.name, dtype, info.shape, nbytes, source, stored=stored_as, stored_bytes=as_stored)
-
-    def records(self) -> Iterator[TensorRecord]:
-        return iter(self._records)
-
-    def parts(self) -> list[Checkpoint]:
-        return [self]
-
-    def close(self) -> None:
-        self._map.close()

@@ -8,12 +8,10 @@ storage keys), then each storage as an int64 element count followed by its raw b
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from dtypecheck.errors import InputError
-from dtypecheck.loaders._io.mapped import FileMap, Window, itemsize_of, read_range
+from dtypecheck.loaders._io.mapped import FileCheckpoint, Window, itemsize_of, read_range
 from dtypecheck.loaders._io.pickle_globals import global_findings, worst_first
 from dtypecheck.loaders._io.pickle_vm import SafeUnpickler
 from dtypecheck.loaders._io.torch_objects import (
@@ -24,7 +22,7 @@ from dtypecheck.loaders._io.torch_objects import (
     storage_from_pid,
     torch_call,
 )
-from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord
+from dtypecheck.loaders.base import TensorRecord
 from dtypecheck.loaders.formats.torch_zip import check_total_work, make_record
 
 MAGIC_NUMBER = 0x1950A86A20F9469CFC6C
@@ -36,13 +34,8 @@ def looks_like_legacy_torch(head: bytes) -> bool:
     return head.startswith(MAGIC_PREFIX)
 
 
-class LegacyTorchCheckpoint:
+class LegacyTorchCheckpoint(FileCheckpoint):
     format = "torch-legacy"
-
-    def __init__(self, path: Path) -> None:
-        self.source = str(path)
-        with FileMap.kept_if_parsed(path) as self._map:
-            self._parse()
 
     def _parse(self) -> None:
         where = self.source
@@ -70,7 +63,7 @@ class LegacyTorchCheckpoint:
 
         root = load(call=torch_call, persistent_load=persistent_load)
         keys = load()
-        self.findings: list[Finding] = global_findings(
+        self.findings = global_findings(
             list(dict.fromkeys(ref for machine in machines for ref in machine.globals_seen))
         )
         if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
@@ -104,12 +97,3 @@ class LegacyTorchCheckpoint:
     def _record(self, name: str, ref: TensorRef) -> TensorRecord:
         offset, nbytes = self._ranges[ref.storage.key]
         return make_record(name, ref, self._map.buffer, offset, nbytes, self.source, self._map.size)
-
-    def records(self) -> Iterator[TensorRecord]:
-        return iter(self._records)
-
-    def parts(self) -> list[Checkpoint]:
-        return [self]
-
-    def close(self) -> None:
-        self._map.close()

@@ -11,12 +11,11 @@ from __future__ import annotations
 import mmap
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from dtypecheck.errors import InputError
 from dtypecheck.loaders._io.mapped import (
     EMPTY_SOURCE,
-    FileMap,
+    FileCheckpoint,
     MappedSource,
     StridedSource,
     itemsize_of,
@@ -40,7 +39,7 @@ from dtypecheck.loaders._io.zip_records import (
     read_zip_entries,
     torch_view,
 )
-from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord, TensorSource
+from dtypecheck.loaders.base import Finding, TensorRecord, TensorSource
 
 EXPANSION_LIMIT = 64
 """A view may show more elements than its storage holds (stride 0), but not this many times the file's bytes."""
@@ -159,22 +158,14 @@ def check_total_work(records: list[TensorRecord], file_size: int, where: str) ->
         raise InputError(f"{where}: its tensors claim {total} bytes in all, far beyond the file's {file_size}")
 
 
-class TorchZipCheckpoint:
+class TorchZipCheckpoint(FileCheckpoint):
     """A ``torch.save`` zip file (``.pt``, ``.pth``, ``.bin``, Lightning ``.ckpt``)."""
 
     format = "torch-zip"
 
-    def __init__(self, path: Path) -> None:
-        self.source = str(path)
-        with FileMap.kept_if_parsed(path) as self._map:
-            self._archive = TorchArchive(self._map.buffer, 0, self._map.size, self.source, self._map.size)
-        self.findings: list[Finding] = self._archive.findings
+    def _parse(self) -> None:
+        self._archive = TorchArchive(self._map.buffer, 0, self._map.size, self.source, self._map.size)
+        self.findings = self._archive.findings
 
     def records(self) -> Iterator[TensorRecord]:
         return self._archive.records()
-
-    def parts(self) -> list[Checkpoint]:
-        return [self]
-
-    def close(self) -> None:
-        self._map.close()

@@ -12,12 +12,10 @@ kin) are part of every archive; instead of one finding each, the archive gets on
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from dtypecheck.errors import InputError
-from dtypecheck.loaders._io.mapped import FileMap
+from dtypecheck.loaders._io.mapped import FileCheckpoint
 from dtypecheck.loaders._io.pickle_globals import global_findings, worst_first
 from dtypecheck.loaders._io.pickle_vm import GlobalRef, unpickle
 from dtypecheck.loaders._io.torch_objects import (
@@ -35,7 +33,7 @@ from dtypecheck.loaders._io.zip_records import (
     read_zip_entries,
     torch_view,
 )
-from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord
+from dtypecheck.loaders.base import Finding, TensorRecord
 from dtypecheck.loaders.formats.torch_zip import archive_prefix, make_record
 
 PICKLES = (("data.pkl", "data/", ""), ("constants.pkl", "constants/", "constants."))
@@ -60,15 +58,10 @@ def is_torchscript_global(ref: GlobalRef) -> bool:
     return ref.module == "__torch__" or ref.module.startswith("__torch__.") or ref.module == "torch.jit._pickle"
 
 
-class TorchScriptCheckpoint:
+class TorchScriptCheckpoint(FileCheckpoint):
     """A ``torch.jit.save`` archive (``.pt``, ``.pth``): its attributes' and constants' tensors."""
 
     format = "torchscript"
-
-    def __init__(self, path: Path) -> None:
-        self.source = str(path)
-        with FileMap.kept_if_parsed(path) as self._map:
-            self._parse()
 
     def _parse(self) -> None:
         where, buffer, size = self.source, self._map.buffer, self._map.size
@@ -97,20 +90,11 @@ class TorchScriptCheckpoint:
         code_files = sum(1 for name in entries if name.startswith(prefix + "code/") and name.endswith(".py"))
         own = [ref for ref in globals_seen if not is_torchscript_global(ref)]
         findings.append(Finding("contains-code", "warn", CODE_ADVICE.format(files=code_files)))
-        self.findings: list[Finding] = worst_first([*global_findings(own), *findings])
+        self.findings = worst_first([*global_findings(own), *findings])
         self._records = records
 
     def _read(self, entry: ZipEntry, what: str) -> bytes:
         return read_entry(self._map.buffer, entry, self.source, what)
-
-    def records(self) -> Iterator[TensorRecord]:
-        return iter(self._records)
-
-    def parts(self) -> list[Checkpoint]:
-        return [self]
-
-    def close(self) -> None:
-        self._map.close()
 
 
 class _StorageLookup:
