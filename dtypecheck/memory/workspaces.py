@@ -13,6 +13,7 @@ the model runs it in float32 too; it is shaped in bfloat16 and its output given 
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 
@@ -33,15 +34,10 @@ _BATCH_DIMS = {"aten.mkldnn_rnn_layer.default": (1, None, None, None, None, 0, 0
 
 _BFLOAT16_META_ONLY = frozenset({"aten._grouped_mm.default"})
 
-_OP_NAMES: dict[Any, str] = {}
-
-
+@functools.cache
 def op_name(func: Any) -> str:
     """``str(func)`` ("aten.view.default"), made once per op: the tracer asks for it several times per call."""
-    name = _OP_NAMES.get(func)
-    if name is None:
-        name = _OP_NAMES[func] = str(func)
-    return name
+    return str(func)
 
 
 def run_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

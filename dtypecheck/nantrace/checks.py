@@ -11,6 +11,7 @@ class in this file (and its kind in ``report.EventKind`` when it emits events); 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Protocol, TypeAlias, runtime_checkable
@@ -144,26 +145,16 @@ class NonFiniteProducer(_OpCheckBase):
         return _FOLLOW
 
 
-_FORMATS: dict[object, FloatFormat] = {}
-
-
+@functools.cache
 def format_of(dtype: torch.dtype) -> FloatFormat:
     """``spec_of(dtype).fmt``, remembered: asked for every checked output at every flush."""
-    fmt = _FORMATS.get(dtype)
-    if fmt is None:
-        fmt = _FORMATS[dtype] = spec_of(dtype).fmt
-    return fmt
+    return spec_of(dtype).fmt
 
 
-_MAX: dict[object, float] = {}
-
-
+@functools.cache
 def max_of(dtype: torch.dtype) -> float:
     """The dtype's largest finite value (``FloatFormat.max`` computes it on each call)."""
-    limit = _MAX.get(dtype)
-    if limit is None:
-        limit = _MAX[dtype] = format_of(dtype).max
-    return limit
+    return format_of(dtype).max
 
 
 def _has_scalar_at_least(record: OpRecord, magnitude: float) -> bool:
