@@ -70,7 +70,8 @@ def prove_live(hostiles: list[Hostile], timeout: float = 300) -> set[str]:
         if hostile.canary is None or hostile.torch_load is None or hostile.loader == "none":
             continue
         hostile.canary.unlink(missing_ok=True)
-        key = (str(hostile.cwd or code_under_test()), hostile.loader)
+        loader = "dcp.load" if hostile.torch_load.is_dir() else hostile.loader  # a folder: a DCP checkpoint
+        key = (str(hostile.cwd or code_under_test()), loader)
         groups.setdefault(key, []).append(hostile)
     for (cwd, loader), members in groups.items():
         subprocess.run(
