@@ -196,7 +196,12 @@ def test_vetted_classes_are_inert_on_their_path(qualname: str) -> None:
         else:
             assert not _own(cls, "_missing_")
     else:
-        assert not [hook for hook in hooks if _own(cls, hook)]
+        own = [hook for hook in hooks if _own(cls, hook)]
+        if qualname == "accelerate.state.PartialState":  # a __getattr__ that only words its AttributeError
+            assert own == ["__getattr__"]
+            assert vars(cls)["__getattr__"].__code__.co_names == ("_known_attrs", "AttributeError")
+            own = []
+        assert not own
         assert type(cls) is type
         assert pickle.loads(pickle.dumps(object.__new__(cls))).__class__ is cls  # plain object.__new__ path
 

@@ -131,6 +131,8 @@ VETTED: dict[str, str] = {
     # and the enums its fields hold (IntervalStrategy("steps"))
     "transformers.training_args.TrainingArguments": "state",
     "transformers.training_args_seq2seq.Seq2SeqTrainingArguments": "state",
+    "transformers.trainer_pt_utils.AcceleratorConfig": "state",  # TrainingArguments.accelerator_config
+    "accelerate.state.PartialState": "state",  # TrainingArguments.distributed_state (its __getattr__ only raises)
     "transformers.training_args.OptimizerNames": "enum",
     "transformers.trainer_utils.IntervalStrategy": "enum",
     "transformers.trainer_utils.SaveStrategy": "enum",
