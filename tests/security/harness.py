@@ -91,7 +91,8 @@ def environment() -> dict[str, str]:
     another checkout to compare with, e.g. an older commit's)."""
     env = dict(os.environ)
     code = env.get("DTYPECHECK_CODE_UNDER_TEST") or str(REPO)
-    env["PYTHONPATH"] = code + os.pathsep + env.get("PYTHONPATH", "")
+    # no empty entry: Python reads one as the working folder, which would import what a hostile folder ships
+    env["PYTHONPATH"] = os.pathsep.join(part for part in (code, env.get("PYTHONPATH")) if part)
     env.pop("DTYPECHECK_TRACEBACK", None)
     return env
 

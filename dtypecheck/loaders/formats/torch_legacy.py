@@ -56,7 +56,11 @@ class LegacyTorchCheckpoint(FileCheckpoint):
             raise InputError(f"{where}: big-endian checkpoints are not supported")
         storages: dict[str, StorageRef] = {}
 
-        def persistent_load(pid: Any) -> StorageRef:
+        def persistent_load(pid: Any) -> Any:
+            if isinstance(pid, tuple) and len(pid) == 4 and pid[0] == "module":
+                # A whole pickled nn.Module names each module class as ('module', cls, source file, source):
+                # torch's _legacy_load returns the class (it only compares the saved source with the current one).
+                return pid[1]
             storage = storage_from_pid(pid)
             storages.setdefault(storage.key, storage)
             return storage
