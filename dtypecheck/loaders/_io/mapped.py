@@ -207,15 +207,22 @@ class Window(io.RawIOBase):
 
     def readline(self, size: int | None = -1) -> bytes:
         limit = max(0, self.length - self.pos) if size is None or size < 0 else min(size, self.length - self.pos)
-        line = b""
-        while len(line) < limit:
-            piece = self.read(min(self.BLOCK, limit - len(line)))
+        # Pieces are joined once at the end: ``line += piece`` would copy the line so far for every block, and a
+        # 160 MB line (a hostile pickle's string argument) would cost hours instead of a second.
+        pieces: list[bytes] = []
+        taken = 0
+        while taken < limit:
+            piece = self.read(min(self.BLOCK, limit - taken))
+            if not piece:
+                break
             found = piece.find(b"\n")
             if found >= 0:
                 self.pos -= len(piece) - found - 1
-                return line + piece[: found + 1]
-            line += piece
-        return line
+                pieces.append(piece[: found + 1])
+                break
+            pieces.append(piece)
+            taken += len(piece)
+        return b"".join(pieces)
 
 
 def itemsize_of(dtype: str) -> int:
