@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from dtypecheck.errors import InputError
-from dtypecheck.loaders._io.mapped import FileMap, Window, read_range
+from dtypecheck.loaders._io.mapped import FileMap, LineTooLongError, Window, read_range
 from dtypecheck.loaders._io.pickle_globals import judge, worst_first
 from dtypecheck.loaders._io.pickle_report import PickleReport, lenient_persistent_id
 from dtypecheck.loaders._io.pickle_vm import GlobalRef, PickleLimitError, SafeUnpickler
@@ -37,7 +37,7 @@ def _stream_globals(stream: Window, where: str, count: int) -> PickleReport:
         try:
             machine.load()
         except InputError as exc:
-            problem, limited = str(exc), isinstance(exc, PickleLimitError)
+            problem, limited = str(exc), isinstance(exc, PickleLimitError | LineTooLongError)
         seen.update(dict.fromkeys(machine.globals_seen))
         if problem is not None:
             break
@@ -58,6 +58,21 @@ def file_globals(path: Path) -> PickleReport:
         return _globals_in(mapped.buffer, mapped.size, str(path))
     finally:
         mapped.close()
+
+
+def _other_format(path: Path) -> str | None:
+    """``safetensors`` or ``gguf`` when ``path``'s content is one (read as such, not as a pickle stream)."""
+    from dtypecheck.loaders.formats.safetensors_format import looks_like_safetensors
+
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as handle:
+            head = handle.read(16)
+    except OSError:
+        return None
+    if looks_like_safetensors(head, size):
+        return "safetensors"
+    return "gguf" if head.startswith(b"GGUF") else None
 
 
 def _globals_in(buffer: mmap.mmap, size: int, where: str) -> PickleReport:
@@ -122,6 +137,17 @@ def side_file_findings(path: Path, label: str) -> list[Finding]:
     global (detail ``module.name (in LABEL)``), any ``zip-differential``, an ``unreadable-file`` ``fail`` when a
     pickle torch would go on running stopped at one of dtypecheck's limits, and an ``unreadable-file`` warning when
     a pickle breaks off after referencing globals (what it referenced until then is reported)."""
+    other = _other_format(path)
+    if other is not None:  # a safetensors or GGUF side file (Mistral's consolidated.safetensors): both readings
+        try:
+            mapped = FileMap(path)
+        except (InputError, OSError) as exc:
+            return [Finding("unreadable-file", "warn", f"{label}: cannot be read ({exc})")]
+        try:
+            found = polyglot_findings(mapped.buffer, mapped.size, label, other)
+        finally:
+            mapped.close()
+        return [replace(f, detail=f"{f.detail} (in {label})") if f.kind == "pickle-global" else f for f in found]
     try:
         report = file_globals(path)
     except (InputError, OSError, ValueError) as exc:

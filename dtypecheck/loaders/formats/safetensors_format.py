@@ -79,6 +79,12 @@ class SafetensorsCheckpoint:
             self._entries.append(self._check_entry(name, entry, data_start, data_size))
         self._check_layout(data_start, data_size)
         self._map = FileMap(self.path) if size > 8 + length else None
+        if self._map is not None:
+            try:
+                self._map.refuse_sparse()
+            except InputError:
+                self._map.close()
+                raise
         # torch.load of this file under another name reads it as a zip, a tar or a pickle: judge that too.
         probe = self._map if self._map is not None else FileMap(self.path)
         try:
