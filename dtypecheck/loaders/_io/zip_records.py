@@ -16,6 +16,7 @@ lookup, and two names that differ only in case are one name listed twice (``last
 from __future__ import annotations
 
 import mmap
+import os
 import struct
 import zipfile
 import zlib
@@ -192,7 +193,11 @@ def torch_view(buffer: mmap.mmap, start: int, length: int) -> TorchView | None:
     owner = _FILES.get(id(buffer))
     whole_file = owner is not None and start == 0 and length == owner.size
     try:  # a whole file by its path (torch reads it in C++), a byte range of one through a Window
-        reader = reader_class(str(owner.path) if whole_file and owner is not None else Window(buffer, start, length))
+        # a path as bytes: a name that is not UTF-8 (a str with surrogates) would send pybind11 to the file-like
+        # overload, which calls .tell() on it
+        reader = reader_class(
+            os.fsencode(owner.path) if whole_file and owner is not None else Window(buffer, start, length)
+        )
         names = reader.get_all_records()
         if len(names) > MAX_ZIP_ENTRIES:
             return None
