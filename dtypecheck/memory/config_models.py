@@ -50,7 +50,7 @@ def _hf_builder(path: Path) -> tuple[Builder, str, str, int | None, Any]:
 
     transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # chatter would interleave with the table
     try:
-        config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
+        config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
     except Exception as exc:  # noqa: BLE001  (transformers raises anything on a config it cannot read)
         raise InputError(f"{path}: transformers cannot read this config ({_one_line(exc)})") from None
     kind = type(config)
@@ -330,6 +330,12 @@ def build_from_config(path: Path, data: dict[str, Any], *, batch_size: int, seq_
     )
 
 
+MAX_LAYERS = 10_000
+"""Most blocks a config may ask for: the deepest real models have a few hundred, and building a billion (even on
+the meta device) takes minutes and gigabytes."""
+LAYER_KEYS = ("num_hidden_layers", "num_layers", "n_layer", "num_decoder_layers", "encoder_layers", "decoder_layers")
+
+
 def read_hf_config(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -337,9 +343,39 @@ def read_hf_config(path: Path) -> dict[str, Any]:
         raise InputError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
     except UnicodeDecodeError as exc:
         raise InputError(f"{path}: not a UTF-8 text file") from exc
+    except ValueError as exc:  # an integer of over 4300 digits (Python's int_max_str_digits)
+        raise InputError(f"{path}: not a config ({_one_line(exc)})") from None
+    except RecursionError:
+        raise InputError(f"{path}: not a config (JSON nested too deeply to read)") from None
     if not isinstance(data, dict):
         raise InputError(f"{path}: a config must be a JSON object")
+    _check_layers(path, data)
+    if "auto_map" in data:
+        named = ", ".join(sorted({str(v) for v in _flat(data["auto_map"])})[:3])
+        raise InputError(
+            f"{path}: its auto_map names code shipped with the model ({named}), which transformers would import; "
+            "estimate-memory never runs a model's own code: build it in your own file.py:factory instead"
+        )
     return data
+
+
+def _flat(value: Any) -> list[Any]:
+    if isinstance(value, dict):
+        return [leaf for item in value.values() for leaf in _flat(item)]
+    if isinstance(value, list):
+        return [leaf for item in value for leaf in _flat(item)]
+    return [value]
+
+
+def _check_layers(path: Path, data: dict[str, Any]) -> None:
+    """Refuse a layer count no model has (``num_hidden_layers: 1e9``), here or in a nested text/vision config."""
+    for key in LAYER_KEYS:
+        for config in (data, *(v for v in data.values() if isinstance(v, dict))):
+            value = config.get(key)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            if not (isinstance(value, int) or value.is_integer()) or not 0 <= value <= MAX_LAYERS:
+                raise InputError(f"{path}: {key} {value!r} is not a layer count (0 to {MAX_LAYERS})")
 
 
 def open_hf_config(

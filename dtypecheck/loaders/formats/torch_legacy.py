@@ -81,6 +81,12 @@ class LegacyTorchCheckpoint(FileCheckpoint):
             raise InputError(f"{where}: storage {sorted(missing)[0]} is missing from the file")
         self._records = [self._record(name, ref) for name, ref in self._tensors]  # bounds checked before any read
         check_total_work(self._records, self._map.size, where)
+        from dtypecheck.loaders._io.pickle_files import polyglot_findings
+
+        # torch.load tries tarfile.open before it reads this stream: a file that is also a tar runs the tar's.
+        self.findings = worst_first(
+            [*self.findings, *polyglot_findings(self._map.buffer, self._map.size, where, self.format)]
+        )
 
     def _locate(self, keys: list[str], storages: dict[str, StorageRef], position: int) -> dict[str, tuple[int, int]]:
         buffer, size = self._map.buffer, self._map.size
