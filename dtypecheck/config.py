@@ -153,7 +153,7 @@ def _dtype_list(where: str, value: Any) -> Any:
 def _target_list(where: str, value: Any) -> Any:
     """``_dtype_list`` of dtypes a scan can cast to (the same rule as ``--target``)."""
     from dtypecheck.dtypes import lookup
-    from dtypecheck.scan.targets import target_problem
+    from dtypecheck.targets import target_problem
 
     names = _dtype_list(where, value)
     for i, name in enumerate(names):

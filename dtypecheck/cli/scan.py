@@ -358,7 +358,7 @@ def _plan(
     from dtypecheck.findings import as_level
     from dtypecheck.scan.gate import CheckpointPlan, configured_path, entry_key, shown
     from dtypecheck.scan.keep_float32 import DEFAULT_MIN_SQNR_DB
-    from dtypecheck.scan.targets import check_targets
+    from dtypecheck.targets import check_targets
 
     settings = project_config(config, checkpoint)
     names = target or pick(None, settings, "scan-model", "targets", [])

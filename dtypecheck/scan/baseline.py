@@ -20,7 +20,7 @@ from typing import Any
 
 from dtypecheck.errors import InputError
 from dtypecheck.findings import CHECK_LEVEL, Level, worst
-from dtypecheck.render.json import document
+from dtypecheck.output import document
 from dtypecheck.scan.document import read_scan_document
 from dtypecheck.scan.report import (
     GATED_STATES,

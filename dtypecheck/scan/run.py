@@ -32,9 +32,9 @@ from dtypecheck.scan.policy import apply_policy
 from dtypecheck.scan.ranks import Ranks, split_by_bytes
 from dtypecheck.scan.report import ScanReport, summarise
 from dtypecheck.scan.select import EVERYTHING, Selection
-from dtypecheck.scan.targets import check_targets
 from dtypecheck.scan.tensor import TensorScanner
 from dtypecheck.scan.verdicts import with_verdicts
+from dtypecheck.targets import check_targets
 
 if TYPE_CHECKING:
     import numpy as np
