@@ -50,26 +50,26 @@ def _configured_default(ctx: typer.Context, param: typer.CallbackParam, value: A
         return value
     key, convert = _CONFIGURED_OPTIONS[name]
     explicit = ctx.params.get("config")
-    near = _first_input(ctx)
-    cache_key = f"dtypecheck.config:{explicit}:{near}"  # read once for both shared options
+    scanned = _inputs(ctx)
+    cache_key = f"dtypecheck.config:{explicit}:{scanned}"  # read once for both shared options
     if cache_key not in ctx.meta:
-        ctx.meta[cache_key] = project_config(explicit, near)
+        ctx.meta[cache_key] = project_config(explicit, scanned)
     configured = ctx.meta[cache_key].get(ctx.info_name or "", key)
     # A callback's result reaches the command as it is, unconverted: give it the option's own type.
     return value if configured is None else convert(configured)
 
 
-CONFIG_NEAR: dict[str, str] = {}
-"""Commands whose configuration is found from an argument's folder (``scan-model``: its first checkpoint), by the
-parameter holding it; the others find theirs from the working directory."""
+SCANNED_INPUTS: dict[str, str] = {}
+"""Commands that scan checkpoints (``scan-model``), by the parameter holding them: a configuration shipped with
+one of them (inside a checkpoint folder) is never read, even when the working folder's search meets it."""
 
 
-def _first_input(ctx: typer.Context) -> str | None:
+def _inputs(ctx: typer.Context) -> tuple[str, ...]:
     # Arguments given on the command line are processed before the options left at their default, so it is here.
-    value = ctx.params.get(CONFIG_NEAR.get(ctx.info_name or "", ""))
-    if isinstance(value, list | tuple):
-        value = value[0] if value else None
-    return value if isinstance(value, str) else None
+    value = ctx.params.get(SCANNED_INPUTS.get(ctx.info_name or "", ""))
+    if isinstance(value, str):
+        return (value,)
+    return tuple(v for v in value if isinstance(v, str)) if isinstance(value, list | tuple) else ()
 
 
 _CONFIGURED_OPTIONS: dict[str, tuple[str, Callable[[Any], Any]]] = {
@@ -127,20 +127,21 @@ ConfigOption = Annotated[
     typer.Option(
         "--config",
         help="Read the tool.dtypecheck settings from FILE, not the nearest pyproject.toml above the working folder "
-        "(scan-model: above each checkpoint's folder first).",
+        "(scan-model never reads one shipped with a checkpoint).",
         dir_okay=False,
     ),
 ]
 
 
-def project_config(explicit: Path | None, near: str | None = None) -> Config:
+def project_config(explicit: Path | None, scanned: tuple[str, ...] | list[str] = ()) -> Config:
     """The validated project configuration (``EMPTY`` when there is none); bad keys are usage errors.
 
-    ``--config FILE`` wins; else the nearest one above ``near``'s folder (a checkpoint), else above the working folder.
+    ``--config FILE`` wins; else the nearest one above the working folder that did not come with one of the
+    ``scanned`` checkpoints (``Config.ignored`` lists those).
     """
     from dtypecheck.config import load_config
 
-    return load_config(explicit, near=near)
+    return load_config(explicit, scanned=tuple(scanned))
 
 
 def pick(value: T | None, config: Config, command: str, key: str, default: T) -> T:
