@@ -5,13 +5,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dtypecheck.errors import InputError, ParameterError
+from dtypecheck.memory.hf_inputs import hf_inputs
 from dtypecheck.memory.inventory import inventory_of_module
 from dtypecheck.memory.subject import DEFAULT_SEQ_LEN, DecoderShape, SeqLimit, Subject
 from dtypecheck.training_step import LossName, StepLoss, step_loss
@@ -53,24 +53,7 @@ def _hf_builder(path: Path) -> tuple[Builder, str, str, int | None, Any]:
         config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
     except Exception as exc:  # noqa: BLE001  (transformers raises anything on a config it cannot read)
         raise InputError(f"{path}: transformers cannot read this config ({_one_line(exc)})") from None
-    kind = type(config)
-    head = "Model"
-    named = _named_class(transformers, config)
-    if named is not None:
-        # The config's ``architectures`` says which class it is for (BertModel stays BertModel): its head is the
-        # Auto mapping that holds that class, else the bare model.
-        head = next((h for h in HEADS if _mapped(transformers, h, kind) is named), "Model")
-    else:
-        # An encoder-decoder (Whisper, BART) may also map to a decoder-only causal LM: build the whole model.
-        encdec = getattr(config, "is_encoder_decoder", False)
-        order = sorted(HEADS, key=lambda h: "Seq2Seq" not in h) if encdec else HEADS
-        for candidate in order:
-            if candidate == "MaskedLM" and getattr(config, "is_decoder", False):
-                continue
-            if _mapped(transformers, candidate, kind) is not None:
-                head = candidate
-                break
-    auto: Any = getattr(transformers, "AutoModel" if head == "Model" else f"AutoModelFor{head}")
+    head, model_class = _head_and_class(transformers, config)
     blocks = getattr(config, "num_hidden_layers", None)
 
     def build(layers: int | None) -> torch.nn.Module:
@@ -78,20 +61,56 @@ def _hf_builder(path: Path) -> tuple[Builder, str, str, int | None, Any]:
         if layers is not None:
             chosen = copy.deepcopy(config)
             chosen.num_hidden_layers = layers
-        model: torch.nn.Module = named._from_config(chosen) if named is not None else auto.from_config(chosen)
+        if model_class is None:
+            raise ValueError(f"transformers has no model class for a {type(config).__name__}")
+        model: torch.nn.Module = model_class._from_config(chosen)
         return model
 
-    architecture = str(getattr(config, "model_type", kind.__name__))
+    architecture = str(getattr(config, "model_type", type(config).__name__))
     return build, head, architecture, blocks if isinstance(blocks, int) else None, config
 
 
+def _head_and_class(transformers: Any, config: Any) -> tuple[str, Any]:
+    """The task head (``CausalLM``, ``Model``, ``ObjectDetection``...) and the model class to build for ``config``:
+    the class its ``architectures`` names; else the first of ``HEADS`` that maps its config class (an
+    encoder-decoder's sequence-to-sequence head first, a decoder never as a masked LM); else the bare model; else
+    any other task head transformers has for it (a depth estimator, an object detector)."""
+    kind = type(config)
+    named = _named_class(transformers, config)
+    others = sorted(
+        name.removeprefix("AutoModelFor")
+        for name in dir(transformers)
+        if name.startswith("AutoModelFor") and name.removeprefix("AutoModelFor") not in HEADS
+    )
+    if named is not None:
+        # The config's ``architectures`` says which class it is for (BertModel stays BertModel): its head is the
+        # Auto mapping that holds that class, else the bare model.
+        return next((h for h in (*HEADS, *others) if _mapped(transformers, h, kind) is named), "Model"), named
+    # An encoder-decoder (Whisper, BART) may also map to a decoder-only causal LM: build the whole model.
+    encdec = getattr(config, "is_encoder_decoder", False)
+    order = sorted(HEADS, key=lambda h: "Seq2Seq" not in h) if encdec else HEADS
+    for candidate in (*order, "Model", *others):
+        if candidate == "MaskedLM" and getattr(config, "is_decoder", False):
+            continue
+        found = _mapped(transformers, candidate, kind)
+        if found is not None:
+            return candidate, found
+    return "Model", None
+
+
 def _mapped(transformers: Any, head: str, kind: type) -> Any:
-    """The class transformers' ``AutoModelFor<head>`` builds for config class ``kind``, or None."""
-    mapping = getattr(transformers, f"AutoModelFor{head}")._model_mapping
+    """The class transformers' ``AutoModelFor<head>`` (``AutoModel`` for ``Model``) builds for config class
+    ``kind``, or None; of a mapping to several classes (DeiT's classifier with and without its teacher), the
+    first."""
+    auto = getattr(transformers, "AutoModel" if head == "Model" else f"AutoModelFor{head}", None)
+    mapping = getattr(auto, "_model_mapping", None)
     try:
-        return mapping.get(kind, None)
-    except (KeyError, ValueError, AttributeError):
+        found = mapping.get(kind, None) if mapping is not None else None
+    except (KeyError, ValueError, AttributeError, ImportError):
         return None
+    if isinstance(found, list | tuple):
+        found = found[0] if found else None
+    return found if isinstance(found, type) and hasattr(found, "_from_config") else None
 
 
 def _named_class(transformers: Any, config: Any) -> Any:
@@ -104,63 +123,6 @@ def _named_class(transformers: Any, config: Any) -> Any:
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-
-
-def _size_of(config: Any, name: str, default: int) -> int:
-    """A vision or audio size from the config or its ``vision_config``/``audio_config``."""
-    for source in (config, getattr(config, "vision_config", None), getattr(config, "audio_config", None)):
-        value = getattr(source, name, None) if source is not None else None
-        if isinstance(value, int) and value > 0:
-            return value
-        if isinstance(value, list | tuple) and value and isinstance(value[0], int):
-            return int(value[0])
-    return default
-
-
-def _hf_inputs(
-    model: torch.nn.Module, config: Any, head: str, batch: int, seq: int, *, train: bool, labels: bool, real: bool
-) -> dict[str, Any]:
-    """Keyword inputs for ``model.forward``, from what it takes and what the config says (``seq`` tokens for
-    text; the config's image size for images; ``seq`` frames for audio)."""
-    import inspect
-
-    import torch
-
-    accepted = set(inspect.signature(model.forward).parameters)
-    vocab = _size_of(config, "vocab_size", 0) or _size_of(getattr(config, "text_config", None), "vocab_size", 2)
-
-    def ids(*shape: int) -> torch.Tensor:
-        if real:
-            return torch.randint(0, max(vocab, 1), shape)
-        return torch.zeros(shape, dtype=torch.long)
-
-    main = getattr(model, "main_input_name", "input_ids")
-    kwargs: dict[str, Any] = {}
-    if "input_ids" in accepted and (main == "input_ids" or "pixel_values" in accepted):
-        kwargs["input_ids"] = ids(batch, seq)
-    if "pixel_values" in accepted:
-        size = _size_of(config, "image_size", 224)
-        channels = _size_of(config, "num_channels", 3)
-        kwargs["pixel_values"] = torch.zeros(batch, channels, size, size)
-    if main == "input_features":
-        bins = _size_of(config, "num_mel_bins", 80)
-        frames = 2 * _size_of(config, "max_source_positions", seq)
-        kwargs["input_features"] = torch.zeros(batch, bins, frames)
-    elif main == "input_values":
-        # ``seq`` frames of raw audio: each frame is the feature encoder's total stride of samples.
-        stride = math.prod(getattr(config, "conv_stride", None) or (1,))
-        kwargs["input_values"] = torch.zeros(batch, seq * stride)
-    if not kwargs and main in accepted:
-        kwargs[main] = ids(batch, seq)
-    decoder = head in ("Seq2SeqLM", "SpeechSeq2Seq") or bool(getattr(config, "is_encoder_decoder", False))
-    if decoder and "decoder_input_ids" in accepted:
-        kwargs["decoder_input_ids"] = ids(batch, seq)  # given, not derived from labels (some configs cannot)
-    if labels and train and "labels" in accepted:
-        classifier = head in ("ImageClassification", "AudioClassification")
-        kwargs["labels"] = ids(batch) if classifier else ids(batch, seq)
-    if "use_cache" in accepted:
-        kwargs["use_cache"] = False  # the KV cache is counted for --context tokens, not for the pass
-    return kwargs
 
 
 @dataclass(frozen=True)
@@ -274,7 +236,7 @@ def build_from_config(path: Path, data: dict[str, Any], *, batch_size: int, seq_
             return {"input_ids": ids, "labels": ids} if (own_loss and module.training) else {"input_ids": ids}
         if choice.head.startswith("diffusers-"):
             return _diffusers_inputs(choice.hf_config, choice.head, batch, seq, real=real)
-        return _hf_inputs(
+        return hf_inputs(
             module, choice.hf_config, choice.head, batch, seq, train=module.training, labels=own_loss, real=real
         )
 

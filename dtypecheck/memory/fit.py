@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 
 from dtypecheck.errors import InputError
 from dtypecheck.memory.devices import DeviceBudget
-from dtypecheck.memory.estimate import EstimateOptions, Row, TraceCache, estimate_row, plan_rows
+from dtypecheck.memory.estimate import EstimateOptions, Row, TraceCache, _compute_dtype, estimate_row, plan_rows
 from dtypecheck.memory.names import Mode
-from dtypecheck.memory.report import Fit, MemoryReport
+from dtypecheck.memory.report import Fit, MemoryEstimate, MemoryReport
 from dtypecheck.memory.tracing import TraceDeadlineError, trace_deadline
 from dtypecheck.progress import ProgressCallback, no_progress
 
@@ -163,6 +163,18 @@ def _search(total: Callable[[int], int], usable: int, limit: int, limit_name: st
     return _Search(value, method, None)
 
 
+def _fits_own_seq(subject: Subject, row: Row, estimate: MemoryEstimate, usable: int) -> bool:
+    """Whether the row fits at its own sequence length as the sequence search counts it: a decoder's inference
+    holds the KV cache of that many tokens (more than the row's own ``--context`` may have counted)."""
+    seq = subject.seq_len or 0
+    total = estimate.bytes.total
+    if row.mode == Mode.inference and subject.decoder is not None:
+        context = max(estimate.context or 0, seq)
+        held = subject.decoder.kv_elements(context) * (subject.batch_size or 1) * _compute_dtype(row).bits // 8
+        total += held - estimate.bytes.kv_cache
+    return total <= usable
+
+
 def fit_report(
     subject: Subject,
     options: EstimateOptions,
@@ -201,7 +213,9 @@ def fit_report(
                 limit = seq_limit.tokens if seq_limit else SEARCH_LIMIT
                 name = seq_limit.name if seq_limit else None
                 at_seq = functools.partial(shapes.total_at_seq, row, batch)
-                by_seq = _search(at_seq, usable, limit, name, seq if own_fits and row.mode == Mode.training else 0)
+                by_seq = _search(
+                    at_seq, usable, limit, name, seq if _fits_own_seq(subject, row, estimate, usable) else 0
+                )
         searches = [s for s in (by_batch, by_seq) if s is not None]
         fit = Fit(
             device=budget.name,

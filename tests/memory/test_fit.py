@@ -217,3 +217,16 @@ def test_fit_timeout_reports_the_bounds_found_so_far(cli, tmp_path):
     assert fit["search"].startswith("timeout")
     assert any("the fit search stopped after 1e-06 s" in note for note in doc["model"]["notes"])
     assert cli(*args, "--fit-timeout", "0").exit_code == 2
+
+
+def test_a_timed_out_sequence_search_keeps_the_rows_own_sequence(cli, tmp_path):
+    # Inference at batch 1 x 256 tokens fits 80 GiB (with the KV cache of 256 tokens), so a search stopped before it
+    # got anywhere still knows 256 fits: not ">= 1" (nor 0).
+    config = write_decoder_config(tmp_path)
+    args = ("estimate-memory", str(config), "-d", "bf16", "--seq-len", "256", "--fit", "80GiB", "-f", "json")
+    doc = cli(*args, "--fit-timeout", "0.000001").json()
+    for row in doc["estimates"]:
+        fit = row["fit"]
+        assert fit["max_seq_len_bound"] == "timeout", row["mode"]
+        assert fit["max_seq_len"] == 256, row["mode"]
+        assert fit["max_batch_size"] == 1, row["mode"]
