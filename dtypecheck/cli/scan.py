@@ -18,6 +18,7 @@ from dtypecheck.cli._app import (
     QuietOption,
     TracebackOption,
     app,
+    default_is,
     emit,
     pick,
     project_config,
@@ -56,7 +57,7 @@ def scan_model(
             "--target",
             "-t",
             help="Target dtype to judge casts to; repeatable, comma lists (any float incl. float8/float4, or an "
-            "integer dtype). Default: float16,bfloat16.",
+            "integer dtype)." + default_is("float16, bfloat16, or as configured"),
         ),
     ] = None,
     include: Annotated[
@@ -65,22 +66,28 @@ def scan_model(
             "--include",
             metavar="GLOB",
             help="Scan only tensors whose key path matches GLOB (repeatable; fnmatch as the config's ignore rules: "
-            "'*' crosses dots, case matters). Tensors left out are not read.",
+            "'*' crosses dots, case matters). Tensors left out are not read." + default_is("every tensor"),
         ),
     ] = None,
     exclude: Annotated[
         list[str] | None,
-        typer.Option("--exclude", metavar="GLOB", help="Leave out tensors whose key path matches GLOB (repeatable)."),
+        typer.Option(
+            "--exclude",
+            metavar="GLOB",
+            help="Leave out tensors whose key path matches GLOB (repeatable)." + default_is("none"),
+        ),
     ] = None,
     weights_only: Annotated[
         bool,
         typer.Option(
             "--weights-only",
-            help="Scan only the model's parameters and buffers: no optimizer, scheduler, RNG or trainer state.",
+            help="Scan only the model's parameters and buffers: no optimizer, scheduler, RNG or trainer state."
+            + default_is("off: every tensor"),
         ),
     ] = False,
     show_all: Annotated[
-        bool | None, typer.Option("--all", help="Show every tensor in the table, not only the worst.")
+        bool | None,
+        typer.Option("--all", help="Show every tensor in the table, not only the worst." + default_is("off: --top")),
     ] = None,
     baseline: Annotated[
         Path | None,
@@ -88,8 +95,8 @@ def scan_model(
             "--baseline",
             dir_okay=False,
             help="A baseline file (written by --update-baseline; an earlier scan-model --format json report also "
-            "works for one checkpoint): the exit code follows only what is new or worse. Default: the baseline key "
-            "of tool.dtypecheck.scan-model in pyproject.toml.",
+            "works for one checkpoint): the exit code follows only what is new or worse."
+            + default_is("the configured baseline, else none"),
         ),
     ] = None,
     update_baseline: Annotated[
@@ -97,12 +104,16 @@ def scan_model(
         typer.Option(
             "--update-baseline",
             help="Write this scan's reports into the baseline file (--baseline or the configured one) instead of "
-            "comparing: only the entries of the checkpoints scanned change. Exits 0 unless a scan cannot run.",
+            "comparing: only the entries of the checkpoints scanned change. Exits 0 unless a scan cannot run."
+            + default_is("off: compare"),
         ),
     ] = False,
     no_baseline: Annotated[
         bool,
-        typer.Option("--no-baseline", help="Ignore the configured baseline: gate on everything found."),
+        typer.Option(
+            "--no-baseline",
+            help="Ignore the configured baseline: gate on everything found." + default_is("off"),
+        ),
     ] = False,
     top: Annotated[
         int, typer.Option("--top", min=1, help="How many tensors the table shows, worst first (without --all).")
@@ -113,19 +124,19 @@ def scan_model(
             "--plot",
             dir_okay=False,
             help="Also draw the checkpoint's log2-magnitude distribution against the targets' ranges to FILE.png "
-            "(needs the 'plot' extra: matplotlib).",
+            "(needs the 'plot' extra: matplotlib)." + default_is("no plot"),
         ),
     ] = None,
     workers: Annotated[
         int | None,
-        typer.Option("--workers", min=1, help="Threads scanning chunks (default: the CPU count, at most 8)."),
+        typer.Option("--workers", min=1, help="Threads scanning chunks." + default_is("the CPU count, at most 8")),
     ] = None,
     precision: Annotated[
         bool,
         typer.Option(
             "--precision",
             help="Also measure the precision each cast loses (SQNR in dB, max relative error), and for float8/float4 "
-            "targets per-channel and MX block-scaled verdicts; reads every tensor a second time.",
+            "targets per-channel and MX block-scaled verdicts; reads every tensor a second time." + default_is("off"),
         ),
     ] = False,
     keep_float32_sqnr: Annotated[
@@ -135,7 +146,7 @@ def scan_model(
             min=0.0,
             metavar="DB",
             help="With --precision: a cast whose SQNR is below DB loses too much; tensors that no requested 16-bit "
-            "or narrower target holds are listed to keep in float32 (default 20; config keep-float32-sqnr-db).",
+            "or narrower target holds are listed to keep in float32." + default_is("20, or as configured"),
         ),
     ] = None,
     fail_on: FailOnOption = None,
