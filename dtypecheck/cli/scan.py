@@ -48,7 +48,7 @@ def scan_model(
             help=f"A checkpoint file or folder, detected by content: {describe_formats()}; or "
             "path/to/file.py:factory returning an nn.Module, (model, inputs) or (model, inputs, loss_fn); or a "
             "Hugging Face Hub id org/name[@revision] (local cache first; extra 'hf'). Several (as pre-commit passes "
-            "them) are scanned one after another with table or github output.",
+            "them) are scanned one after another (table, github) or into one document (json, sarif).",
         ),
     ],
     target: Annotated[
@@ -239,7 +239,10 @@ def resolve_scan_options(
         raise UsageError("--no-baseline leaves the baseline out; it cannot go with --baseline or --update-baseline")
     several = len(checkpoints) > 1
     if several and (fmt.several_inputs == "refuse" or (output is not None and fmt.several_inputs != "merge")):
-        raise UsageError("one checkpoint per JSON document or --output (SARIF takes several); scan them one at a time")
+        raise UsageError(
+            f"one checkpoint per --output with --format {fmt.value} (json and sarif take several); scan them one "
+            "at a time"
+        )
     if several and plot is not None:
         raise UsageError("one checkpoint per --plot; scan them one at a time")
     from dtypecheck.scan.select import Selection
@@ -279,8 +282,8 @@ def execute_scan(options: ScanOptions) -> int:
         return _scan_shares(options, info)
     gate = Gate(options.plans, update=options.update_baseline, missing_hint="write it with --update-baseline")
     code = ExitCode.OK
-    # one SARIF log: one run, one artifact per checkpoint
-    several_sarif = options.fmt.several_inputs == "merge" and len(options.plans) > 1
+    # one document: a SARIF log (one run, one artifact per checkpoint), a dtypecheck.scan-set/1 JSON document
+    merged = options.fmt.several_inputs == "merge" and len(options.plans) > 1
     # updating a baseline says one line on stderr; the report only when asked for (--output, a machine format)
     shows_report = not options.update_baseline or options.output is not None or not options.fmt.for_people
     reports: list[ScanReport] = []
@@ -308,17 +311,17 @@ def execute_scan(options: ScanOptions) -> int:
             from dtypecheck.render.scan_plot import write_plot
 
             write_plot(result.report, options.plot)
-        if several_sarif:
+        if merged:
             reports.append(result.report)
         elif shows_report:
             emit(result.report, options.fmt, options.output, quiet=options.quiet, limit=limit)
         if options.plot is not None and not options.quiet:
             typer.echo(f"wrote {options.plot}", err=True)
         code = max(code, ExitCode.FINDINGS if result.findings else ExitCode.OK)
-    if several_sarif:
-        from dtypecheck.render.sarif import render_sarif_of_scans
+    if merged and shows_report:
+        from dtypecheck.render import render_scans
 
-        write_document(render_sarif_of_scans(reports), options.output, quiet=options.quiet)
+        write_document(render_scans(reports, options.fmt), options.output, quiet=options.quiet)
     for written in gate.write():
         if not options.quiet:
             names = ", ".join(written.updated)
