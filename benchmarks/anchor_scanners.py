@@ -199,7 +199,7 @@ def run_tool(
     if done.returncode == 0:
         return "clean"
     document = json.loads(done.stdout)
-    findings = [f for d in document.get("documents", [document]) for f in d.get("findings", [])]
+    findings = [f for d in document.get("checkpoints", [document]) for f in d.get("findings", [])]
     security = [f for f in findings if f["kind"] in SECURITY_KINDS and f["level"] == "fail"]
     return "flagged" if security else "clean"
 

@@ -79,14 +79,13 @@ class OutputFormat(StrEnum):
     def several_inputs(self) -> Literal["follow", "merge", "refuse"]:
         """How one output holds several inputs (scan-model's checkpoints): ``follow``, one after another (tables,
         annotations); ``merge``, one document with an entry per input (a SARIF log: one run, one artifact each);
-        ``refuse``, a document describes one input (JSON)."""
+        ``refuse``, a document describes one input (no format now; JSON merges them into a
+        ``dtypecheck.scan-set/1`` document)."""
         match self:
             case OutputFormat.table | OutputFormat.github:
                 return "follow"
-            case OutputFormat.sarif:
+            case OutputFormat.sarif | OutputFormat.json:
                 return "merge"
-            case OutputFormat.json:
-                return "refuse"
             case _:
                 assert_never(self)
 

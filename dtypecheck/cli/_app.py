@@ -78,6 +78,14 @@ _CONFIGURED_OPTIONS: dict[str, tuple[str, Callable[[Any], Any]]] = {
 }
 """The parameter name each shared option has in every command, its config key and its type."""
 
+
+def default_is(meaning: str) -> str:
+    """The note that ends an option's help where typer shows no default (``None`` or a ``False`` flag): what the
+    option does when not given. Escaped, since a bare ``[default: 1]`` is a rich style tag that rich swallows,
+    leaving ``... per step .`` behind."""
+    return f" \\[default: {meaning}]"
+
+
 FormatOption = Annotated[
     OutputFormat,
     typer.Option(
@@ -101,7 +109,7 @@ OutputOption = Annotated[
     typer.Option(
         "--output",
         "-o",
-        help="Write the document to FILE (atomically) instead of stdout.",
+        help="Write the document to FILE (atomically) instead of stdout." + default_is("stdout"),
         dir_okay=False,
         callback=_output_folder_exists,
     ),
@@ -116,18 +124,29 @@ QuietOption = Annotated[
     ),
 ]
 TracebackOption = Annotated[
-    bool, typer.Option("--traceback", help="Show the full Python traceback on errors (or DTYPECHECK_TRACEBACK=1).")
+    bool,
+    typer.Option(
+        "--traceback",
+        help="Show the full Python traceback on errors (or DTYPECHECK_TRACEBACK=1)."
+        + default_is("off: one error line"),
+    ),
 ]
 FailOnOption = Annotated[
     FailOn | None,
-    typer.Option("--fail-on", help="Lowest level that makes the exit code 1 (findings): fail (default) or warn."),
+    typer.Option(
+        "--fail-on",
+        help="Lowest level that makes the exit code 1 (findings): fail or warn." + default_is("fail, or as configured"),
+    ),
 ]
 ConfigOption = Annotated[
     Path | None,
     typer.Option(
         "--config",
-        help="Read the tool.dtypecheck settings from FILE, not the nearest pyproject.toml above the working folder "
-        "(scan-model never reads one shipped with a checkpoint).",
+        help="Read the tool.dtypecheck settings from FILE."
+        + default_is(
+            "the nearest pyproject.toml with that table above the working folder (scan-model never reads one "
+            "shipped with a checkpoint)"
+        ),
         dir_okay=False,
     ),
 ]

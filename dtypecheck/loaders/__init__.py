@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from dtypecheck.errors import InputError
+from dtypecheck.errors import InputError, NotACheckpointError
 from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord, TensorSource
 from dtypecheck.loaders.formats import SNIFF_BYTES, describe_formats, detect, detect_folder
 from dtypecheck.usercode import python_target
@@ -84,7 +84,7 @@ def open_file(path: Path) -> Checkpoint:
     runs = [f for f in side_file_findings(path, path.name) if f.kind != "unreadable-file" or f.level == "fail"]
     if runs:
         return PickleOnly(str(path), runs)
-    raise InputError(f"{path}: not a checkpoint: expected one of {describe_formats()}")
+    raise NotACheckpointError(f"{path}: not a checkpoint: expected one of {describe_formats()}")
 
 
 class PickleOnly:

@@ -12,7 +12,7 @@ import mmap
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from dtypecheck.errors import InputError
+from dtypecheck.errors import InputError, NotACheckpointError
 from dtypecheck.loaders._io.mapped import (
     EMPTY_SOURCE,
     FileCheckpoint,
@@ -53,7 +53,12 @@ def archive_prefix(entries: dict[str, list[ZipEntry]], where: str) -> str:
     first = next(iter(entries), "")
     prefix = first.split("/", 1)[0] + "/" if "/" in first else ""
     if not prefix or prefix + "data.pkl" not in entries:
-        raise InputError(f"{where}: zip archive is not a torch checkpoint (no data.pkl)")
+        if any(name.endswith("/.data/version") for name in entries):
+            raise NotACheckpointError(
+                f"{where}: a torch.package archive, not a torch.save checkpoint: its tensors are not read "
+                "(torch.package.PackageImporter would import the code it holds)"
+            )
+        raise NotACheckpointError(f"{where}: zip archive is not a torch checkpoint (no data.pkl)")
     stray = next((name for name in entries if not name.startswith(prefix)), None)
     if stray is not None:
         raise InputError(f"{where}: zip archive has entries outside {prefix} ({stray!r}); torch refuses it")
