@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
+from dtypecheck.display import ShowsAsHtml
 from dtypecheck.findings import CHECK_LEVEL, Level, worst
 
 EventKind = Literal["nan", "inf", "near_overflow", "underflow"]
@@ -257,7 +258,7 @@ class ScaleCollapse:
 
 
 @dataclass(frozen=True)
-class NanTraceReport:
+class NanTraceReport(ShowsAsHtml):
     """Everything ``nan-trace`` found in one traced run."""
 
     SCHEMA: ClassVar[str] = "dtypecheck.nantrace/1"

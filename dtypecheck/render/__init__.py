@@ -46,6 +46,10 @@ def render(
             from dtypecheck.render.github import render_github
 
             return render_github(report)
+        case OutputFormat.html:
+            from dtypecheck.render.html import render_html
+
+            return render_html(report)
         case _:
             assert_never(fmt)
     raise AssertionError(fmt)  # unreachable: tells ruff that assert_never does not return
