@@ -207,7 +207,8 @@ def histogram_svg(histogram: Mapping[str, Any], windows: Sequence[tuple[str, tup
             if x(hi) > x(lo):
                 parts.append(
                     f'<rect x="{x(lo):.1f}" y="{y}" width="{x(hi) - x(lo):.1f}" height="{strip - 2}" '
-                    f'fill="{BAND_COLOUR[band]}"><title>{esc(target)} {band}</title></rect>'
+                    f'fill="{BAND_COLOUR[band]}" data-target="{esc(target)}" data-band="{band}" '
+                    f'data-from="{lo:g}" data-to="{hi:g}"><title>{esc(target)} {band}</title></rect>'
                 )
         parts.append(f'<text x="0" y="{y + strip - 3}">{esc(target)}</text>')
         y += strip
