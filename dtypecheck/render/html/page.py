@@ -32,7 +32,7 @@ h3 { font-size: 15px; margin: 16px 0 6px; }
 table { border-collapse: collapse; margin: 6px 0; }
 th, td { border: 1px solid #dde1e4; padding: 3px 8px; text-align: left; vertical-align: top; }
 th { background: #f3f5f7; }
-td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 table.sortable th { cursor: pointer; }
 code, pre, .mono { font-family: ui-monospace, "SFMono-Regular", Menlo, Consolas, monospace; font-size: 13px; }
 pre { background: #f6f8fa; border: 1px solid #dde1e4; padding: 8px; overflow-x: auto; }
