@@ -359,3 +359,9 @@ class TraceHandle:
         if self._report is None:
             raise RuntimeError("the trace is still running; read .report after the with-block")
         return self._report
+
+    def _repr_html_(self) -> str:
+        """In a notebook, the handle a ``with trace(...) as traced:`` cell ends on shows the report."""
+        if self._report is None:
+            return "<p>dtypecheck: the trace is still running.</p>"
+        return self._report._repr_html_()
