@@ -109,7 +109,7 @@ class Run:
 
 
 @pytest.fixture(scope="session")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
+def html_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
     """One ``--format json`` run of each command on its tiny input, keeping the report object the CLI rendered,
     so that its HTML page and its JSON document describe the same run."""
     from dtypecheck.render import OutputFormat, render

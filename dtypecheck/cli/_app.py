@@ -93,10 +93,16 @@ def _format_among(formats: tuple[OutputFormat, ...]) -> Callable[[Any], OutputFo
 
 def _configured_format_among(formats: tuple[OutputFormat, ...]) -> Callable[[typer.Context, Any, Any], Any]:
     """``_configured_default`` for ``--format``, which also holds the config's value to the command's formats."""
-    parse = _format_among(formats)
 
     def configured(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
-        return parse(_configured_default(ctx, param, value))
+        chosen = _configured_default(ctx, param, value)
+        try:
+            return parse_format(chosen, formats)
+        except ValueError as exc:  # the command line's value was parsed already: this one is the config's
+            raise typer.BadParameter(
+                f"{exc}; it is the format in [tool.dtypecheck]: give --format, or set format in this command's "
+                f"own section ([tool.dtypecheck.{ctx.info_name}])"
+            ) from None
 
     return configured
 

@@ -23,8 +23,8 @@ HOSTILE = '</code><script>document.title="pwned"</script><img src=x onerror="ale
 """A tensor name that would run script, load an image and add a handler if it reached the page unescaped."""
 
 
-def test_scan_page_leads_with_each_targets_verdict(runs) -> None:
-    run = runs["scan-model"]
+def test_scan_page_leads_with_each_targets_verdict(html_runs) -> None:
+    run = html_runs["scan-model"]
     dom = parse(run.html)
     cards = {card.attrs["data-target"]: card for card in dom.find_all("div") if "data-target" in card.attrs}
     verdicts = {v["target"]: v for v in run.document["summary"]["verdicts"]}
@@ -44,8 +44,8 @@ def test_scan_page_leads_with_each_targets_verdict(runs) -> None:
     assert run.html.index('id="verdicts"') < run.html.index('id="tensor-table"') < run.html.index('id="histograms"')
 
 
-def test_scan_page_table_has_every_tensor_with_its_level(runs) -> None:
-    run = runs["scan-model"]
+def test_scan_page_table_has_every_tensor_with_its_level(html_runs) -> None:
+    run = html_runs["scan-model"]
     dom = parse(run.html)
     rows = dom.by_id("tensors").find_all("tr", data_level="fail") + dom.by_id("tensors").find_all("tr", data_level="ok")
     names = {row.attrs["data-name"]: row.attrs["data-level"] for row in rows}
@@ -60,8 +60,8 @@ def test_scan_page_table_has_every_tensor_with_its_level(runs) -> None:
     assert dom.find_all("div", data_filter_for="tensors")  # the filter, shown by the script
 
 
-def test_scan_histogram_bars_and_bands_are_the_values_binades_and_each_targets_limits(runs) -> None:
-    run = runs["scan-model"]
+def test_scan_histogram_bars_and_bands_are_the_values_binades_and_each_targets_limits(html_runs) -> None:
+    run = html_runs["scan-model"]
     dom = parse(run.html)
     histogram = dom.by_id("h0")  # layer.weight, the worst tensor, first
     assert "layer.weight" in histogram.find_all("summary")[0].clean_text()
@@ -89,8 +89,8 @@ def test_scan_histogram_bars_and_bands_are_the_values_binades_and_each_targets_l
     assert math.log2(torch.finfo(torch.float16).max) < 16  # the edge as torch knows it
 
 
-def test_nantrace_page_shows_the_producer_its_line_the_chain_and_consequence(runs) -> None:
-    run = runs["nan-trace"]
+def test_nantrace_page_shows_the_producer_its_line_the_chain_and_consequence(html_runs) -> None:
+    run = html_runs["nan-trace"]
     dom = parse(run.html)
     first = run.document["first"]
     line = NAN_SCRIPT.splitlines().index("loss = torch.log(model(x) - 100).sum()  # the first NaN") + 1
@@ -135,8 +135,8 @@ def test_nantrace_module_tree_highlights_the_culprit_and_its_parents() -> None:
     assert [(row[0], row[3], row[5]) for row in close] == [("near_overflow", "blocks.1.norm", "60000")]
 
 
-def test_memory_page_has_a_bar_and_a_row_per_estimate_with_its_peak(runs) -> None:
-    run = runs["estimate-memory"]
+def test_memory_page_has_a_bar_and_a_row_per_estimate_with_its_peak(html_runs) -> None:
+    run = html_runs["estimate-memory"]
     dom = parse(run.html)
     estimates = run.document["estimates"]
     rows = table_rows(dom.by_id("estimates"))
@@ -170,8 +170,8 @@ def test_memory_page_draws_a_timeline_where_the_report_has_one() -> None:
     assert points == ["forward: 6.00 KiB", "backward: 12.00 KiB", "step: 8.00 KiB"]
 
 
-def test_info_page_draws_each_float_dtypes_number_line(runs) -> None:
-    run = runs["info"]
+def test_info_page_draws_each_float_dtypes_number_line(html_runs) -> None:
+    run = html_runs["info"]
     dom = parse(run.html)
     float16 = dom.by_id("dtype-float16")
     marks = [t.clean_text() for t in float16.find_all("svg")[0].find_all("text") if not t.attrs.get("fill")]
@@ -212,16 +212,16 @@ def test_a_source_line_from_the_traced_script_is_escaped(tmp_path: Path, cli) ->
     assert "# </pre><script>alert(1)</script>" in dom.by_id("source").clean_text()
 
 
-def test_no_page_refers_to_anything_outside_itself(runs) -> None:
-    for command, run in runs.items():
+def test_no_page_refers_to_anything_outside_itself(html_runs) -> None:
+    for command, run in html_runs.items():
         assert external_references(run.html) == [], command
         assert f'<meta http-equiv="Content-Security-Policy" content="{CSP}">' in run.html, command
     assert "default-src 'none'" in CSP
     assert external_references('<img src="https://example.com/a.png">') == ['src="https:']  # the check can fail
 
 
-def test_reports_show_themselves_in_a_notebook_with_the_same_renderer(runs) -> None:
-    for command, run in runs.items():
+def test_reports_show_themselves_in_a_notebook_with_the_same_renderer(html_runs) -> None:
+    for command, run in html_runs.items():
         cell = run.report._repr_html_()
         assert cell.startswith('<div class="dtypecheck-report">'), command
         assert "<!DOCTYPE" not in cell
@@ -233,8 +233,8 @@ def test_reports_show_themselves_in_a_notebook_with_the_same_renderer(runs) -> N
         assert parse(cell).find_all("main")[0].clean_text() == page_main, command
 
 
-def test_html_is_written_to_output_and_refuses_several_checkpoints(tmp_path: Path, cli, runs) -> None:
-    folder = runs["scan-model"].folder
+def test_html_is_written_to_output_and_refuses_several_checkpoints(tmp_path: Path, cli, html_runs) -> None:
+    folder = html_runs["scan-model"].folder
     report = tmp_path / "report.html"
     result = cli("scan-model", str(folder / "tiny.safetensors"), "-f", "html", "-o", str(report), "-q")
     assert result.exit_code == 1
@@ -264,8 +264,8 @@ def test_help_lists_only_the_formats_a_command_writes(cli, monkeypatch, command:
         assert "github" not in line
 
 
-def test_a_format_a_command_cannot_write_is_a_usage_error(cli, runs) -> None:
-    config = runs["estimate-memory"].folder / "decoder"
+def test_a_format_a_command_cannot_write_is_a_usage_error(cli, html_runs) -> None:
+    config = html_runs["estimate-memory"].folder / "decoder"
     refused = cli("estimate-memory", str(config), "-f", "sarif", "-q")
     assert refused.exit_code == 2
     assert "'sarif' is not one of 'table', 'json', 'html'" in refused.stderr
@@ -274,6 +274,18 @@ def test_a_format_a_command_cannot_write_is_a_usage_error(cli, runs) -> None:
     assert "--list writes table, json or html, not github" in listed.stderr
 
 
-def test_the_render_registry_and_the_page_agree(runs) -> None:
-    for command, run in runs.items():
+def test_the_render_registry_and_the_page_agree(html_runs) -> None:
+    for command, run in html_runs.items():
         assert render(run.report, OutputFormat.html) == run.html, command
+
+
+def test_a_configured_format_it_cannot_write_says_where_it_came_from(cli, html_runs, tmp_path, monkeypatch) -> None:
+    (tmp_path / "pyproject.toml").write_text('[tool.dtypecheck]\nformat = "github"\n', encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    refused = cli("estimate-memory", str(html_runs["estimate-memory"].folder / "decoder"), "-q")
+    assert refused.exit_code == 2
+    assert "'github' is not one of 'table', 'json', 'html'" in refused.stderr
+    assert "[tool.dtypecheck.estimate-memory]" in refused.stderr
+    written = cli("estimate-memory", str(html_runs["estimate-memory"].folder / "decoder"), "-q", "-f", "html")
+    assert written.exit_code == 0  # the command line wins over the config
+    assert written.stdout.startswith("<!DOCTYPE html>")

@@ -35,8 +35,8 @@ def _open(run_html: str, folder: Path, name: str) -> tuple[Element, _browser.Ope
     return parse(opened.dom), opened, shot
 
 
-def test_scan_report_in_the_browser(runs, tmp_path: Path) -> None:
-    run = runs["scan-model"]
+def test_scan_report_in_the_browser(html_runs, tmp_path: Path) -> None:
+    run = html_runs["scan-model"]
     dom, _opened, _shot = _open(run.html, tmp_path, "scan-model")
     for verdict in run.document["summary"]["verdicts"]:
         (card,) = [d for d in dom.find_all("div") if d.attrs.get("data-target") == verdict["target"]]
@@ -65,8 +65,8 @@ def test_a_hostile_tensor_name_stays_text_in_the_browser(tmp_path: Path, cli) ->
     assert row.attrs["data-name"] == HOSTILE
 
 
-def test_nantrace_report_in_the_browser(runs, tmp_path: Path) -> None:
-    run = runs["nan-trace"]
+def test_nantrace_report_in_the_browser(html_runs, tmp_path: Path) -> None:
+    run = html_runs["nan-trace"]
     dom, _opened, _shot = _open(run.html, tmp_path, "nan-trace")
     first = run.document["first"]
     assert dom.by_id("status-value").clean_text() == run.document["status"]
@@ -76,15 +76,15 @@ def test_nantrace_report_in_the_browser(runs, tmp_path: Path) -> None:
     assert marked.attrs["data-line"] == str(first["location"]["line"])
 
 
-def test_memory_report_in_the_browser(runs, tmp_path: Path) -> None:
-    run = runs["estimate-memory"]
+def test_memory_report_in_the_browser(html_runs, tmp_path: Path) -> None:
+    run = html_runs["estimate-memory"]
     dom, _opened, _shot = _open(run.html, tmp_path, "estimate-memory")
     rows = table_rows(dom.by_id("estimates"))
     assert [row[-2] for row in rows] == [fmt_bytes(e["bytes"]["total"]) for e in run.document["estimates"]]
 
 
-def test_info_report_in_the_browser(runs, tmp_path: Path) -> None:
-    run = runs["info"]
+def test_info_report_in_the_browser(html_runs, tmp_path: Path) -> None:
+    run = html_runs["info"]
     dom, _opened, _shot = _open(run.html, tmp_path, "info")
     sections = [s.attrs["id"] for s in dom.find_all("section") if s.attrs.get("class") == "dtype"]
     assert sections == [f"dtype-{d['name']}" for d in run.document["dtypes"]]
