@@ -242,6 +242,7 @@ def test_html_is_written_to_output_and_refuses_several_checkpoints(tmp_path: Pat
     assert report.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
     both = cli("scan-model", str(folder / "tiny.safetensors"), str(folder / "tiny.safetensors"), "-f", "html", "-q")
     assert both.exit_code == 2
+    assert "one checkpoint per HTML document" in both.stderr
 
 
 @pytest.mark.parametrize(
