@@ -14,7 +14,7 @@ import typer
 
 from dtypecheck import __version__
 from dtypecheck.errors import ExitCode, UserCodeError
-from dtypecheck.output import format_help
+from dtypecheck.output import EVERY_FORMAT, REPORT_FORMATS, format_help, format_metavar, parse_format
 from dtypecheck.render import OutputFormat, render, write_atomically
 
 if TYPE_CHECKING:
@@ -86,15 +86,58 @@ def default_is(meaning: str) -> str:
     return f" \\[default: {meaning}]"
 
 
+def _format_among(formats: tuple[OutputFormat, ...]) -> Callable[[Any], OutputFormat]:
+    """``--format``'s parser for a command that writes ``formats``: only those are accepted and listed."""
+
+    def parse(value: Any) -> OutputFormat:
+        try:
+            return parse_format(value, formats)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+
+    return parse
+
+
+def _configured_format_among(formats: tuple[OutputFormat, ...]) -> Callable[[typer.Context, Any, Any], Any]:
+    """``_configured_default`` for ``--format``, which also holds the config's value to the command's formats."""
+
+    def configured(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
+        chosen = _configured_default(ctx, param, value)
+        try:
+            return parse_format(chosen, formats)
+        except ValueError as exc:  # the command line's value was parsed already: this one is the config's
+            raise typer.BadParameter(
+                f"{exc}; it is the format in [tool.dtypecheck]: give --format, or set format in this command's "
+                f"own section ([tool.dtypecheck.{ctx.info_name}])"
+            ) from None
+
+    return configured
+
+
 FormatOption = Annotated[
     OutputFormat,
     typer.Option(
         "--format",
         "-f",
-        help=format_help(),
-        callback=_configured_default,
+        help=format_help(EVERY_FORMAT),
+        metavar=format_metavar(EVERY_FORMAT),
+        parser=_format_among(EVERY_FORMAT),
+        callback=_configured_format_among(EVERY_FORMAT),
     ),
 ]
+"""``--format`` of a command whose report has findings (scan-model, nan-trace): every format."""
+ReportFormatOption = Annotated[
+    OutputFormat,
+    typer.Option(
+        "--format",
+        "-f",
+        help=format_help(REPORT_FORMATS),
+        metavar=format_metavar(REPORT_FORMATS),
+        parser=_format_among(REPORT_FORMATS),
+        callback=_configured_format_among(REPORT_FORMATS),
+    ),
+]
+"""``--format`` of a command whose report has no findings (info, estimate-memory): no SARIF, no annotations."""
 
 
 def _output_folder_exists(value: Path | None) -> Path | None:

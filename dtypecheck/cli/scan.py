@@ -243,10 +243,9 @@ def resolve_scan_options(
         raise UsageError("--no-baseline leaves the baseline out; it cannot go with --baseline or --update-baseline")
     several = len(checkpoints) > 1
     if several and (fmt.several_inputs == "refuse" or (output is not None and fmt.several_inputs != "merge")):
-        raise UsageError(
-            f"one checkpoint per --output with --format {fmt.value} (json and sarif take several); scan them one "
-            "at a time"
-        )
+        refused = fmt.several_inputs == "refuse" and output is None
+        held = f"{fmt.value.upper()} document" if refused else f"--output with --format {fmt.value}"
+        raise UsageError(f"one checkpoint per {held} (json and sarif take several); scan them one at a time")
     if several and plot is not None:
         raise UsageError("one checkpoint per --plot; scan them one at a time")
     from dtypecheck.scan.select import Selection

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
+from dtypecheck.display import ShowsAsHtml
 from dtypecheck.findings import CHECK_LEVEL, Level, worst
 
 EventKind = Literal["nan", "inf", "near_overflow", "underflow"]
@@ -257,7 +258,7 @@ class ScaleCollapse:
 
 
 @dataclass(frozen=True)
-class NanTraceReport:
+class NanTraceReport(ShowsAsHtml):
     """Everything ``nan-trace`` found in one traced run."""
 
     SCHEMA: ClassVar[str] = "dtypecheck.nantrace/1"
@@ -358,3 +359,9 @@ class TraceHandle:
         if self._report is None:
             raise RuntimeError("the trace is still running; read .report after the with-block")
         return self._report
+
+    def _repr_html_(self) -> str:
+        """In a notebook, the handle a ``with trace(...) as traced:`` cell ends on shows the report."""
+        if self._report is None:
+            return "<p>dtypecheck: the trace is still running.</p>"
+        return self._report._repr_html_()

@@ -43,6 +43,10 @@ def render(
             from dtypecheck.render.github import render_github
 
             return render_github(report)
+        case OutputFormat.html:
+            from dtypecheck.render.html import render_html
+
+            return render_html(report)
         case _:
             assert_never(fmt)
     raise AssertionError(fmt)  # unreachable: tells ruff that assert_never does not return
@@ -61,6 +65,8 @@ def render_scans(reports: list[ScanReport], fmt: OutputFormat) -> str:
             return render_sarif_of_scans(reports)
         case OutputFormat.table | OutputFormat.github:
             raise ValueError(f"{fmt.value} shows one report after another, not one document")
+        case OutputFormat.html:
+            raise ValueError("an HTML report holds one checkpoint")
         case _:
             assert_never(fmt)
     raise AssertionError(fmt)
