@@ -1,4 +1,5 @@
-"""The output formats every command writes, and every per-format decision, in one enum.
+"""The output formats every command writes, every per-format decision (in one enum), and the atomic write of
+what was rendered: the ground floor that cores (a rank writing the merged report) and render/ both stand on.
 
 The Typer choices (``cli._app.FormatOption``), the config's ``format`` key (``config.COMMON_KEYS``) and the help text
 read ``OutputFormat``; the renderer registry (``render.render``) and every command that treats formats differently
@@ -8,8 +9,11 @@ mypy name every decision it lacks.
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from enum import Enum
+from pathlib import Path
 from typing import Literal, NoReturn
 
 if sys.version_info >= (3, 11):
@@ -95,3 +99,55 @@ def format_help() -> str:
     """``--format``'s help: every format with its summary, in the enum's order."""
     names = [f"{fmt.value} ({fmt.summary})" for fmt in OutputFormat]
     return ", ".join(names[:-1]) + " or " + names[-1] + "."
+
+
+def _mode_for(path: Path) -> int:
+    try:
+        return path.stat().st_mode & 0o777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write via a temporary file in the same folder and rename, so no reader sees a partial file.
+
+    A symlink is followed (the file it points to is replaced, the link stays). A device, a pipe or anything else
+    that is not a regular file (``/dev/stdout``, ``/dev/null``, a FIFO), and any path under ``/dev`` or ``/proc``,
+    is written through instead of being replaced by a regular file. Characters that cannot be encoded (a lone
+    surrogate in a tensor name) are written as backslash escapes.
+    """
+    data = text.encode("utf-8", errors="backslashreplace")
+    if _is_stream(path):
+        with path.open("wb") as handle:
+            handle.write(data)
+        return
+    path = path.resolve() if path.is_symlink() else path
+    directory = path.parent if str(path.parent) else Path()
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            # mkstemp makes the file private (0600); give it the mode a plain open() would, or keep the old one.
+            os.fchmod(handle.fileno(), _mode_for(path))
+            os.fsync(handle.fileno())
+        Path(tmp_name).replace(path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+
+
+def _is_stream(path: Path) -> bool:
+    """Whether ``path`` names a device, pipe or socket (through any symlinks) rather than a regular file."""
+    import stat
+
+    absolute = Path.cwd() / path  # as given, not resolved: /dev/stdout itself is a symlink
+    if absolute.parts[1:2] in (("dev",), ("proc",)):
+        return True
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return False  # does not exist (or a dangling link): created as a regular file
+    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)

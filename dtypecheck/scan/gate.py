@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from dtypecheck import __version__
 from dtypecheck.findings import Level, at_least
-from dtypecheck.render import write_atomically
+from dtypecheck.output import write_atomically
 from dtypecheck.scan.baseline import (
     BASELINE_SCHEMA,
     Baseline,
