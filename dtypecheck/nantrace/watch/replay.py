@@ -14,6 +14,7 @@ from dtypecheck.nantrace.ops import tensors_in
 from dtypecheck.nantrace.report import Event, NanTraceReport, ScaleCollapse, SkippedStep, WatchSummary
 from dtypecheck.nantrace.tracer import TraceOptions, Tracer
 from dtypecheck.nantrace.training import untraced
+from dtypecheck.nantrace.watch.held import NOT_WATCHED
 from dtypecheck.nantrace.watch.state import (
     BufferSnapshot,
     ModelCall,
@@ -132,7 +133,7 @@ def _depends_on(later: torch.Tensor, earlier: torch.Tensor) -> bool:
     return False
 
 
-Detected = Literal["loss", "gradients", "optimizer_step", "scale_collapse"]
+Detected = Literal["loss", "gradients", "optimizer_step", "scale_collapse", "held_tensors"]
 
 
 class StepReplay:
@@ -167,6 +168,7 @@ class StepReplay:
     _fallback_pending: bool
     _update_done: bool
     _found: NanTraceReport | None
+    held_nonfinite: tuple[str, ...]
 
     # -- replays -----------------------------------------------------------------------------------------------
     def _new_tracer(self) -> Tracer:
@@ -360,15 +362,21 @@ class StepReplay:
             traced_from_step=self.traced_from,
             snapshot_bytes=self.snapshot_bytes,
             optimizer_snapshot=self.optimizer_snapshot,
+            held_nonfinite=self.held_nonfinite,
         )
 
     def notes(self) -> tuple[str, ...]:
         if self.detected is None:
             skipped = f"; GradScaler skipped {len(self.skipped)} (notes)" if self.skipped else ""
-            checked = f"watch mode: {self.step - 1} step(s) checked (loss, gradients, update), none non-finite"
-            return (checked + skipped,)
+            checked = (
+                f"watch mode: {self.step - 1} step(s) checked (loss, gradients, update, and every module's "
+                "parameters and buffers), none non-finite"
+            )
+            return (f"watch mode: {NOT_WATCHED}", checked + skipped)
         if self.detected == "scale_collapse":
             said = f"watch mode: GradScaler's scale collapsed at step {self.detected_step}"
+        elif self.detected == "held_tensors":
+            said = f"watch mode: a tensor the run keeps went non-finite before step {self.detected_step}"
         else:
             said = f"watch mode: step {self.detected_step}'s {self.detected.replace('_', ' ')} went non-finite"
         if self.replayed_step is not None and self.exact:
@@ -383,7 +391,7 @@ class StepReplay:
     def report(self, **extra: Any) -> NanTraceReport:
         found = self._found
         base = found if found is not None else NanTraceReport(status="clean", first=None, warnings=(), ops=0, steps=0)
-        nonfinite = base.first is not None or self.scale_collapse is not None
+        nonfinite = base.first is not None or self.scale_collapse is not None or self.detected == "held_tensors"
         report = dataclasses.replace(
             base,
             status="nonfinite" if nonfinite else base.status,
