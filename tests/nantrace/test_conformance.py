@@ -354,6 +354,7 @@ CASES: dict[str, str] = {
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 
+
 def _script(nantrace: NanTrace, case: str) -> Path:
     setup = textwrap.dedent(CASES[case]).strip("\n")
     path, _ = nantrace.write(f"{case}.py", HARNESS.format(setup=setup))

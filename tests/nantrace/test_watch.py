@@ -450,3 +450,55 @@ def test_no_optimizer_snapshot_on_the_command_line(nantrace: NanTrace) -> None:
     refused = nantrace.run(str(path), "--no-optimizer-snapshot")
     assert (refused.exit_code, refused.stdout) == (2, "")
     assert refused.stderr.startswith("error: --no-optimizer-snapshot applies to --watch")
+
+
+EMA = """
+import copy
+import sys
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+ema = copy.deepcopy(model)
+optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+bad = int(sys.argv[1])
+for step in range(1, 13):
+    loss = model(torch.randn(16, 8)).pow(2).mean()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    with torch.no_grad():
+        for e, p in zip(ema.parameters(), model.parameters()):
+            decay = 0.9 if step != bad else float("nan")
+            e.mul_(decay).add_(p, alpha=1 - decay)  # ema
+print("done")
+"""
+
+
+def test_watch_finds_a_nan_written_into_an_ema_copy_between_steps(nantrace: NanTrace) -> None:
+    """Issue 30.3: the EMA copy is outside the model calls, the loss and the update; watch used to exit 0."""
+    path, text = nantrace.write("ema.py", EMA)
+    full, watched = _both(nantrace, path, "7")
+    first = full["first"]
+    assert (first["kind"], first["op"], first["location"]["line"]) == ("nan", "aten.mul_.Tensor", line_of(text, "ema"))
+    assert first["step"] == 8  # written after step 7's update: the tracer's step 8 has begun
+    summary = watched["watch"]
+    assert (summary["detected"], summary["detected_step"], summary["replayed_step"]) == ("held_tensors", 8, None)
+    names = ["Sequential.0.weight", "Sequential.0.bias", "Sequential.2.weight", "Sequential.2.bias"]
+    assert summary["held_nonfinite"] == names
+    assert (summary["exact"], summary["traced_from_step"]) == (None, 8)
+    assert summary["reason"].startswith(f"{', '.join(names)} went non-finite between step 7's update and step 8's")
+    assert watched["status"] == "nonfinite"
+    # Traced fully from step 8 on, the next EMA update names the same op and line (reading the NaN already held).
+    assert (watched["first"]["op"], watched["first"]["location"]) == (first["op"], first["location"])
+    assert watched["notes"][0].startswith("watch mode: a tensor the run keeps went non-finite before step 8;")
+
+
+def test_watch_passes_a_clean_ema_run_and_says_what_it_did_not_watch(nantrace: NanTrace) -> None:
+    path, _ = nantrace.write("ema.py", EMA)
+    code, doc, _ = nantrace.json("--watch", str(path), "--", "0")
+    assert (code, doc["status"], doc["ops"], doc["watch"]["detected"]) == (0, "clean", 0, None)
+    assert doc["notes"][0] == (
+        "watch mode: tensors kept outside every module and optimizer (a plain list or dict of tensors), and modules "
+        "made before watching began other than the model, are not watched"
+    )
