@@ -8,7 +8,7 @@ import contextlib
 
 import pytest
 import torch
-import torch.nn.functional as F
+from torch.nn import functional
 
 from dtypecheck.nantrace.autocast import falls_through
 from dtypecheck.nantrace.tracer import Tracer
@@ -21,7 +21,7 @@ def _grid_and_bilinear(traced: bool, dtype: torch.dtype) -> list[torch.Tensor]:
     a, b = torch.randn(3, 5), torch.randn(3, 6)
     tracer = Tracer() if traced else contextlib.nullcontext()
     with torch.autocast("cpu", dtype=dtype), tracer:  # the tracer entered inside autocast, as the CLI does
-        grid = F.affine_grid(theta, [2, 3, 4, 4], align_corners=False)
+        grid = functional.affine_grid(theta, [2, 3, 4, 4], align_corners=False)
         out = bilinear(a, b)
         (grid.float().sum() + out.float().sum()).backward()
     assert theta.grad is not None
@@ -42,9 +42,8 @@ def test_a_kernels_inner_ops_meet_autocast_as_plainly(dtype: torch.dtype) -> Non
 def test_autocast_entered_after_tracing_began_is_seen() -> None:
     torch.manual_seed(0)
     theta = torch.randn(1, 2, 3)
-    with Tracer():
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            grid = F.affine_grid(theta, [1, 1, 3, 3], align_corners=False)
+    with Tracer(), torch.autocast("cpu", dtype=torch.bfloat16):
+        grid = functional.affine_grid(theta, [1, 1, 3, 3], align_corners=False)
     assert grid.dtype == torch.bfloat16
 
 
