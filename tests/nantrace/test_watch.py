@@ -502,3 +502,51 @@ def test_watch_passes_a_clean_ema_run_and_says_what_it_did_not_watch(nantrace: N
         "watch mode: tensors kept outside every module and optimizer (a plain list or dict of tensors), and modules "
         "made before watching began other than the model, are not watched"
     )
+
+
+FLAKY_REPLAY = """
+import torch
+
+
+class Flaky(torch.optim.Optimizer):
+    calls = 0
+
+    def __init__(self, params, lr):
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        Flaky.calls += 1
+        if Flaky.calls == 8:  # the 7th step's update a second time: only a replay calls it
+            raise OverflowError("(34, 'Numerical result out of range')")
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.add_(p.grad, alpha=-group["lr"])
+
+
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+optimizer = Flaky(model.parameters(), lr=1e-2)
+for step in range(1, 10):
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    if step == 7:
+        loss = loss * 1e30
+        optimizer.param_groups[0]["lr"] = 1e10
+    loss.backward()
+    optimizer.step()  # update
+    optimizer.zero_grad()
+    optimizer.param_groups[0]["lr"] = 1e-2
+print("done", Flaky.calls)
+"""
+
+
+def test_a_replay_that_raises_never_breaks_the_run(nantrace: NanTrace) -> None:
+    """Issue 30.4: a replayed Adam update once raised OverflowError (exit 3, no report) where the script ran on."""
+    path, _ = nantrace.write("flaky.py", FLAKY_REPLAY)
+    code, doc, stderr = nantrace.json("--watch", str(path))
+    assert code == 1, stderr
+    summary = doc["watch"]
+    assert (summary["detected"], summary["detected_step"], summary["exact"]) == ("optimizer_step", 7, False)
+    assert summary["reason"] == "the replayed update raised OverflowError: (34, 'Numerical result out of range')"
+    assert summary["traced_from_step"] == 8
+    assert doc["status"] == "nonfinite"

@@ -89,6 +89,12 @@ LOSS_OUTSIDE = (
 )
 
 
+def _said(exc: BaseException) -> str:
+    """``OverflowError: (34, 'Numerical result out of range')``: the type and the first line of the message."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
 def keep_grad(call: ModelCall, position: int, grad: torch.Tensor) -> None:
     held = call.grads.get(position)
     call.grads[position] = grad if held is None else held + grad
@@ -211,6 +217,12 @@ class StepReplay:
                 tracer.__enter__()
                 try:
                     outside = [replay_call(call) for call in self._calls]
+                except Exception as exc:  # noqa: BLE001  (the replay must never break the run it watches)
+                    tracer.__exit__(None, None, None)
+                    for parameter, grad in zip(parameters, original, strict=True):
+                        parameter.grad = grad  # the step goes on with the gradients it computed itself
+                    self._give_up(f"the replay raised {_said(exc)}", replayed=True)
+                    return
                 except BaseException:
                     tracer.__exit__(None, None, None)
                     raise
@@ -281,8 +293,10 @@ class StepReplay:
             self._give_up("the NaN was born in the optimizer step, and the optimizer snapshot is off")
             return
         written = [p for group in optimizer.param_groups for p in group["params"]]
-        written += [v for p in written for v in optimizer.state.get(p, {}).values() if isinstance(v, torch.Tensor)]
+        states = [optimizer.state.get(p, {}) for p in written]
+        written += [v for state in states for v in state.values() if isinstance(v, torch.Tensor)]
         result = [t.detach().clone() for t in written]
+        plain = [(state, key, value) for state in states for key, value in state.items()]
         if not self._optimizers.put_back(optimizer):
             self._give_up("no snapshot of this optimizer was taken before its update")
             return
@@ -296,6 +310,16 @@ class StepReplay:
         try:
             with post_hooks_apart(), tracer:
                 optimizer.step(*args[1:], **kwargs)  # the hook is given the optimizer as args[0]
+        except Exception as exc:  # noqa: BLE001  (the replay must never break the run it watches)
+            # The run goes on from what its own update wrote, not from a half-done replay.
+            with torch.no_grad():
+                for tensor, value in zip(written, result, strict=True):
+                    tensor.copy_(value)
+            for state, key, value in plain:
+                if not isinstance(value, torch.Tensor):
+                    state[key] = value  # a Python step counter: as the run's own update left it
+            self._give_up(f"the replayed update raised {_said(exc)}", replayed=True)
+            return
         finally:
             now.put_back()
             self._busy = False
