@@ -60,6 +60,12 @@ class HeldModules:
             self._modules.add(model)
         self._made += 1
 
+    def add(self, module: nn.Module) -> None:
+        """Hold a module found otherwise (one the watch sees called outermost)."""
+        if module not in self._modules:
+            self._modules.add(module)
+            self._made += 1
+
     def flags(self, skip: frozenset[int]) -> list[torch.Tensor | None]:
         """On-device flags that every held tensor is finite (one read-back for them all, with ``read_flags``)."""
         if self._built_at != self._made or skip != self._skip_ids:

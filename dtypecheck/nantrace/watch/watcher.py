@@ -220,6 +220,7 @@ class Watcher(StepReplay):
             return
         if self._learning and not any(module is r for r in self._roots):
             self._roots.append(module)
+            self._held.add(module)
         if not self._calls:
             if self._check_held():
                 return
