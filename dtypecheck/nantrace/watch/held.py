@@ -68,7 +68,7 @@ class HeldModules:
 
     def flags(self, skip: frozenset[int]) -> list[torch.Tensor | None]:
         """On-device flags that every held tensor is finite (one read-back for them all, with ``read_flags``)."""
-        if self._built_at != self._made or skip != self._skip_ids:
+        if self._built_at != self._made or skip is not self._skip_ids:
             self._build(skip)
         return [all_finite(self._writable), finite_values(self._saved)]
 

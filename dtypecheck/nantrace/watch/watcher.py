@@ -104,6 +104,8 @@ class Watcher(StepReplay):
         self._held = HeldModules()
         self._updated: dict[int, frozenset[int]] = {}
         """By optimizer: the ``id`` of every parameter it updates (checked after its update, not as held)."""
+        self._skip: frozenset[int] = frozenset()
+        """All of them: one set, rebuilt only when an optimizer is first seen."""
         self.held_nonfinite: tuple[str, ...] = ()
         self._handles: list[Any] = []
         self._module_handles: list[Any] = []
@@ -292,6 +294,7 @@ class Watcher(StepReplay):
             return
         if id(optimizer) not in self._updated:
             self._updated[id(optimizer)] = frozenset(id(p) for g in optimizer.param_groups for p in g["params"])
+            self._skip = frozenset().union(*self._updated.values())
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         if read_flags([*self._loss_flags, all_finite(grads)]):
             if self.optimizer_snapshot:
@@ -364,7 +367,7 @@ class Watcher(StepReplay):
         """As a step begins (and when the block ends): every module's parameters and buffers that no optimizer
         updates are still finite. What went non-finite between two steps (an EMA update, outside the model calls,
         the loss and the update) cannot be replayed; it is reported, and the following steps are traced fully."""
-        skip = frozenset().union(*self._updated.values())
+        skip = self._skip
         if read_flags(self._held.flags(skip)):
             return False
         self.held_nonfinite = tuple(self._held.nonfinite_names(skip))
