@@ -550,3 +550,34 @@ def test_a_replay_that_raises_never_breaks_the_run(nantrace: NanTrace) -> None:
     assert summary["reason"] == "the replayed update raised OverflowError: (34, 'Numerical result out of range')"
     assert summary["traced_from_step"] == 8
     assert doc["status"] == "nonfinite"
+
+
+ADAM_FP16 = """
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)).half()
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, eps=1e-8, foreach=False)  # eps is 0 in float16
+for step in range(1, 6):
+    loss = model(torch.randn(16, 8).half()).float().pow(2).mean()
+    loss.backward()
+    optimizer.step()  # update
+    optimizer.zero_grad()
+print("done")
+"""
+
+
+def test_watch_replays_a_first_adam_update_from_the_state_it_began_with(nantrace: NanTrace) -> None:
+    """Issue 30.4: the check after Adam's first update built a new snapshot layout (its state had grown), and the
+    replay put back buffers never filled: a NaN "input" in ``lerp_`` (or ``mul_``, ``sqrt``, an OverflowError in
+    ``beta1 ** step``, from run to run) where the full trace names the inf born in ``addcdiv_`` (eps 1e-8 is 0 in
+    float16: a zero second moment divides by zero)."""
+    path, text = nantrace.write("adam16.py", ADAM_FP16)
+    full, watched = _both(nantrace, path)
+    first, replayed = full["first"], watched["first"]
+    assert (first["kind"], first["op"], first["module"], first["step"]) == ("inf", "aten.addcdiv_.default", "0", 1)
+    assert (first["consequence"], first["location"]["line"]) == ("parameter", line_of(text, "update"))
+    assert {k: replayed[k] for k in SAME} == {k: first[k] for k in SAME}
+    assert replayed["location"] == first["location"]
+    summary = watched["watch"]
+    assert (summary["detected"], summary["replayed_step"], summary["exact"]) == ("optimizer_step", 1, True)
