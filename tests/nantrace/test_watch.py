@@ -581,3 +581,59 @@ def test_watch_replays_a_first_adam_update_from_the_state_it_began_with(nantrace
     assert replayed["location"] == first["location"]
     summary = watched["watch"]
     assert (summary["detected"], summary["replayed_step"], summary["exact"]) == ("optimizer_step", 1, True)
+
+
+LM_MASKED = """
+import sys
+import torch
+
+
+class LM(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 8)
+        self.head = torch.nn.Linear(8, 10)
+
+    def forward(self, ids, mask):
+        h = self.emb(ids)
+        scores = (h @ h.t()).masked_fill(mask, float("-inf"))
+        attn = torch.softmax(scores, -1)  # softmax
+        return self.head(attn @ h)
+
+
+torch.manual_seed(0)
+model = LM()
+optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+bad = int(sys.argv[1])
+for step in range(1, 10):
+    ids = torch.randint(0, 10, (6,))
+    targets = torch.randint(0, 10, (6,))
+    mask = torch.zeros(6, 6, dtype=torch.bool)
+    if step == bad:
+        mask[0] = True  # every key of position 0 masked: softmax 0/0
+        targets[0] = -100  # and the loss ignores position 0
+    loss = torch.nn.functional.cross_entropy(model(ids, mask), targets, ignore_index=-100)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+print("done")
+"""
+
+
+def test_watch_says_a_nan_the_loss_ignored_was_written_into_a_parameter(nantrace: NanTrace) -> None:
+    """Issue 30.4: a fully masked position (softmax 0/0) that the loss ignores leaves the loss finite; its NaN goes
+    on through backward into the weights. The replay runs backward from the model's outputs, which watch mode
+    used to take for the loss ("reached the loss" where the full trace says "written into a parameter")."""
+    path, text = nantrace.write("lm.py", LM_MASKED)
+    full, watched = _both(nantrace, path, "6")
+    first, replayed = full["first"], watched["first"]
+    assert (first["kind"], first["op"], first["step"], first["consequence"]) == (
+        "nan",
+        "aten._softmax.default",
+        6,
+        "parameter",
+    )
+    assert first["location"]["line"] == line_of(text, "softmax")
+    assert {k: replayed[k] for k in SAME} == {k: first[k] for k in SAME}
+    assert replayed["location"] == first["location"]
+    assert (watched["watch"]["detected"], watched["watch"]["exact"]) == ("gradients", True)

@@ -208,6 +208,9 @@ class StepReplay:
         now = RngState.take()
         self._busy = True
         tracer = self._new_tracer()
+        # The step's loss was finite: the model outputs backward starts from are not it (a NaN a loss ignores,
+        # such as a masked position's, goes on into the gradients and the parameters, as in a full trace).
+        tracer.training.backward_from_loss = self.detected != "gradients"
         buffers_exact = self._buffers.put_back()
         try:
             self._rng.put_back()
