@@ -73,16 +73,27 @@ def _hf_builder(path: Path) -> tuple[Builder, str, str, int | None, Any]:
     auto: Any = getattr(transformers, "AutoModel" if head == "Model" else f"AutoModelFor{head}")
     blocks = getattr(config, "num_hidden_layers", None)
 
+    # An encoder-decoder whose decoder has as many blocks as its encoder (T5, Whisper, BART) is made shallower in
+    # both: each block then pairs an encoder and a decoder layer, and a shallow trace costs a few layers, not the
+    # whole decoder.
+    paired = [name for name in DECODER_BLOCKS if blocks is not None and getattr(config, name, None) == blocks]
+
     def build(layers: int | None) -> torch.nn.Module:
         chosen = config
         if layers is not None:
             chosen = copy.deepcopy(config)
             chosen.num_hidden_layers = layers
+            for name in paired:
+                setattr(chosen, name, layers)
         model: torch.nn.Module = named._from_config(chosen) if named is not None else auto.from_config(chosen)
         return model
 
     architecture = str(getattr(config, "model_type", kind.__name__))
     return build, head, architecture, blocks if isinstance(blocks, int) else None, config
+
+
+DECODER_BLOCKS = ("num_decoder_layers", "decoder_layers")
+"""transformers' names for an encoder-decoder's decoder block count, beside ``num_hidden_layers`` (the encoder's)."""
 
 
 def _mapped(transformers: Any, head: str, kind: type) -> Any:
