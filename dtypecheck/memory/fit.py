@@ -70,12 +70,18 @@ class _Shapes:
         self.progress = progress
         self.deadline = deadline
         self.base = base
-        self.cache: dict[tuple[int | None, int | None], TraceCache] = {}
+        self.cache: dict[tuple[int | None, int | None, bool], TraceCache] = {}
         if base is not None:
-            self.cache[(subject.batch_size, subject.seq_len)] = base
+            self.cache[(subject.batch_size, subject.seq_len, True)] = base
 
-    def _traces(self, batch: int | None, seq: int | None) -> TraceCache:
-        key = (batch, seq)
+    def _traces(self, batch: int | None, seq: int | None, *, plain: bool) -> TraceCache:
+        """The traces at (batch, seq): ``plain``, as an estimate at that shape would take them (a deep model's
+        steps per block checked again there: a T5's agree at 512 tokens and not at 1,024); else a probe for the
+        model, extrapolated from the block counts the estimate's own traces were checked from (one trace fewer).
+        Either way the shallow modules of the estimate are reused, not rebuilt."""
+        key = (batch, seq, plain)
+        if not plain and (batch, seq, True) in self.cache:
+            key = (batch, seq, True)
         if key not in self.cache:
             if self.deadline is not None and time.monotonic() > self.deadline:
                 raise FitTimeoutError(0)
@@ -83,15 +89,14 @@ class _Shapes:
             shaped = self.subject.reshaped(batch, seq)
             traces = TraceCache(shaped, self.options.checkpointing, no_progress, total=1)
             if self.base is not None:
-                # The same shallow modules at the new shape (no rebuilding); their linearity is checked again at
-                # this shape, as a plain estimate there would (a T5's steps per block agree at 512 tokens and
-                # not at 1,024).
                 traces.shallow = {n: t.reshaped(batch, seq) for n, t in self.base.shallow.items()}
+                if not plain:
+                    traces.linear_from = dict(self.base.linear_from)
             self.cache[key] = traces
         return self.cache[key]
 
-    def profile(self, row: Row, batch: int | None, seq: int | None) -> Profile | None:
-        traces = self._traces(batch, seq)
+    def profile(self, row: Row, batch: int | None, seq: int | None, *, plain: bool = True) -> Profile | None:
+        traces = self._traces(batch, seq, plain=plain)
         with trace_deadline(self.deadline):
             try:
                 return traces.get(row)
@@ -121,10 +126,15 @@ class _Shapes:
             return self.total(row, *shape(x), kv_for_seq=along_seq)
 
         def modeled(start: int, degree: int) -> Callable[[int], int] | None:
-            profiles = [self.profile(row, *shape(start + i)) for i in range(degree + 1)]
-            if any(p is None for p in profiles):
-                return None
-            scaled = scale([p for p in profiles if p is not None], start)
+            scaled = None
+            # Probes first; where a plain trace among them extrapolated from other block counts, all plain.
+            for plain in (False, True):
+                profiles = [self.profile(row, *shape(start + i), plain=plain) for i in range(degree + 1)]
+                if any(p is None for p in profiles):
+                    return None
+                scaled = scale([p for p in profiles if p is not None], start)
+                if scaled is not None:
+                    break
             if scaled is None:
                 return None
             if not scaled.grows:
