@@ -56,11 +56,18 @@ def _hf_builder(path: Path) -> tuple[Builder, str, str, int | None, Any]:
     head, model_class = _head_and_class(transformers, config)
     blocks = getattr(config, "num_hidden_layers", None)
 
+    # An encoder-decoder whose decoder has as many blocks as its encoder (T5, Whisper, BART) is made shallower in
+    # both: each block then pairs an encoder and a decoder layer, and a shallow trace costs a few layers, not the
+    # whole decoder.
+    paired = [name for name in DECODER_BLOCKS if blocks is not None and getattr(config, name, None) == blocks]
+
     def build(layers: int | None) -> torch.nn.Module:
         chosen = config
         if layers is not None:
             chosen = copy.deepcopy(config)
             chosen.num_hidden_layers = layers
+            for name in paired:
+                setattr(chosen, name, layers)
         if model_class is None:
             raise ValueError(f"transformers has no model class for a {type(config).__name__}")
         model: torch.nn.Module = model_class._from_config(chosen)
@@ -96,6 +103,10 @@ def _head_and_class(transformers: Any, config: Any) -> tuple[str, Any]:
         if found is not None:
             return candidate, found
     return "Model", None
+
+
+DECODER_BLOCKS = ("num_decoder_layers", "decoder_layers")
+"""transformers' names for an encoder-decoder's decoder block count, beside ``num_hidden_layers`` (the encoder's)."""
 
 
 def _mapped(transformers: Any, head: str, kind: type) -> Any:

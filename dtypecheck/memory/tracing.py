@@ -61,6 +61,9 @@ class ActivationProfile:
     logits) and the loss, and anything the model keeps after backward."""
     notes: tuple[str, ...] = ()
     """Assumptions the trace made (balanced routing of a mixture of experts)."""
+    timeline: tuple[tuple[int, int], ...] = dataclasses.field(default=(), repr=False, compare=False)
+    """(activation bytes, gradient bytes) after every op, in order: ``--fit`` models each moment's growth with the
+    size from traces at consecutive sizes (``scaling.py``)."""
 
     def peak(self, gradient_scale: float = 1.0) -> int:
         """Peak live bytes when each device keeps ``gradient_scale`` of the gradients (1/N under ZeRO-2)."""
@@ -281,7 +284,7 @@ class LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 frontier.append((activations, gradients))
                 best_gradients = gradients
         peak = max((a for a, _ in self._timeline), default=0)
-        return ActivationProfile(peak, tuple(frontier), self.ops, retained_bytes, notes)
+        return ActivationProfile(peak, tuple(frontier), self.ops, retained_bytes, notes, tuple(self._timeline))
 
 
 @dataclass
