@@ -168,7 +168,9 @@ class Shipped:
 
 
 NOTHING_SHIPPED = Shipped()
-_BESIDE: ContextVar[tuple[Path | None, Path | None]] = ContextVar("imports_beside", default=(None, None))
+_BESIDE: ContextVar[tuple[Path | None, Path | None, list[Shipped]]] = ContextVar(
+    "imports_beside", default=(None, None, [])
+)
 _MODULE_SUFFIXES = tuple(all_suffixes())
 
 
@@ -176,7 +178,8 @@ _MODULE_SUFFIXES = tuple(all_suffixes())
 def imports_beside(checkpoint_folder: Path, working_folder: Path | None = None) -> Iterator[None]:
     """Judge the globals read inside this block knowing what ``torch.load`` run from the checkpoint's folder, or
     from the working folder, could import from them."""
-    token = _BESIDE.set((checkpoint_folder.resolve(), None if working_folder is None else working_folder.resolve()))
+    working = None if working_folder is None else working_folder.resolve()
+    token = _BESIDE.set((checkpoint_folder.resolve(), working, []))  # the list: the folders' Shipped, once read
     try:
         yield
     finally:
@@ -185,12 +188,15 @@ def imports_beside(checkpoint_folder: Path, working_folder: Path | None = None) 
 
 def shipped() -> Shipped:
     """``Shipped`` for the folders of the enclosing ``imports_beside`` (nothing outside one)."""
-    checkpoint_folder, working_folder = _BESIDE.get()
+    checkpoint_folder, working_folder, cache = _BESIDE.get()
     if checkpoint_folder is None:
         return NOTHING_SHIPPED
-    beside = _modules_in(checkpoint_folder)
-    here = _modules_in(working_folder) if working_folder not in (None, checkpoint_folder) else {}
-    return Shipped(frozenset(beside) | frozenset(here), frozenset(name for name, code in beside.items() if code))
+    if not cache:  # a folder of many shards judges many pickles: its listing is read once
+        beside = _modules_in(checkpoint_folder)
+        here = _modules_in(working_folder) if working_folder not in (None, checkpoint_folder) else {}
+        code = frozenset(name for name, has_code in beside.items() if has_code)
+        cache.append(Shipped(frozenset(beside) | frozenset(here), code))
+    return cache[0]
 
 
 def shipped_modules(folder: Path) -> dict[str, bool]:
