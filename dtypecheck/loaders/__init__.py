@@ -24,13 +24,7 @@ def open_checkpoint(target: str) -> Checkpoint:
     ``NoTensors``): a scan that found nothing to judge never reads as "ok". (A file holding tensor data that
     its pickle does not lead to is an ``InputError`` of its loader instead.)
     """
-    from dtypecheck.loaders._io.pickle_globals import imports_beside
-
-    # torch.load of this checkpoint, run from its folder or from here, imports what is shipped there: its globals
-    # are judged knowing that (every pickle is read while the checkpoint opens).
-    path = Path(target)
-    with imports_beside(path if path.is_dir() else path.parent, Path.cwd()):
-        checkpoint = _open(target)
+    checkpoint = _open(target)
     if next(iter(checkpoint.records()), None) is None:
         return NoTensors(checkpoint)
     return checkpoint
@@ -50,6 +44,15 @@ def _open(target: str) -> Checkpoint:
         if resolved is None:
             raise InputError(f"no such file or directory: {target}")
         path = resolved
+    from dtypecheck.loaders._io.pickle_globals import imports_beside
+
+    # torch.load of this checkpoint, run from its folder or from here, imports what is shipped there: its globals
+    # are judged knowing that (every pickle is read while the checkpoint opens).
+    with imports_beside(path if path.is_dir() else path.parent, Path.cwd()):
+        return _open_path(path)
+
+
+def _open_path(path: Path) -> Checkpoint:
     if path.is_dir():
         folder_format = detect_folder(path)
         if folder_format is not None:

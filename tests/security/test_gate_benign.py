@@ -10,6 +10,7 @@ import pytest
 from tests.conftest import CliResult
 from tests.security import corpus
 from tests.security.gate import benign
+from tests.security.harness import run_cli
 
 # The ModelCheckpoint callback's state holds kth_value = tensor(inf), 0-dim: judged as a weight today (a role
 # question for issue 27's class 4, not a global one). Its globals must still all pass.
@@ -74,6 +75,9 @@ def test_trainer_training_args_are_vetted_warnings(inputs: list[corpus.Hostile],
     assert levels["transformers.trainer_utils.IntervalStrategy"] == "warn"
     strict = cli(*trainer.args, "--fail-on", "warn")
     assert strict.exit_code == 1  # --fail-on warn still refuses what would import transformers
+    # as CI runs it, in a fresh process (transformers not imported) from a project root holding packages
+    done = run_cli((*trainer.args, "--format", "json"))
+    assert done.returncode == 0, done.stdout[-2000:]
 
 
 def test_benign_class_is_registered() -> None:

@@ -14,7 +14,15 @@ from typing import Any
 
 import pytest
 
-from dtypecheck.loaders._io.pickle_globals import VETTED, classify, imports_beside, judge, shipped_modules
+from dtypecheck.loaders._io.pickle_globals import (
+    NOTHING_SHIPPED,
+    VETTED,
+    classify,
+    imports_beside,
+    judge,
+    shipped,
+    shipped_modules,
+)
 from dtypecheck.loaders._io.pickle_vm import GlobalRef, unpickle
 from tests.conftest import CliResult
 from tests.security import corpus
@@ -133,21 +141,39 @@ def test_uses_recorded_by_hand() -> None:
 def test_shipped_package_fails_whatever_it_is(tmp_path: Path, uses: frozenset[str]) -> None:
     (tmp_path / "transformers").mkdir()  # a namespace package would do: torch.load imports from here
     ref = GlobalRef("transformers.training_args", "TrainingArguments", uses)
-    assert shipped_modules((tmp_path,)) == {"transformers"}
-    assert classify(ref, frozenset()) == ("warn" if uses <= {"new", "state"} else "fail")
-    with imports_beside(tmp_path):
+    assert shipped_modules(tmp_path) == {"transformers": False}
+    assert classify(ref, NOTHING_SHIPPED) == ("warn" if uses <= {"new", "state"} else "fail")
+    with imports_beside(tmp_path / "nowhere", tmp_path):  # in the working folder: the same
+        assert shipped().names == {"transformers"}
         assert classify(ref) == "fail"
         assert "shipped" in judge(ref)[1]
-        # any shipped module: a torch name that torch does not import yet (its import may reach the shipped one)
+
+
+def test_shipped_code_beside_the_checkpoint_fails_later_imports(tmp_path: Path) -> None:
+    """Any module with code beside the checkpoint: a torch name that torch does not import yet fails (its import
+    may reach the shipped one); one already imported with torch runs nothing."""
+    (tmp_path / "helpers.py").write_text("")
+    project = tmp_path / "project"
+    (project / "mypackage").mkdir(parents=True)
+    (project / "mypackage" / "__init__.py").write_text("")
+    with imports_beside(tmp_path, project):
+        assert shipped().code == {"helpers"}  # the working folder's own packages are the project's
         assert classify(GlobalRef("torch.utils.tensorboard", "SummaryWriter")) == "fail"
-        assert classify(GlobalRef("torch.nn.functional", "relu")) == "ok"  # imported with torch: nothing runs
+        assert classify(GlobalRef("torch.nn.functional", "relu")) == "ok"
+    with imports_beside(project / "mypackage", project):  # a project's packages: no false alarm
+        assert shipped().code == frozenset()
+        assert classify(GlobalRef("torch.utils.tensorboard", "SummaryWriter")) == "ok"
+        assert classify(GlobalRef("mypackage", "Thing")) == "fail"  # but its names are shadowed
 
 
 def test_shipped_module_names(tmp_path: Path) -> None:
     for name in ("helpers.py", "fast.cpython-311-x86_64-linux-gnu.so", "compiled.pyc", "notes.txt", "bad-name.py"):
         (tmp_path / name).write_text("")
     (tmp_path / "pkg").mkdir()
-    assert shipped_modules((tmp_path,)) == {"helpers", "fast", "compiled", "pkg"}
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    found = shipped_modules(tmp_path)
+    assert found == {"helpers": True, "fast": True, "compiled": True, "pkg": True, "runs": False}
 
 
 def _own(cls: type, name: str) -> bool:

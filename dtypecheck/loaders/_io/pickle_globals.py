@@ -34,6 +34,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from importlib.machinery import all_suffixes
 from pathlib import Path
 from typing import Any
@@ -152,42 +153,81 @@ _VETTED_USES: dict[str, frozenset[str]] = {
     "enum": frozenset({"value"}),
 }
 
-_BESIDE: ContextVar[tuple[Path, ...]] = ContextVar("imports_beside", default=())
+
+@dataclass(frozen=True)
+class Shipped:
+    """What ``torch.load`` run beside the checkpoint could import from there instead of the installed packages."""
+
+    names: frozenset[str] = frozenset()
+    """Top-level names importable from the checkpoint's folder or the working folder (files, packages, and any
+    folder, which imports as a namespace package): a global under one of them imports the shipped one."""
+    code: frozenset[str] = frozenset()
+    """Modules with code of their own in the checkpoint's folder (``NAME.py``, compiled modules, packages with an
+    ``__init__``): any import that torch has not already done may reach one of them (``torch.utils.tensorboard``
+    imports ``tensorboard``). The working folder is the project's own, whose packages are not counted here."""
+
+
+NOTHING_SHIPPED = Shipped()
+_BESIDE: ContextVar[tuple[Path | None, Path | None, list[Shipped]]] = ContextVar(
+    "imports_beside", default=(None, None, [])
+)
 _MODULE_SUFFIXES = tuple(all_suffixes())
 
 
 @contextmanager
-def imports_beside(*folders: Path) -> Iterator[None]:
-    """Judge the globals read inside this block knowing what ``torch.load`` run from these folders (the
-    checkpoint's or scanned folder, and the working folder) could import from them."""
-    token = _BESIDE.set(tuple(dict.fromkeys(folder.resolve() for folder in folders)))
+def imports_beside(checkpoint_folder: Path, working_folder: Path | None = None) -> Iterator[None]:
+    """Judge the globals read inside this block knowing what ``torch.load`` run from the checkpoint's folder, or
+    from the working folder, could import from them."""
+    working = None if working_folder is None else working_folder.resolve()
+    token = _BESIDE.set((checkpoint_folder.resolve(), working, []))  # the list: the folders' Shipped, once read
     try:
         yield
     finally:
         _BESIDE.reset(token)
 
 
-def shipped_modules(folders: tuple[Path, ...] | None = None) -> frozenset[str]:
-    """Top-level module names importable from ``folders`` (default: ``imports_beside``'s): ``NAME.py``,
-    ``NAME.pyc``, extension modules, and any folder ``NAME`` (a package, or a namespace package)."""
-    names: set[str] = set()
-    for folder in _BESIDE.get() if folders is None else folders:
-        try:
-            entries = list(folder.iterdir())
-        except OSError:
-            continue
-        for entry in entries:
-            stem = entry.name
-            for suffix in _MODULE_SUFFIXES:
-                if stem.endswith(suffix):
-                    stem = stem[: -len(suffix)]
-                    break
-            else:
-                if not _is_folder(entry):
-                    continue
-            if stem.isidentifier():
-                names.add(stem)
-    return frozenset(names)
+def shipped() -> Shipped:
+    """``Shipped`` for the folders of the enclosing ``imports_beside`` (nothing outside one)."""
+    checkpoint_folder, working_folder, cache = _BESIDE.get()
+    if checkpoint_folder is None:
+        return NOTHING_SHIPPED
+    if not cache:  # a folder of many shards judges many pickles: its listing is read once
+        beside = _modules_in(checkpoint_folder)
+        here = _modules_in(working_folder) if working_folder not in (None, checkpoint_folder) else {}
+        code = frozenset(name for name, has_code in beside.items() if has_code)
+        cache.append(Shipped(frozenset(beside) | frozenset(here), code))
+    return cache[0]
+
+
+def shipped_modules(folder: Path) -> dict[str, bool]:
+    """Top-level module names importable from ``folder``, each with whether it holds code of its own."""
+    return _modules_in(folder)
+
+
+def _modules_in(folder: Path | None) -> dict[str, bool]:
+    names: dict[str, bool] = {}
+    try:
+        entries = list(folder.iterdir()) if folder is not None else []
+    except OSError:
+        return names
+    for entry in entries:
+        stem = entry.name
+        for suffix in _MODULE_SUFFIXES:
+            if stem.endswith(suffix):
+                names.setdefault(stem[: -len(suffix)], True)
+                break
+        else:
+            if _is_folder(entry):
+                names[stem] = names.get(stem, False) or _exists(entry / "__init__.py")
+    # ``__init__.py`` (the checkpoint's folder is a package itself) and ``__pycache__`` are no top-level module
+    return {name: code for name, code in names.items() if name.isidentifier() and not name.startswith("__")}
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:
+        return False
 
 
 def _is_folder(entry: Path) -> bool:
@@ -208,14 +248,14 @@ _SUBCLASS_RULES: tuple[tuple[str, str, str], ...] = (
 """(module prefix, where the base class lives, base class): classes under the prefix that subclass it are ok."""
 
 
-def classify(ref: GlobalRef, shipped: frozenset[str] | None = None) -> Level:
+def classify(ref: GlobalRef, beside: Shipped | None = None) -> Level:
     """The level a scan reports for a pickle that references ``ref``."""
-    return judge(ref, shipped)[0]
+    return judge(ref, beside)[0]
 
 
-def judge(ref: GlobalRef, shipped: frozenset[str] | None = None) -> tuple[Level, str]:
-    """(level, why) for one global. ``shipped``: the top-level modules shipped beside the checkpoint or in the
-    working folder (default: ``shipped_modules()``)."""
+def judge(ref: GlobalRef, beside: Shipped | None = None) -> tuple[Level, str]:
+    """(level, why) for one global. ``beside``: what is shipped beside the checkpoint (default: ``shipped()``,
+    that of the enclosing ``imports_beside``)."""
     module, name = ref.module, ref.name
     if module.startswith("copyreg.extension"):
         return "fail", "the extension registry can name any callable"
@@ -224,14 +264,14 @@ def judge(ref: GlobalRef, shipped: frozenset[str] | None = None) -> tuple[Level,
         return "fail", "not a plain Python name"
     if "." in name:
         return "fail", "resolved attribute by attribute (only exact names are trusted)"
-    shipped = shipped_modules() if shipped is None else shipped
-    if parts[0] in shipped:
+    beside = shipped() if beside is None else beside
+    if parts[0] in beside.names:
         return "fail", f"a module {parts[0]!r} is shipped beside the checkpoint: torch.load run there imports it"
     if "patched" in ref.uses:
         return "fail", "the pickle sets attributes of the global itself (BUILD onto a module or class)"
     if "instance-called" in ref.uses:
         return "fail", "the pickle calls an instance of it that it rebuilt"
-    if shipped and not _imported_with_torch(module) and ref.qualname not in ALLOWED:
+    if beside.code and not _imported_with_torch(module) and ref.qualname not in ALLOWED:
         return "fail", f"importing {module} may import a module shipped beside the checkpoint"
     if ref.qualname in ALLOWED:
         return "ok", "data"
@@ -294,8 +334,8 @@ def _known_safe_class(module: str, name: str) -> bool:
 def global_findings(refs: list[GlobalRef]) -> list[Finding]:
     """One ``pickle-global`` finding per referenced global (detail ``module.name``), worst first, then in the
     stream's order. A ``fail`` global would run code under ``torch.load(weights_only=False)``; it was not run."""
-    shipped = shipped_modules()
-    return worst_first([Finding("pickle-global", classify(ref, shipped), ref.qualname) for ref in refs])
+    beside = shipped()
+    return worst_first([Finding("pickle-global", classify(ref, beside), ref.qualname) for ref in refs])
 
 
 def worst_first(findings: list[Finding]) -> list[Finding]:
