@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from tests.security.corpus import Hostile
+from tests.security.corpus import Hostile, code_payload
 
 KLASS = "own-tracebacks"
 CONFIG = {
@@ -90,7 +90,10 @@ def build(folder: Path) -> list[Hostile]:
     remote = {**CONFIG, "model_type": "custom-remote", "architectures": ["CustomModel"]}
     remote["auto_map"] = {"AutoConfig": "configuration_custom.CustomConfig", "AutoModel": "modeling_custom.CustomModel"}
     auto_map = _config(folder, "config-auto-map", json.dumps(remote))
-    add("config-auto-map", ("estimate-memory", str(auto_map)), {3})
+    marker = folder / "canary-config-auto-map"
+    for module in ("configuration_custom", "modeling_custom"):  # the remote code, shipped beside the config
+        (auto_map.parent / f"{module}.py").write_text(f"{code_payload(marker)}\n")
+    add("config-auto-map", ("estimate-memory", str(auto_map)), {3}, canary=marker)
     for name, layers in (("config-layers-1e9", 1e9), ("config-layers-int-1e9", 10**9)):
         path = _config(folder, name, json.dumps({**CONFIG, "num_hidden_layers": layers}))
         add(name, ("estimate-memory", str(path)), {3})
