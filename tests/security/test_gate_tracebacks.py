@@ -37,7 +37,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Hostile]:
 
 def test_the_corpus_is_what_the_tests_name(built: dict[str, Hostile]) -> None:
     benign = {name for name, h in built.items() if h.benign}
-    assert benign == {"non-utf8-torch-zip", "non-utf8-side-file", "non-utf8-legacy"}
+    assert benign == {"non-utf8-torch-zip", "non-utf8-side-file", "non-utf8-legacy", "config-auto-map-merged-type"}
     assert set(built) - benign == set(MESSAGES)
 
 
@@ -83,3 +83,23 @@ def test_auto_map_code_is_never_imported(built: dict[str, Hostile]) -> None:
     folder = hostile.args[1].rsplit("/", 1)[0]
     subprocess.run([sys.executable, "-c", "import configuration_custom"], cwd=folder, check=True)
     assert hostile.canary.exists()
+
+
+def test_an_auto_map_of_a_merged_model_type_builds_transformers_own_class(
+    built: dict[str, Hostile], cli: Callable[..., CliResult]
+) -> None:
+    hostile = built["config-auto-map-merged-type"]
+    assert hostile.canary is not None
+    hostile.canary.unlink(missing_ok=True)
+    result = cli(*hostile.args, "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    model = result.json()["model"]
+    assert model["model_class"] == "LlamaForCausalLM"
+    import torch
+    import transformers
+
+    config = transformers.LlamaConfig(**{k: v for k, v in tracebacks.CONFIG.items() if k != "architectures"})
+    with torch.device("meta"):  # the count, from transformers' own class
+        expected = sum(p.numel() for p in transformers.LlamaForCausalLM(config).parameters())
+    assert model["parameters"] == expected
+    assert not hostile.canary.exists()
