@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from tests.security.corpus import Hostile, code_payload
 
 KLASS = "own-tracebacks"
-CONFIG = {
+CONFIG: dict[str, Any] = {
     "model_type": "llama",
     "architectures": ["LlamaForCausalLM"],
     "hidden_size": 64,
