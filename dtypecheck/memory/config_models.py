@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -220,6 +222,7 @@ def _choose_builder(path: Path, data: dict[str, Any]) -> _Choice:
             ) from None
         note = "transformers is not installed: built as dtypecheck's Llama-style decoder"
         return _Choice(_mini_builder(path, data), True, "mini", str(model_type), blocks, notes=(note,))
+    _refuse_remote_code(path, data, sys.modules["transformers"])
     build, head, architecture, blocks, config = _hf_builder(path)
     return _Choice(build, head == "CausalLM", head, architecture, blocks, config)
 
@@ -323,13 +326,25 @@ def read_hf_config(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise InputError(f"{path}: a config must be a JSON object")
     _check_layers(path, data)
-    if "auto_map" in data:
-        named = ", ".join(sorted({str(v) for v in _flat(data["auto_map"])})[:3])
-        raise InputError(
-            f"{path}: its auto_map names code shipped with the model ({named}), which transformers would import; "
-            "estimate-memory never runs a model's own code: build it in your own file.py:factory instead"
-        )
     return data
+
+
+def _refuse_remote_code(path: Path, data: dict[str, Any], transformers: Any) -> None:
+    """A config whose ``auto_map`` names code shipped with the model, for a ``model_type`` transformers does not
+    have itself, can only be built by importing that code (transformers would ask whether to run it, or run it
+    with ``trust_remote_code``): refused. With a type transformers has (a model since merged into it), its own
+    class is built, as ``trust_remote_code=False`` does."""
+    if "auto_map" not in data:
+        return
+    known = getattr(getattr(transformers, "models", None), "auto", None)
+    mapping = getattr(getattr(known, "configuration_auto", None), "CONFIG_MAPPING", {})
+    if data.get("model_type") in mapping:
+        return
+    named = ", ".join(sorted({str(v) for v in _flat(data["auto_map"])})[:3])
+    raise InputError(
+        f"{path}: its auto_map names code shipped with the model ({named}), which transformers would import; "
+        "estimate-memory never runs a model's own code: build it in your own file.py:factory instead"
+    )
 
 
 def _flat(value: Any) -> list[Any]:

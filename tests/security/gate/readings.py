@@ -245,7 +245,11 @@ class Hooked(torch.nn.Module):
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # torch.jit.script reads the class's source through its module
     spec.loader.exec_module(module)
-    torch.jit.save(torch.jit.script(module.Hooked()), str(path))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.jit.script and save are deprecated: still what attackers ship
+        torch.jit.save(torch.jit.script(module.Hooked()), str(path))
     module_path.unlink()
     return path
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
-from tests.security.corpus import Hostile
+from tests.security.corpus import Hostile, code_payload
 
 KLASS = "own-tracebacks"
-CONFIG = {
+CONFIG: dict[str, Any] = {
     "model_type": "llama",
     "architectures": ["LlamaForCausalLM"],
     "hidden_size": 64,
@@ -90,7 +91,17 @@ def build(folder: Path) -> list[Hostile]:
     remote = {**CONFIG, "model_type": "custom-remote", "architectures": ["CustomModel"]}
     remote["auto_map"] = {"AutoConfig": "configuration_custom.CustomConfig", "AutoModel": "modeling_custom.CustomModel"}
     auto_map = _config(folder, "config-auto-map", json.dumps(remote))
-    add("config-auto-map", ("estimate-memory", str(auto_map)), {3})
+    marker = folder / "canary-config-auto-map"
+    for module in ("configuration_custom", "modeling_custom"):  # the remote code, shipped beside the config
+        (auto_map.parent / f"{module}.py").write_text(f"{code_payload(marker)}\n")
+    add("config-auto-map", ("estimate-memory", str(auto_map)), {3}, canary=marker)
+    # an auto_map left in the config of a model transformers has since merged: its own class is built, the shipped
+    # code is not imported
+    merged = _config(folder, "config-auto-map-merged-type", json.dumps({**CONFIG, "auto_map": remote["auto_map"]}))
+    marker = folder / "canary-config-auto-map-merged-type"
+    for module in ("configuration_custom", "modeling_custom"):
+        (merged.parent / f"{module}.py").write_text(f"{code_payload(marker)}\n")
+    add("config-auto-map-merged-type", ("estimate-memory", str(merged)), {0}, canary=marker, benign=True)
     for name, layers in (("config-layers-1e9", 1e9), ("config-layers-int-1e9", 10**9)):
         path = _config(folder, name, json.dumps({**CONFIG, "num_hidden_layers": layers}))
         add(name, ("estimate-memory", str(path)), {3})
