@@ -182,7 +182,7 @@ class Tracer:
             if self._interrupted:
                 self._interrupted = False
                 raise StopTracing
-            return self._run(func, args, kwargs)
+            return self.autocast.run(func, args, kwargs) if self.autocast.maybe else func(*args, **kwargs)
         if self._unsettled:
             self._settle_versions()
         info = self._infos.get(func)
@@ -193,11 +193,15 @@ class Tracer:
         if backward != self._in_backward:
             self._phase_changed(backward)
         if info.kind is OpKind.SCALAR or info.kind is OpKind.UNINITIALISED:
-            return self._made_unchecked(func, info, args, kwargs) if info.creates else self._run(func, args, kwargs)
+            if info.creates:
+                return self._made_unchecked(func, info, args, kwargs)
+            return self.autocast.run(func, args, kwargs) if self.autocast.maybe else func(*args, **kwargs)
         module = self.modules.current
         grad_enabled = self._is_grad_enabled()
         if info.kind is OpKind.PASS and (backward or not grad_enabled):
-            return self._made_unchecked(func, info, args, kwargs) if info.creates else self._run(func, args, kwargs)
+            if info.creates:
+                return self._made_unchecked(func, info, args, kwargs)
+            return self.autocast.run(func, args, kwargs) if self.autocast.maybe else func(*args, **kwargs)
         origin = node.metadata.get(NODE_KEY) if node is not None else None
         # In backward the walk finds the user's .backward() call, or their own autograd.Function.backward; the
         # judge prefers the forward line recorded on the node (NODE_KEY, tagged when the forward was flushed,
