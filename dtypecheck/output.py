@@ -47,6 +47,7 @@ class OutputFormat(StrEnum):
     json = "json"
     sarif = "sarif"
     github = "github"
+    html = "html"
 
     @property
     def summary(self) -> str:
@@ -60,6 +61,8 @@ class OutputFormat(StrEnum):
                 return "SARIF 2.1.0"
             case OutputFormat.github:
                 return "annotations"
+            case OutputFormat.html:
+                return "one self-contained page"
             case _:
                 assert_never(self)
 
@@ -70,7 +73,7 @@ class OutputFormat(StrEnum):
         match self:
             case OutputFormat.table:
                 return True
-            case OutputFormat.json | OutputFormat.sarif | OutputFormat.github:
+            case OutputFormat.json | OutputFormat.sarif | OutputFormat.github | OutputFormat.html:
                 return False
             case _:
                 assert_never(self)
@@ -79,13 +82,14 @@ class OutputFormat(StrEnum):
     def several_inputs(self) -> Literal["follow", "merge", "refuse"]:
         """How one output holds several inputs (scan-model's checkpoints): ``follow``, one after another (tables,
         annotations); ``merge``, one document with an entry per input (a SARIF log: one run, one artifact each);
-        ``refuse``, a document describes one input (JSON)."""
+        ``refuse``, a document describes one input (no format now; JSON merges them into a
+        ``dtypecheck.scan-set/1`` document)."""
         match self:
             case OutputFormat.table | OutputFormat.github:
                 return "follow"
-            case OutputFormat.sarif:
+            case OutputFormat.sarif | OutputFormat.json:
                 return "merge"
-            case OutputFormat.json:
+            case OutputFormat.html:
                 return "refuse"
             case _:
                 assert_never(self)
@@ -97,15 +101,21 @@ class OutputFormat(StrEnum):
         match self:
             case OutputFormat.sarif | OutputFormat.github:
                 return True
-            case OutputFormat.table | OutputFormat.json:
+            case OutputFormat.table | OutputFormat.json | OutputFormat.html:
                 return False
             case _:
                 assert_never(self)
 
 
-def format_help() -> str:
-    """``--format``'s help: every format with its summary, in the enum's order."""
-    names = [f"{fmt.value} ({fmt.summary})" for fmt in OutputFormat]
+EVERY_FORMAT: tuple[OutputFormat, ...] = tuple(OutputFormat)
+"""What a command with findings (scan-model, nan-trace) writes."""
+REPORT_FORMATS: tuple[OutputFormat, ...] = tuple(fmt for fmt in OutputFormat if not fmt.findings_only)
+"""What a command whose report has no findings (info, estimate-memory) writes: no SARIF log or annotations."""
+
+
+def format_help(formats: tuple[OutputFormat, ...] = EVERY_FORMAT) -> str:
+    """``--format``'s help: each of ``formats`` with its summary, in the enum's order."""
+    names = [f"{fmt.value} ({fmt.summary})" for fmt in formats]
     return ", ".join(names[:-1]) + " or " + names[-1] + "."
 
 
@@ -193,3 +203,28 @@ def _is_stream(path: Path) -> bool:
     except OSError:
         return False  # does not exist (or a dangling link): created as a regular file
     return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
+
+
+def format_names(formats: tuple[OutputFormat, ...]) -> str:
+    """``table, json or html``: ``formats`` in words, for messages."""
+    names = [fmt.value for fmt in formats]
+    return ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def format_metavar(formats: tuple[OutputFormat, ...]) -> str:
+    """``--format``'s choices as ``--help`` shows them: ``<table|json|html>``."""
+    return "<" + "|".join(fmt.value for fmt in formats) + ">"
+
+
+def parse_format(value: object, formats: tuple[OutputFormat, ...]) -> OutputFormat:
+    """``value`` (a name from the command line or the config) as one of ``formats``; else a ``ValueError``
+    naming the choices, and for a findings-only format, why this command cannot write it."""
+    if isinstance(value, OutputFormat) and value in formats:
+        return value
+    for fmt in formats:
+        if str(value) == fmt.value:
+            return fmt
+    choices = ", ".join(repr(fmt.value) for fmt in formats)
+    known = next((fmt for fmt in OutputFormat if fmt.value == str(value)), None)
+    why = f" (this command's report has no findings to write as {known.value})" if known else ""
+    raise ValueError(f"{str(value)!r} is not one of {choices}{why}")

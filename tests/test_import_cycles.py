@@ -141,8 +141,8 @@ LAYER_RULES: dict[str, tuple[str, ...]] = {
 and the cast-target rule in ``dtypecheck.targets`` (the ground floor), so ``scan.gate``/``scan.baseline`` no longer
 reach up into ``render`` nor ``config`` into ``scan.targets``."""
 
-LAYER_EXCEPTIONS = {("dtypecheck.nantrace.launch", "dtypecheck.render")}
-"""The one edge left: nan-trace's launcher renders the report of a traced child process itself."""
+LAYER_EXCEPTIONS: set[tuple[str, str]] = set()
+"""None left: nan-trace's launcher is handed its renderer by the CLI."""
 
 
 def _within(module: str, package: str) -> bool:

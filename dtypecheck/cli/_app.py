@@ -14,7 +14,7 @@ import typer
 
 from dtypecheck import __version__
 from dtypecheck.errors import ExitCode, UserCodeError
-from dtypecheck.output import format_help
+from dtypecheck.output import EVERY_FORMAT, REPORT_FORMATS, format_help, format_metavar, parse_format
 from dtypecheck.render import OutputFormat, render, write_atomically
 
 if TYPE_CHECKING:
@@ -78,15 +78,66 @@ _CONFIGURED_OPTIONS: dict[str, tuple[str, Callable[[Any], Any]]] = {
 }
 """The parameter name each shared option has in every command, its config key and its type."""
 
+
+def default_is(meaning: str) -> str:
+    """The note that ends an option's help where typer shows no default (``None`` or a ``False`` flag): what the
+    option does when not given. Escaped, since a bare ``[default: 1]`` is a rich style tag that rich swallows,
+    leaving ``... per step .`` behind."""
+    return f" \\[default: {meaning}]"
+
+
+def _format_among(formats: tuple[OutputFormat, ...]) -> Callable[[Any], OutputFormat]:
+    """``--format``'s parser for a command that writes ``formats``: only those are accepted and listed."""
+
+    def parse(value: Any) -> OutputFormat:
+        try:
+            return parse_format(value, formats)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+
+    return parse
+
+
+def _configured_format_among(formats: tuple[OutputFormat, ...]) -> Callable[[typer.Context, Any, Any], Any]:
+    """``_configured_default`` for ``--format``, which also holds the config's value to the command's formats."""
+
+    def configured(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
+        chosen = _configured_default(ctx, param, value)
+        try:
+            return parse_format(chosen, formats)
+        except ValueError as exc:  # the command line's value was parsed already: this one is the config's
+            raise typer.BadParameter(
+                f"{exc}; it is the format in [tool.dtypecheck]: give --format, or set format in this command's "
+                f"own section ([tool.dtypecheck.{ctx.info_name}])"
+            ) from None
+
+    return configured
+
+
 FormatOption = Annotated[
     OutputFormat,
     typer.Option(
         "--format",
         "-f",
-        help=format_help(),
-        callback=_configured_default,
+        help=format_help(EVERY_FORMAT),
+        metavar=format_metavar(EVERY_FORMAT),
+        parser=_format_among(EVERY_FORMAT),
+        callback=_configured_format_among(EVERY_FORMAT),
     ),
 ]
+"""``--format`` of a command whose report has findings (scan-model, nan-trace): every format."""
+ReportFormatOption = Annotated[
+    OutputFormat,
+    typer.Option(
+        "--format",
+        "-f",
+        help=format_help(REPORT_FORMATS),
+        metavar=format_metavar(REPORT_FORMATS),
+        parser=_format_among(REPORT_FORMATS),
+        callback=_configured_format_among(REPORT_FORMATS),
+    ),
+]
+"""``--format`` of a command whose report has no findings (info, estimate-memory): no SARIF, no annotations."""
 
 
 def _output_folder_exists(value: Path | None) -> Path | None:
@@ -101,7 +152,7 @@ OutputOption = Annotated[
     typer.Option(
         "--output",
         "-o",
-        help="Write the document to FILE (atomically) instead of stdout.",
+        help="Write the document to FILE (atomically) instead of stdout." + default_is("stdout"),
         dir_okay=False,
         callback=_output_folder_exists,
     ),
@@ -116,18 +167,29 @@ QuietOption = Annotated[
     ),
 ]
 TracebackOption = Annotated[
-    bool, typer.Option("--traceback", help="Show the full Python traceback on errors (or DTYPECHECK_TRACEBACK=1).")
+    bool,
+    typer.Option(
+        "--traceback",
+        help="Show the full Python traceback on errors (or DTYPECHECK_TRACEBACK=1)."
+        + default_is("off: one error line"),
+    ),
 ]
 FailOnOption = Annotated[
     FailOn | None,
-    typer.Option("--fail-on", help="Lowest level that makes the exit code 1 (findings): fail (default) or warn."),
+    typer.Option(
+        "--fail-on",
+        help="Lowest level that makes the exit code 1 (findings): fail or warn." + default_is("fail, or as configured"),
+    ),
 ]
 ConfigOption = Annotated[
     Path | None,
     typer.Option(
         "--config",
-        help="Read the tool.dtypecheck settings from FILE, not the nearest pyproject.toml above the working folder "
-        "(scan-model never reads one shipped with a checkpoint).",
+        help="Read the tool.dtypecheck settings from FILE."
+        + default_is(
+            "the nearest pyproject.toml with that table above the working folder (scan-model never reads one "
+            "shipped with a checkpoint)"
+        ),
         dir_okay=False,
     ),
 ]

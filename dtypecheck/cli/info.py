@@ -8,8 +8,18 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from dtypecheck.cli._app import ConfigOption, FormatOption, OutputOption, QuietOption, TracebackOption, app, emit
+from dtypecheck.cli._app import (
+    ConfigOption,
+    FormatOption,
+    OutputOption,
+    QuietOption,
+    TracebackOption,
+    app,
+    default_is,
+    emit,
+)
 from dtypecheck.errors import ExitCode, UsageError
+from dtypecheck.output import REPORT_FORMATS, format_names
 from dtypecheck.render import OutputFormat
 
 if TYPE_CHECKING:
@@ -23,14 +33,24 @@ def info(
         typer.Argument(help="Dtype names or aliases (fp16, bf16, e4m3, int4, ...); all float dtypes if none."),
     ] = None,
     all_dtypes: Annotated[
-        bool, typer.Option("--all", help="Every dtype this torch build has, integers included.")
+        bool,
+        typer.Option(
+            "--all", help="Every dtype this torch build has, integers included." + default_is("off: float dtypes")
+        ),
     ] = False,
     list_names: Annotated[
         bool,
-        typer.Option("--list", help="Only the dtype names this torch build has, their kind, bits and aliases."),
+        typer.Option(
+            "--list",
+            help="Only the dtype names this torch build has, their kind, bits and aliases." + default_is("off"),
+        ),
     ] = False,
     promote: Annotated[
-        bool, typer.Option("--promote", help="Show torch's type promotion of the given dtypes and the rule behind it.")
+        bool,
+        typer.Option(
+            "--promote",
+            help="Show torch's type promotion of the given dtypes and the rule behind it." + default_is("off"),
+        ),
     ] = False,
     config: ConfigOption = None,
     fmt: FormatOption = OutputFormat.table,
@@ -88,6 +108,9 @@ def resolve_info_options(
         given = [flag for flag, on in clashes if on]
         if given:
             raise UsageError(f"--list shows every dtype name; it does not combine with {given[0]}")
+        if fmt.findings_only:
+            names = format_names(REPORT_FORMATS)
+            raise UsageError(f"--list writes {names}, not {fmt.value} (a list of names has no findings)")
         return InfoOptions((), True, False, fmt, output, quiet)
     if all_dtypes and dtypes:
         raise UsageError("--all and explicit dtype names conflict; give one or the other")

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     Report: TypeAlias = DtypeList | InfoReport | MemoryReport | NanTraceReport | ScanReport
     """What a command renders; ``render.table.table_renderers`` has one entry per member (tests check it)."""
 
-__all__ = ["OutputFormat", "render", "write_atomically"]
+__all__ = ["OutputFormat", "render", "render_scans", "write_atomically"]
 
 
 def render(
@@ -43,6 +43,30 @@ def render(
             from dtypecheck.render.github import render_github
 
             return render_github(report)
+        case OutputFormat.html:
+            from dtypecheck.render.html import render_html
+
+            return render_html(report)
         case _:
             assert_never(fmt)
     raise AssertionError(fmt)  # unreachable: tells ruff that assert_never does not return
+
+
+def render_scans(reports: list[ScanReport], fmt: OutputFormat) -> str:
+    """Several checkpoints' scans as one document, in a format whose ``several_inputs`` is ``merge``."""
+    match fmt:
+        case OutputFormat.json:
+            from dtypecheck.render.json import render_json_of_scans
+
+            return render_json_of_scans(reports)
+        case OutputFormat.sarif:
+            from dtypecheck.render.sarif import render_sarif_of_scans
+
+            return render_sarif_of_scans(reports)
+        case OutputFormat.table | OutputFormat.github:
+            raise ValueError(f"{fmt.value} shows one report after another, not one document")
+        case OutputFormat.html:
+            raise ValueError("an HTML report holds one checkpoint")
+        case _:
+            assert_never(fmt)
+    raise AssertionError(fmt)

@@ -22,7 +22,8 @@ from dtypecheck.scan.roles import ROLE_RULES, assign_roles
 from dtypecheck.scan.run import scan_checkpoint
 from tests.scan import _training_ckpts as ckpts
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "commands" / "scan-model.md"
+"""scan-model's page of the docs site (it was the README's scan-model section)."""
 FP16 = [lookup("fp16")]
 
 

@@ -70,7 +70,8 @@ def prove_live(hostiles: list[Hostile], timeout: float = 300) -> set[str]:
         if hostile.canary is None or hostile.torch_load is None or hostile.loader == "none":
             continue
         hostile.canary.unlink(missing_ok=True)
-        key = (str(hostile.cwd or code_under_test()), hostile.loader)
+        loader = "dcp.load" if hostile.torch_load.is_dir() else hostile.loader  # a folder: a DCP checkpoint
+        key = (str(hostile.cwd or code_under_test()), loader)
         groups.setdefault(key, []).append(hostile)
     for (cwd, loader), members in groups.items():
         subprocess.run(
@@ -90,7 +91,8 @@ def environment() -> dict[str, str]:
     another checkout to compare with, e.g. an older commit's)."""
     env = dict(os.environ)
     code = env.get("DTYPECHECK_CODE_UNDER_TEST") or str(REPO)
-    env["PYTHONPATH"] = code + os.pathsep + env.get("PYTHONPATH", "")
+    # no empty entry: Python reads one as the working folder, which would import what a hostile folder ships
+    env["PYTHONPATH"] = os.pathsep.join(part for part in (code, env.get("PYTHONPATH")) if part)
     env.pop("DTYPECHECK_TRACEBACK", None)
     return env
 
