@@ -400,6 +400,7 @@ def shipped_configs(scanned: Sequence[str], used: Path | None, start: Path | Non
     used_resolved = used.resolve() if used is not None else None
     here = (start or Path.cwd()).resolve()
     folders = model_folders(scanned)
+    looked: set[Path] = set()  # pre-commit passes many files of one folder: look at each folder once
     for target in scanned:
         path = Path(target)
         try:
@@ -408,8 +409,9 @@ def shipped_configs(scanned: Sequence[str], used: Path | None, start: Path | Non
             folder = path.resolve() if path.is_dir() else path.resolve().parent
         except OSError:
             continue
-        if here.is_relative_to(folder) and folder not in folders:
+        if (here.is_relative_to(folder) and folder not in folders) or folder in looked:
             continue  # a file in the working folder (or above it): that folder's own search decides
+        looked.add(folder)
         for name in CONFIG_NAMES:
             if _mentions_dtypecheck(folder / name):
                 found[folder / name] = None

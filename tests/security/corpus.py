@@ -911,8 +911,8 @@ def robustness_inputs(folder: Path) -> list[Hostile]:
     out: list[Hostile] = []
     good = _safetensors_weights(folder / "good.safetensors")
 
-    def add(name: str, args: tuple[str, ...], expect: int) -> None:
-        out.append(Hostile(name, "robustness", args, frozenset({expect})))
+    def add(name: str, args: tuple[str, ...], expect: int, cwd: Path | None = None) -> None:
+        out.append(Hostile(name, "robustness", args, frozenset({expect}), cwd=cwd))
 
     for name, content in {
         "config-huge-integer": b"[tool.dtypecheck]\nx = " + b"9" * 5000 + b"\n",
@@ -928,7 +928,8 @@ def robustness_inputs(folder: Path) -> list[Hostile]:
         (found / "pyproject.toml").write_bytes(content)
         copy = found / "model.safetensors"
         copy.write_bytes(good.read_bytes())
-        add(f"{name}-found", ("scan-model", str(copy)), 2)
+        # the working folder's own project (issue 27: a config beside a checkpoint elsewhere is never read)
+        add(f"{name}-found", ("scan-model", str(copy)), 2, cwd=found)
     import os
 
     fifo = folder / "config-fifo.toml"

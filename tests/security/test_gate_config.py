@@ -117,3 +117,14 @@ def test_ignore_rules_never_touch_findings(
     failing = [f["detail"] for f in document["findings"] if f["kind"] == "pickle-global" and f["level"] == "fail"]
     assert len(failing) == 1
     assert "posix.system" in failing[0]
+
+
+def test_the_projects_own_config_is_read_without_a_note(
+    cli: Callable[..., CliResult], corpus: dict[str, Hostile], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("own-config-beside", "own-config-below", "explicit-config"):
+        result = _run(cli, corpus[name], monkeypatch, "--format", "json")
+        assert (result.exit_code, result.stderr) == (0, ""), name
+        [tensor] = result.json()["tensors"]
+        assert tensor["nan"] == 1
+        assert tensor["policy"] == ["nan/inf ignored by '*': shipped with the model: trust me"], name

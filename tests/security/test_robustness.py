@@ -6,22 +6,30 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import CliResult
 from tests.security import corpus
 from tests.security.harness import handled, run_hostile
 
 
-def test_every_input_is_handled_per_contract(tmp_path: Path, cli: Callable[..., CliResult]) -> None:
+def test_every_input_is_handled_per_contract(
+    tmp_path: Path, cli: Callable[..., CliResult], monkeypatch: pytest.MonkeyPatch
+) -> None:
     inputs = corpus.build(tmp_path, ("robustness",))
     assert len(inputs) == 15
+    here = Path.cwd()
     for hostile in inputs:
+        monkeypatch.chdir(hostile.cwd or here)
         result = cli(*hostile.args)
         assert handled(result.exit_code, result.stderr, hostile.expect), (hostile.name, result.stderr)
         if result.exit_code in (2, 3):  # the error names the file it is about
             assert str(tmp_path) in result.stderr, (hostile.name, result.stderr)
 
 
-def test_config_errors_say_what_is_wrong(tmp_path: Path, cli: Callable[..., CliResult]) -> None:
+def test_config_errors_say_what_is_wrong(
+    tmp_path: Path, cli: Callable[..., CliResult], monkeypatch: pytest.MonkeyPatch
+) -> None:
     inputs = {h.name: h for h in corpus.build(tmp_path, ("robustness",))}
     expected = {
         "config-huge-integer": "not valid TOML (Exceeds the limit (4300 digits) for integer string conversion",
@@ -30,7 +38,9 @@ def test_config_errors_say_what_is_wrong(tmp_path: Path, cli: Callable[..., CliR
         "dims-65": "a tensor of 65 dimensions, over the 64 limit",
         "safetensors-dims-65": "tensor 'x' has 65 dimensions, over the 64 limit",
     }
+    here = Path.cwd()
     for name, message in expected.items():
+        monkeypatch.chdir(inputs[name].cwd or here)
         assert message in cli(*inputs[name].args).stderr, name
 
 
