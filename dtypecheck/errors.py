@@ -80,6 +80,12 @@ class InputError(DtypecheckError):
     exit_code = ExitCode.INPUT_ERROR
 
 
+class NotACheckpointError(InputError):
+    """A file that can be read but holds no checkpoint format dtypecheck reads (a zip without ``data.pkl``, such
+    as a ``torch.package`` archive). Alone it is exit 3; in a scanned folder, that file's ``unreadable-file``
+    finding (``warn``), the folder's other files scanned as usual."""
+
+
 class UserCodeError(InputError):
     """The user's own script or factory raised; ``formatted`` holds its traceback, its frames only."""
 

@@ -50,26 +50,26 @@ def _configured_default(ctx: typer.Context, param: typer.CallbackParam, value: A
         return value
     key, convert = _CONFIGURED_OPTIONS[name]
     explicit = ctx.params.get("config")
-    near = _first_input(ctx)
-    cache_key = f"dtypecheck.config:{explicit}:{near}"  # read once for both shared options
+    scanned = _inputs(ctx)
+    cache_key = f"dtypecheck.config:{explicit}:{scanned}"  # read once for both shared options
     if cache_key not in ctx.meta:
-        ctx.meta[cache_key] = project_config(explicit, near)
+        ctx.meta[cache_key] = project_config(explicit, scanned)
     configured = ctx.meta[cache_key].get(ctx.info_name or "", key)
     # A callback's result reaches the command as it is, unconverted: give it the option's own type.
     return value if configured is None else convert(configured)
 
 
-CONFIG_NEAR: dict[str, str] = {}
-"""Commands whose configuration is found from an argument's folder (``scan-model``: its first checkpoint), by the
-parameter holding it; the others find theirs from the working directory."""
+SCANNED_INPUTS: dict[str, str] = {}
+"""Commands that scan checkpoints (``scan-model``), by the parameter holding them: a configuration shipped with
+one of them (inside a checkpoint folder) is never read, even when the working folder's search meets it."""
 
 
-def _first_input(ctx: typer.Context) -> str | None:
+def _inputs(ctx: typer.Context) -> tuple[str, ...]:
     # Arguments given on the command line are processed before the options left at their default, so it is here.
-    value = ctx.params.get(CONFIG_NEAR.get(ctx.info_name or "", ""))
-    if isinstance(value, list | tuple):
-        value = value[0] if value else None
-    return value if isinstance(value, str) else None
+    value = ctx.params.get(SCANNED_INPUTS.get(ctx.info_name or "", ""))
+    if isinstance(value, str):
+        return (value,)
+    return tuple(v for v in value if isinstance(v, str)) if isinstance(value, list | tuple) else ()
 
 
 _CONFIGURED_OPTIONS: dict[str, tuple[str, Callable[[Any], Any]]] = {
@@ -77,6 +77,13 @@ _CONFIGURED_OPTIONS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "quiet": ("quiet", bool),
 }
 """The parameter name each shared option has in every command, its config key and its type."""
+
+
+def default_is(meaning: str) -> str:
+    """The note that ends an option's help where typer shows no default (``None`` or a ``False`` flag): what the
+    option does when not given. Escaped, since a bare ``[default: 1]`` is a rich style tag that rich swallows,
+    leaving ``... per step .`` behind."""
+    return f" \\[default: {meaning}]"
 
 
 def _format_among(formats: tuple[OutputFormat, ...]) -> Callable[[Any], OutputFormat]:
@@ -145,7 +152,7 @@ OutputOption = Annotated[
     typer.Option(
         "--output",
         "-o",
-        help="Write the document to FILE (atomically) instead of stdout.",
+        help="Write the document to FILE (atomically) instead of stdout." + default_is("stdout"),
         dir_okay=False,
         callback=_output_folder_exists,
     ),
@@ -160,31 +167,43 @@ QuietOption = Annotated[
     ),
 ]
 TracebackOption = Annotated[
-    bool, typer.Option("--traceback", help="Show the full Python traceback on errors (or DTYPECHECK_TRACEBACK=1).")
+    bool,
+    typer.Option(
+        "--traceback",
+        help="Show the full Python traceback on errors (or DTYPECHECK_TRACEBACK=1)."
+        + default_is("off: one error line"),
+    ),
 ]
 FailOnOption = Annotated[
     FailOn | None,
-    typer.Option("--fail-on", help="Lowest level that makes the exit code 1 (findings): fail (default) or warn."),
+    typer.Option(
+        "--fail-on",
+        help="Lowest level that makes the exit code 1 (findings): fail or warn." + default_is("fail, or as configured"),
+    ),
 ]
 ConfigOption = Annotated[
     Path | None,
     typer.Option(
         "--config",
-        help="Read the tool.dtypecheck settings from FILE, not the nearest pyproject.toml above the working folder "
-        "(scan-model: above each checkpoint's folder first).",
+        help="Read the tool.dtypecheck settings from FILE."
+        + default_is(
+            "the nearest pyproject.toml with that table above the working folder (scan-model never reads one "
+            "shipped with a checkpoint)"
+        ),
         dir_okay=False,
     ),
 ]
 
 
-def project_config(explicit: Path | None, near: str | None = None) -> Config:
+def project_config(explicit: Path | None, scanned: tuple[str, ...] | list[str] = ()) -> Config:
     """The validated project configuration (``EMPTY`` when there is none); bad keys are usage errors.
 
-    ``--config FILE`` wins; else the nearest one above ``near``'s folder (a checkpoint), else above the working folder.
+    ``--config FILE`` wins; else the nearest one above the working folder that did not come with one of the
+    ``scanned`` checkpoints (``Config.ignored`` lists those).
     """
     from dtypecheck.config import load_config
 
-    return load_config(explicit, near=near)
+    return load_config(explicit, scanned=tuple(scanned))
 
 
 def pick(value: T | None, config: Config, command: str, key: str, default: T) -> T:

@@ -8,7 +8,16 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from dtypecheck.cli._app import ConfigOption, FormatOption, OutputOption, QuietOption, TracebackOption, app, emit
+from dtypecheck.cli._app import (
+    ConfigOption,
+    FormatOption,
+    OutputOption,
+    QuietOption,
+    TracebackOption,
+    app,
+    default_is,
+    emit,
+)
 from dtypecheck.errors import ExitCode, UsageError
 from dtypecheck.output import REPORT_FORMATS, format_names
 from dtypecheck.render import OutputFormat
@@ -24,14 +33,24 @@ def info(
         typer.Argument(help="Dtype names or aliases (fp16, bf16, e4m3, int4, ...); all float dtypes if none."),
     ] = None,
     all_dtypes: Annotated[
-        bool, typer.Option("--all", help="Every dtype this torch build has, integers included.")
+        bool,
+        typer.Option(
+            "--all", help="Every dtype this torch build has, integers included." + default_is("off: float dtypes")
+        ),
     ] = False,
     list_names: Annotated[
         bool,
-        typer.Option("--list", help="Only the dtype names this torch build has, their kind, bits and aliases."),
+        typer.Option(
+            "--list",
+            help="Only the dtype names this torch build has, their kind, bits and aliases." + default_is("off"),
+        ),
     ] = False,
     promote: Annotated[
-        bool, typer.Option("--promote", help="Show torch's type promotion of the given dtypes and the rule behind it.")
+        bool,
+        typer.Option(
+            "--promote",
+            help="Show torch's type promotion of the given dtypes and the rule behind it." + default_is("off"),
+        ),
     ] = False,
     config: ConfigOption = None,
     fmt: FormatOption = OutputFormat.table,

@@ -17,6 +17,7 @@ from dtypecheck.cli._app import (
     ReportFormatOption,
     TracebackOption,
     app,
+    default_is,
     emit,
     pick,
     project_config,
@@ -45,78 +46,93 @@ def estimate_memory(
     dtype: Annotated[
         list[str] | None,
         typer.Option(
-            "--dtype", "-d", help="Repeatable, comma lists [default: float32,bfloat16,float16,float8_e4m3fn,int8,int4]"
+            "--dtype",
+            "-d",
+            help="Repeatable, comma lists." + default_is("float32, bfloat16, float16, float8_e4m3fn, int8, int4"),
         ),
     ] = None,
     mode: Annotated[
-        list[Mode] | None, typer.Option("--mode", "-m", help="Repeatable [default: inference and training]")
+        list[Mode] | None, typer.Option("--mode", "-m", help="Repeatable." + default_is("inference and training"))
     ] = None,
     optimizer: Annotated[
-        Optimizer | None, typer.Option(help=f"Optimizer whose states are counted [default: {Optimizer.adamw}].")
+        Optimizer | None, typer.Option(help="Optimizer whose states are counted." + default_is(Optimizer.adamw.value))
     ] = None,
     precision: Annotated[
         list[Precision] | None,
         typer.Option(
             help="Training precision, repeatable: pure (weights in dtype), amp (fp32 weights, autocast), master "
-            "(weights in dtype + fp32 master) [default: pure for 32-bit, amp below]"
+            "(weights in dtype + fp32 master)." + default_is("pure for 32-bit, amp below")
         ),
     ] = None,
     batch_size: Annotated[
-        int | None, typer.Option(min=1, help="Per-device batch [default: the factory's inputs, or 1 for a config]")
+        int | None,
+        typer.Option(
+            min=1,
+            help="Per-device batch." + default_is("the factory's inputs, or 1 for a config"),
+        ),
     ] = None,
     seq_len: Annotated[
-        int | None, typer.Option(min=1, help="Tokens per sequence of a config's inputs [default: 512]")
+        int | None, typer.Option(min=1, help="Tokens per sequence of a config's inputs." + default_is("512"))
     ] = None,
-    context: Annotated[int | None, typer.Option(min=1, help="Decoder inference: tokens held in the KV cache.")] = None,
+    context: Annotated[
+        int | None,
+        typer.Option(min=1, help="Decoder inference: tokens held in the KV cache." + default_is("no KV cache")),
+    ] = None,
     checkpointing: Annotated[bool, typer.Option(help="Activation checkpointing of every block.")] = False,
     grad_accum: Annotated[
         int | None,
         typer.Option(
-            min=1, help="Gradient accumulation: micro-batches (of --batch-size) per optimizer step [default: 1]."
+            min=1, help="Gradient accumulation: micro-batches (of --batch-size) per optimizer step." + default_is("1")
         ),
     ] = None,
     world_size: Annotated[
-        int | None, typer.Option(min=1, help="Devices sharing the model (with --strategy) [default: 1].")
+        int | None, typer.Option(min=1, help="Devices sharing the model (with --strategy)." + default_is("1"))
     ] = None,
     strategy: Annotated[
-        Strategy | None, typer.Option(help="How the model states are spread over devices [default: none].")
+        Strategy | None, typer.Option(help="How the model states are spread over devices." + default_is("none"))
     ] = None,
     keep_unquantized: Annotated[
         bool,
-        typer.Option(help="Keep embeddings and norms at their own dtype when quantizing (as most quantizers do)."),
+        typer.Option(
+            help="Keep embeddings and norms at their own dtype when quantizing (as most quantizers do)."
+            + default_is("off"),  # typer's own "no-keep-unquantized" is cut short in an 80-column table
+            show_default=False,
+        ),
     ] = False,
     group_size: Annotated[int, typer.Option(help="int4 quantization group size (a scale and zero each).")] = 128,
     optimizer_impl: Annotated[
         OptimizerImpl | None,
         typer.Option(
-            help="torch optimizer implementation [default: torch's own for --device: foreach on CUDA, "
-            "for-loop on the CPU]."
+            help="torch optimizer implementation."
+            + default_is("torch's own for --device: foreach on CUDA, for-loop on the CPU")
         ),
     ] = None,
     loss: Annotated[
         LossName | None,
         typer.Option(
-            help="The training step's loss, taken of the output (logits) [default: the factory's loss_fn, else the "
-            "model's own loss output, else cross-entropy over the last dimension for integer inputs and float "
-            "logits, else MSE against a target of the output's shape]."
+            help="The training step's loss, taken of the output (logits)."
+            + default_is(
+                "the factory's loss_fn, else the model's own loss output, else cross-entropy over the last "
+                "dimension for integer inputs and float logits, else MSE against a target of the output's shape"
+            )
         ),
     ] = None,
     device: Annotated[
         DeviceKind | None,
-        typer.Option(help="Where the step runs [default: cuda if available or --fit names a GPU, else cpu]."),
+        typer.Option(help="Where the step runs." + default_is("cuda if available or --fit names a GPU, else cpu")),
     ] = None,
     fit: Annotated[
         str | None,
         typer.Option(
             help="Device memory to fit: a size (80GiB, 24GB) or a device name (h100-80gb, a100-40gb, l4, rtx4090; "
-            "see README). Adds fits / largest batch (and sequence) per row."
+            "see README). Adds fits / largest batch (and sequence) per row." + default_is("no fit")
         ),
     ] = None,
     reserve: Annotated[
         str | None,
         typer.Option(
             help="With --fit: memory held back for the runtime and the caching allocator, a size, a percentage of "
-            "the device, or both (2GiB+5%) [default: 1GiB+5%]."
+            "the device, or both (2GiB+5%)." + default_is("1GiB+5%")
         ),
     ] = None,
     fit_timeout: Annotated[

@@ -19,6 +19,7 @@ from dtypecheck.cli._app import (
     QuietOption,
     TracebackOption,
     app,
+    default_is,
     emit,
     level_exit_code,
     pick,
@@ -27,7 +28,7 @@ from dtypecheck.cli._app import (
 )
 from dtypecheck.errors import UsageError, UserCodeError
 from dtypecheck.nantrace.options import AUTOCAST_DTYPES, RunSettings, TraceOptions
-from dtypecheck.render import OutputFormat
+from dtypecheck.render import OutputFormat, render
 
 if TYPE_CHECKING:
     from dtypecheck.nantrace.distributed import RankInfo
@@ -50,17 +51,26 @@ def nan_trace(
     ] = None,
     steps: Annotated[
         int | None,
-        typer.Option("--steps", min=1, help=f"Factory mode: forward+backward+SGD steps (default: {_RUN.steps})"),
+        typer.Option("--steps", min=1, help="Factory mode: forward+backward+SGD steps." + default_is(str(_RUN.steps))),
     ] = None,
     autocast: Annotated[
-        str | None, typer.Option("--autocast", help="Run under torch.autocast in this dtype: float16 or bfloat16.")
+        str | None,
+        typer.Option(
+            "--autocast",
+            help="Run under torch.autocast in this dtype: float16 or bfloat16." + default_is("no autocast"),
+        ),
     ] = None,
     device: Annotated[
-        str | None, typer.Option("--device", help="Device for autocast, new tensors and the factory's model.")
+        str | None,
+        typer.Option(
+            "--device",
+            help="Device for autocast, new tensors and the factory's model."
+            + default_is("cpu (autocast and a factory's model); a script's own tensors stay where it puts them"),
+        ),
     ] = None,
     history: Annotated[
         int | None,
-        typer.Option("--history", min=0, help=f"Ops shown before each event (default: {TraceOptions.history})"),
+        typer.Option("--history", min=0, help="Ops shown before each event." + default_is(str(TraceOptions.history))),
     ] = None,
     warn_frac: Annotated[
         float | None,
@@ -68,19 +78,24 @@ def nan_trace(
             "--warn-frac",
             min=0.0,
             max=1.0,
-            help=f"Warn when an op's absmax reaches this share of its dtype's max (default: {TraceOptions.warn_frac})",
+            help="Warn when an op's absmax reaches this share of its dtype's max."
+            + default_is(str(TraceOptions.warn_frac)),
         ),
     ] = None,
     keep_going: Annotated[
-        bool, typer.Option("--keep-going", help="Collect every non-finite producer instead of stopping at the first.")
+        bool,
+        typer.Option(
+            "--keep-going",
+            help="Collect every non-finite producer instead of stopping at the first." + default_is("off: stop"),
+        ),
     ] = False,
     max_skipped_steps: Annotated[
         int | None,
         typer.Option(
             "--max-skipped-steps",
             min=1,
-            help="Fail when GradScaler skips this many steps in a row (its scale collapsing) "
-            f"(default: {TraceOptions.max_skipped_steps})",
+            help="Fail when GradScaler skips this many steps in a row (its scale collapsing)."
+            + default_is(str(TraceOptions.max_skipped_steps)),
         ),
     ] = None,
     nproc: Annotated[
@@ -88,14 +103,16 @@ def nan_trace(
         typer.Option(
             "--nproc",
             min=1,
-            help="Run it as this many ranks through torch.distributed.run (DDP/FSDP scripts); one merged report.",
+            help="Run it as this many ranks through torch.distributed.run (DDP/FSDP scripts); one merged report."
+            + default_is("1: a plain process"),
         ),
     ] = None,
     watch: Annotated[
         bool,
         typer.Option(
             "--watch",
-            help="Near-plain speed: check loss, gradients and update each step; trace only the step that failed.",
+            help="Near-plain speed: check loss, gradients and update each step; trace only the step that failed."
+            + default_is("off: trace every op"),
         ),
     ] = False,
     no_optimizer_snapshot: Annotated[
@@ -104,7 +121,7 @@ def nan_trace(
             "--no-optimizer-snapshot",
             help="With --watch: do not copy the parameters and optimizer state before each update (saves about "
             "model + optimizer state of memory; a NaN born inside the update then falls back to tracing the next "
-            "steps).",
+            "steps)." + default_is("off: snapshot"),
         ),
     ] = False,
     fail_on: FailOnOption = None,
@@ -297,7 +314,8 @@ def execute_nantrace(options: NanTraceOptions) -> int:
             options.path,
             list(options.script_args),
             options.run,
-            fmt=options.fmt,
+            to_text=lambda merged: render(merged, options.fmt, color=False, width=120),
+            for_people=options.fmt.for_people,
             output=options.output,
             exit_code=lambda merged: _exit_code(merged, options.threshold),
             guard=lambda captured: user_code_guard(str(options.path), enabled=captured, script=True),

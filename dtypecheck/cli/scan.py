@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from dtypecheck.cli._app import (
-    CONFIG_NEAR,
+    SCANNED_INPUTS,
     ConfigOption,
     FailOn,
     FailOnOption,
@@ -18,6 +18,7 @@ from dtypecheck.cli._app import (
     QuietOption,
     TracebackOption,
     app,
+    default_is,
     emit,
     pick,
     project_config,
@@ -29,13 +30,14 @@ from dtypecheck.loaders.formats import describe_formats
 from dtypecheck.render import OutputFormat
 
 if TYPE_CHECKING:
+    from dtypecheck.config import Config
     from dtypecheck.nantrace.distributed import RankInfo
     from dtypecheck.scan.gate import CheckpointPlan
     from dtypecheck.scan.report import ScanReport
     from dtypecheck.scan.select import Selection
 
 DEFAULT_TOP = 20
-CONFIG_NEAR["scan-model"] = "checkpoints"  # [tool.dtypecheck] is found from the first checkpoint's folder upwards
+SCANNED_INPUTS["scan-model"] = "checkpoints"  # a configuration shipped with one of them is never read
 
 
 @app.command("scan-model")
@@ -47,7 +49,7 @@ def scan_model(
             help=f"A checkpoint file or folder, detected by content: {describe_formats()}; or "
             "path/to/file.py:factory returning an nn.Module, (model, inputs) or (model, inputs, loss_fn); or a "
             "Hugging Face Hub id org/name[@revision] (local cache first; extra 'hf'). Several (as pre-commit passes "
-            "them) are scanned one after another with table or github output.",
+            "them) are scanned one after another (table, github) or into one document (json, sarif).",
         ),
     ],
     target: Annotated[
@@ -56,7 +58,7 @@ def scan_model(
             "--target",
             "-t",
             help="Target dtype to judge casts to; repeatable, comma lists (any float incl. float8/float4, or an "
-            "integer dtype). Default: float16,bfloat16.",
+            "integer dtype)." + default_is("float16, bfloat16, or as configured"),
         ),
     ] = None,
     include: Annotated[
@@ -65,22 +67,28 @@ def scan_model(
             "--include",
             metavar="GLOB",
             help="Scan only tensors whose key path matches GLOB (repeatable; fnmatch as the config's ignore rules: "
-            "'*' crosses dots, case matters). Tensors left out are not read.",
+            "'*' crosses dots, case matters). Tensors left out are not read." + default_is("every tensor"),
         ),
     ] = None,
     exclude: Annotated[
         list[str] | None,
-        typer.Option("--exclude", metavar="GLOB", help="Leave out tensors whose key path matches GLOB (repeatable)."),
+        typer.Option(
+            "--exclude",
+            metavar="GLOB",
+            help="Leave out tensors whose key path matches GLOB (repeatable)." + default_is("none"),
+        ),
     ] = None,
     weights_only: Annotated[
         bool,
         typer.Option(
             "--weights-only",
-            help="Scan only the model's parameters and buffers: no optimizer, scheduler, RNG or trainer state.",
+            help="Scan only the model's parameters and buffers: no optimizer, scheduler, RNG or trainer state."
+            + default_is("off: every tensor"),
         ),
     ] = False,
     show_all: Annotated[
-        bool | None, typer.Option("--all", help="Show every tensor in the table, not only the worst.")
+        bool | None,
+        typer.Option("--all", help="Show every tensor in the table, not only the worst." + default_is("off: --top")),
     ] = None,
     baseline: Annotated[
         Path | None,
@@ -88,8 +96,8 @@ def scan_model(
             "--baseline",
             dir_okay=False,
             help="A baseline file (written by --update-baseline; an earlier scan-model --format json report also "
-            "works for one checkpoint): the exit code follows only what is new or worse. Default: the baseline key "
-            "of tool.dtypecheck.scan-model in pyproject.toml.",
+            "works for one checkpoint): the exit code follows only what is new or worse."
+            + default_is("the configured baseline, else none"),
         ),
     ] = None,
     update_baseline: Annotated[
@@ -97,12 +105,17 @@ def scan_model(
         typer.Option(
             "--update-baseline",
             help="Write this scan's reports into the baseline file (--baseline or the configured one) instead of "
-            "comparing: only the entries of the checkpoints scanned change. Exits 0 unless a scan cannot run.",
+            "comparing: only the entries of the checkpoints scanned change. Exits 0 unless a scan cannot run or "
+            "finds a security finding (a code-running global, a differential, code in an archive): no baseline "
+            "accepts those." + default_is("off: compare"),
         ),
     ] = False,
     no_baseline: Annotated[
         bool,
-        typer.Option("--no-baseline", help="Ignore the configured baseline: gate on everything found."),
+        typer.Option(
+            "--no-baseline",
+            help="Ignore the configured baseline: gate on everything found." + default_is("off"),
+        ),
     ] = False,
     top: Annotated[
         int, typer.Option("--top", min=1, help="How many tensors the table shows, worst first (without --all).")
@@ -113,19 +126,19 @@ def scan_model(
             "--plot",
             dir_okay=False,
             help="Also draw the checkpoint's log2-magnitude distribution against the targets' ranges to FILE.png "
-            "(needs the 'plot' extra: matplotlib).",
+            "(needs the 'plot' extra: matplotlib)." + default_is("no plot"),
         ),
     ] = None,
     workers: Annotated[
         int | None,
-        typer.Option("--workers", min=1, help="Threads scanning chunks (default: the CPU count, at most 8)."),
+        typer.Option("--workers", min=1, help="Threads scanning chunks." + default_is("the CPU count, at most 8")),
     ] = None,
     precision: Annotated[
         bool,
         typer.Option(
             "--precision",
             help="Also measure the precision each cast loses (SQNR in dB, max relative error), and for float8/float4 "
-            "targets per-channel and MX block-scaled verdicts; reads every tensor a second time.",
+            "targets per-channel and MX block-scaled verdicts; reads every tensor a second time." + default_is("off"),
         ),
     ] = False,
     keep_float32_sqnr: Annotated[
@@ -135,7 +148,7 @@ def scan_model(
             min=0.0,
             metavar="DB",
             help="With --precision: a cast whose SQNR is below DB loses too much; tensors that no requested 16-bit "
-            "or narrower target holds are listed to keep in float32 (default 20; config keep-float32-sqnr-db).",
+            "or narrower target holds are listed to keep in float32." + default_is("20, or as configured"),
         ),
     ] = None,
     fail_on: FailOnOption = None,
@@ -200,6 +213,8 @@ class ScanOptions:
     fmt: OutputFormat
     output: Path | None
     quiet: bool
+    ignored: tuple[Path, ...] = ()
+    """Configuration files that came with the checkpoints and were not read (a note says so)."""
 
 
 def resolve_scan_options(
@@ -229,15 +244,16 @@ def resolve_scan_options(
     several = len(checkpoints) > 1
     if several and (fmt.several_inputs == "refuse" or (output is not None and fmt.several_inputs != "merge")):
         refused = fmt.several_inputs == "refuse" and output is None
-        held = f"{fmt.value.upper()} document" if refused else "JSON document"
-        raise UsageError(f"one checkpoint per {held} or --output (SARIF takes several); scan them one at a time")
+        held = f"{fmt.value.upper()} document" if refused else f"--output with --format {fmt.value}"
+        raise UsageError(f"one checkpoint per {held} (json and sarif take several); scan them one at a time")
     if several and plot is not None:
         raise UsageError("one checkpoint per --plot; scan them one at a time")
     from dtypecheck.scan.select import Selection
 
     chosen = Selection(*selection)
+    settings = project_config(config, checkpoints)
     planned = [
-        _plan(c, config, target, chosen, baseline, no_baseline, keep_float32_sqnr, fail_on, show_all)
+        _plan(c, settings, target, chosen, baseline, no_baseline, keep_float32_sqnr, fail_on, show_all)
         for c in checkpoints
     ]
     plans = tuple(plan for plan, _ in planned)
@@ -254,7 +270,7 @@ def resolve_scan_options(
         require_matplotlib()
         if plot.suffix.lower() != ".png":
             raise UsageError(f"--plot {plot}: the plot is written as PNG; name the file *.png")
-    return ScanOptions(plans, limits, update_baseline, workers, precision, plot, fmt, output, quiet)
+    return ScanOptions(plans, limits, update_baseline, workers, precision, plot, fmt, output, quiet, settings.ignored)
 
 
 def execute_scan(options: ScanOptions) -> int:
@@ -268,10 +284,17 @@ def execute_scan(options: ScanOptions) -> int:
     info = rank_info()  # a run under torchrun: the parts are split across the ranks, rank 0 reports
     if info is not None and info.rank != 0:
         return _scan_shares(options, info)
+    if not options.quiet:
+        for path in options.ignored:
+            typer.echo(
+                f"note: not reading {shown(path)}: it came with a checkpoint, and nothing shipped with a checkpoint "
+                "governs its scan (configuration comes from the working folder's project or --config)",
+                err=True,
+            )
     gate = Gate(options.plans, update=options.update_baseline, missing_hint="write it with --update-baseline")
     code = ExitCode.OK
-    # one SARIF log: one run, one artifact per checkpoint
-    several_sarif = options.fmt.several_inputs == "merge" and len(options.plans) > 1
+    # one document: a SARIF log (one run, one artifact per checkpoint), a dtypecheck.scan-set/1 JSON document
+    merged = options.fmt.several_inputs == "merge" and len(options.plans) > 1
     # updating a baseline says one line on stderr; the report only when asked for (--output, a machine format)
     shows_report = not options.update_baseline or options.output is not None or not options.fmt.for_people
     reports: list[ScanReport] = []
@@ -299,17 +322,17 @@ def execute_scan(options: ScanOptions) -> int:
             from dtypecheck.render.scan_plot import write_plot
 
             write_plot(result.report, options.plot)
-        if several_sarif:
+        if merged:
             reports.append(result.report)
         elif shows_report:
             emit(result.report, options.fmt, options.output, quiet=options.quiet, limit=limit)
         if options.plot is not None and not options.quiet:
             typer.echo(f"wrote {options.plot}", err=True)
         code = max(code, ExitCode.FINDINGS if result.findings else ExitCode.OK)
-    if several_sarif:
-        from dtypecheck.render.sarif import render_sarif_of_scans
+    if merged and shows_report:
+        from dtypecheck.render import render_scans
 
-        write_document(render_sarif_of_scans(reports), options.output, quiet=options.quiet)
+        write_document(render_scans(reports, options.fmt), options.output, quiet=options.quiet)
     for written in gate.write():
         if not options.quiet:
             names = ", ".join(written.updated)
@@ -345,7 +368,7 @@ def _scan_shares(options: ScanOptions, info: RankInfo) -> int:
 
 def _plan(
     checkpoint: str,
-    config: Path | None,
+    settings: Config,
     target: list[str] | None,
     selection: Selection,
     baseline: Path | None,
@@ -354,15 +377,14 @@ def _plan(
     fail_on: FailOn | None,
     show_all: bool | None,
 ) -> tuple[CheckpointPlan, bool]:
-    """One checkpoint's plan, and whether its table shows every tensor: the command line wins, else its own
-    configuration (``--config``, else the nearest above its folder, else above the working folder)."""
+    """One checkpoint's plan, and whether its table shows every tensor: the command line wins, else the run's
+    configuration (``--config``, else the working folder's project; never one shipped with a checkpoint)."""
     from dtypecheck.dtypes import parse_dtype_list
     from dtypecheck.findings import as_level
     from dtypecheck.scan.gate import CheckpointPlan, configured_path, entry_key, shown
     from dtypecheck.scan.keep_float32 import DEFAULT_MIN_SQNR_DB
-    from dtypecheck.scan.targets import check_targets
+    from dtypecheck.targets import check_targets
 
-    settings = project_config(config, checkpoint)
     names = target or pick(None, settings, "scan-model", "targets", [])
     targets = tuple(check_targets(parse_dtype_list(list(names)))) if names else None
     configured = None if off or baseline is not None else configured_path(settings, "baseline")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 from pathlib import Path
 from types import ModuleType
@@ -22,6 +23,27 @@ LOG = logging.getLogger("dtypecheck")
 
 class UnsupportedFrameworkError(UsageError):
     """A callback was set up with a framework version it was not built for."""
+
+
+class ReportPathError(UsageError):
+    """A callback was given a report path it cannot write: said when it is built, not at the failing step."""
+
+
+def prepare_report_path(path: Path) -> None:
+    """Create the report's folder now and check that a file can be written there, so that neither a missing
+    folder nor a read-only one surfaces at the step that went non-finite, where the trainer would die of it and
+    the finding be lost."""
+    problem = f"NanTraceCallback cannot write its report to {path}"
+    if path.is_dir():
+        raise ReportPathError(f"{problem}: it is a folder")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ReportPathError(f"{problem}: cannot create {path.parent}: {error.strerror or error}") from error
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise ReportPathError(f"{problem}: {path.parent} is not writable")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ReportPathError(f"{problem}: the file is read-only")
 
 
 def _release(version: str) -> tuple[int, ...]:
@@ -68,6 +90,8 @@ class WatchSession:
 
     def __init__(self, *, report_path: Path | str | None, stop: bool, history: int, optimizer_snapshot: bool) -> None:
         self.report_path = Path(report_path) if report_path is not None else None
+        if self.report_path is not None:
+            prepare_report_path(self.report_path)
         self.stop = stop
         self.history = history
         self.optimizer_snapshot = optimizer_snapshot
@@ -75,12 +99,15 @@ class WatchSession:
         self.found = False
         self.report: NanTraceReport | None = None
 
-    def start(self, model: nn.Module | None, *, optimizer_seen: bool) -> None:
+    def start(self, model: nn.Module | None, *, optimizer_seen: bool, names_from_calls: bool = False) -> None:
+        """``names_from_calls``: module paths start at the module called outermost, as a full trace of the script
+        names them (a LightningModule whose ``training_step`` calls ``self.net`` is not itself called), not at
+        ``model``."""
         from dtypecheck.nantrace.watch import Watcher
 
         self.watcher = Watcher(
             TraceOptions(history=self.history),
-            model=model,
+            model=None if names_from_calls else model,
             optimizer_snapshot=self.optimizer_snapshot,
             on_found=self._found,
         )
@@ -113,11 +140,16 @@ class WatchSession:
         from dtypecheck.render.json import render_json
 
         self.report = report
-        if self.report_path is not None:
-            write_atomically(self.report_path, render_json(report))
+        written = self.report_path
+        if written is not None:
+            try:
+                write_atomically(written, render_json(report))
+            except OSError as error:  # the folder went away mid-run: say so, and keep the finding in the log
+                LOG.error("dtypecheck nan-trace: could not write the report to %s: %s", written, error)
+                written = None
         if not log:
             return
-        message = log_line(report, self.report_path)
+        message = log_line(report, written)
         if report.status == "clean":
             LOG.info(message)
         else:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from dtypecheck.errors import InputError
+from dtypecheck.errors import InputError, NotACheckpointError
 from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord, TensorSource
 from dtypecheck.loaders.formats import SNIFF_BYTES, describe_formats, detect, detect_folder
 from dtypecheck.usercode import python_target
@@ -24,7 +24,13 @@ def open_checkpoint(target: str) -> Checkpoint:
     ``NoTensors``): a scan that found nothing to judge never reads as "ok". (A file holding tensor data that
     its pickle does not lead to is an ``InputError`` of its loader instead.)
     """
-    checkpoint = _open(target)
+    from dtypecheck.loaders._io.pickle_globals import imports_beside
+
+    # torch.load of this checkpoint, run from its folder or from here, imports what is shipped there: its globals
+    # are judged knowing that (every pickle is read while the checkpoint opens).
+    path = Path(target)
+    with imports_beside(path if path.is_dir() else path.parent, Path.cwd()):
+        checkpoint = _open(target)
     if next(iter(checkpoint.records()), None) is None:
         return NoTensors(checkpoint)
     return checkpoint
@@ -78,7 +84,7 @@ def open_file(path: Path) -> Checkpoint:
     runs = [f for f in side_file_findings(path, path.name) if f.kind != "unreadable-file" or f.level == "fail"]
     if runs:
         return PickleOnly(str(path), runs)
-    raise InputError(f"{path}: not a checkpoint: expected one of {describe_formats()}")
+    raise NotACheckpointError(f"{path}: not a checkpoint: expected one of {describe_formats()}")
 
 
 class PickleOnly:

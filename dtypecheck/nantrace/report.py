@@ -329,8 +329,9 @@ class WatchSummary:
 
     steps_checked: int
     """Steps whose loss, gradients and optimizer update were checked."""
-    detected: Literal["loss", "gradients", "optimizer_step", "scale_collapse"] | None
-    """What the cheap check first found non-finite; None for a clean run."""
+    detected: Literal["loss", "gradients", "optimizer_step", "scale_collapse", "held_tensors"] | None
+    """What the cheap check first found non-finite; None for a clean run. ``held_tensors``: a module's parameter
+    or buffer that no optimizer updates (an EMA copy, a running statistic), checked as each step begins."""
     detected_step: int | None
     replayed_step: int | None
     """The step re-run from its saved starting state under full tracing; None when none was (or could be)."""
@@ -346,6 +347,8 @@ class WatchSummary:
     optimizer_snapshot: bool
     """The parameters and optimizer states were copied before each update, so that a NaN born inside the
     optimizer step can be replayed."""
+    held_nonfinite: tuple[str, ...] = ()
+    """With ``detected`` ``held_tensors``: which (``Class.dotted.name`` of the outermost module holding it)."""
 
 
 class TraceHandle:

@@ -16,7 +16,8 @@ kernel works on the integer view of a chunk, block by block (a block stays in L1
    vectorise, so it is sampled; every count above stays exact).
 
 One boolean-mask pass per statistic costs ~100x more; this reads each value once from memory, and releases the
-GIL so chunks run on every core. numba compiles it once and caches the machine code (``cache=True``); without
+GIL so chunks run on every core. numba compiles it once and caches the machine code in the user's cache folder
+(``numba_cache``, never in the package's own folder); without
 numba (or with ``DTYPECHECK_NO_NUMBA=1``) numpy versions with identical results run instead.
 """
 
@@ -83,8 +84,10 @@ def compile_all() -> bool:
         except ImportError:
             return False
 
+        from dtypecheck.scan.numba_cache import compile_cached
+
         for lazy in _PENDING:
-            lazy.compiled = njit(**lazy.options)(lazy.func)
+            lazy.compiled = compile_cached(njit, lazy.func, lazy.options)
         for lazy in _PENDING:
             names = lazy.func.__globals__
             for name, value in list(names.items()):

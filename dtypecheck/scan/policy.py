@@ -14,12 +14,11 @@ from dtypecheck.config import ScanPolicy
 from dtypecheck.findings import Finding, level_of_counts, worst
 from dtypecheck.scan.consistency import consistency_findings
 from dtypecheck.scan.report import ScanReport, TensorScan, cast_counts, check_key, nonfinite, summarise
-from dtypecheck.scan.roles import role_rule
+from dtypecheck.scan.roles import RoleRule
 
 
-def with_role(tensor: TensorScan) -> TensorScan:
-    """The tensor with its role (``roles.ROLE_RULES``) and, where the role is not judged, why."""
-    rule = role_rule(tensor.name)
+def with_role(tensor: TensorScan, rule: RoleRule | None) -> TensorScan:
+    """The tensor with its role (``roles.assign_roles``) and, where the role is not judged, why."""
     if rule is None:
         return tensor
     return dataclasses.replace(tensor, role=rule.role, not_judged=rule.not_judged)
@@ -64,10 +63,10 @@ def _judge(tensor: TensorScan, policy: ScanPolicy) -> TensorScan:
 
 
 def apply_policy(report: ScanReport, policy: ScanPolicy | None = None) -> ScanReport:
-    """Give every tensor its role, re-judge it under its role and ``policy``, add the dtype-consistency findings."""
+    """Re-judge every tensor under its role (given by the scan: ``roles.assign_roles``) and ``policy``, add the
+    dtype-consistency findings."""
     plain = policy is None or policy == ScanPolicy()
-    roled = (with_role(t) for t in report.tensors)
-    tensors = tuple(t if plain and t.not_judged is None else _judge(t, policy or ScanPolicy()) for t in roled)
+    tensors = tuple(t if plain and t.not_judged is None else _judge(t, policy or ScanPolicy()) for t in report.tensors)
     extra = [
         Finding(f.kind, "warn", f"{f.pattern}: {f.detail}", f.tensors[0] if len(f.tensors) == 1 else None)
         for f in consistency_findings(tensors)

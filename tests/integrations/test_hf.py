@@ -33,7 +33,9 @@ def _model(at_call: int | None) -> Any:
     return model
 
 
-def _train(tmp_path: Path, at_call: int | None, **callback: Any) -> tuple[NanTraceCallback, Any]:
+def _train(
+    tmp_path: Path, at_call: int | None, report: str = "nantrace.json", **callback: Any
+) -> tuple[NanTraceCallback, Any]:
     generator = torch.Generator().manual_seed(0)
     data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 64, (32, 12), generator=generator)]
     args = transformers.TrainingArguments(
@@ -49,7 +51,7 @@ def _train(tmp_path: Path, at_call: int | None, **callback: Any) -> tuple[NanTra
         dataloader_num_workers=0,
         seed=0,
     )
-    watch = NanTraceCallback(tmp_path / "nantrace.json", **callback)
+    watch = NanTraceCallback(tmp_path / report, **callback)
     trainer = transformers.Trainer(model=_model(at_call), args=args, train_dataset=data, callbacks=[watch])
     trainer.train()
     return watch, trainer
@@ -72,10 +74,13 @@ def test_clean_training_writes_a_clean_report(tmp_path: Path, caplog: pytest.Log
 def test_planted_overflow_at_step_6_is_named_and_training_stops(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    # The report goes to a folder that does not exist yet: the callback creates it when it is built, rather than
+    # the Trainer dying of FileNotFoundError at the failing step with the finding lost.
+    report = tmp_path / "new" / "folder" / "nantrace.json"
     with caplog.at_level(logging.INFO, logger="dtypecheck"):
-        _, trainer = _train(tmp_path, at_call=6)
+        _, trainer = _train(tmp_path, at_call=6, report="new/folder/nantrace.json")
     assert trainer.state.global_step == 6  # stopped at the end of the step that failed
-    doc = json.loads((tmp_path / "nantrace.json").read_text(encoding="utf-8"))
+    doc = json.loads(report.read_text(encoding="utf-8"))
     first = doc["first"]
     # y * 1e30 is finite in float32 (max 3.4e38); times 1e30 again it is not: born in the second multiplication.
     assert (first["kind"], first["op"], first["phase"]) == ("inf", "aten.mul.Tensor", "forward")
@@ -88,7 +93,7 @@ def test_planted_overflow_at_step_6_is_named_and_training_stops(
     warnings = [r.getMessage() for r in caplog.records if r.name == "dtypecheck"]
     assert warnings == [
         "dtypecheck nan-trace: step 6: inf born in aten.mul.Tensor (forward) in module transformer.h.1.mlp.act "
-        f"at {PLANTED}:{first['location']['line']} (report: {tmp_path / 'nantrace.json'})"
+        f"at {PLANTED}:{first['location']['line']} (report: {report})"
     ]
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from lightning.pytorch import LightningModule
 
-from dtypecheck.integrations._session import UnsupportedFrameworkError
+from dtypecheck.integrations._session import ReportPathError, UnsupportedFrameworkError
 from dtypecheck.integrations.lightning import NanTraceCallback
 from tests.integrations._planted import PlantedOverflow
 from tests.nantrace._scripts import line_of
@@ -42,11 +42,13 @@ class Regressor(LightningModule):
         return torch.optim.Adam(self.parameters(), lr=1e-2)
 
 
-def _fit(tmp_path: Path, at_call: int | None, **callback: Any) -> tuple[NanTraceCallback, Any]:
+def _fit(
+    tmp_path: Path, at_call: int | None, watch: NanTraceCallback | None = None, **callback: Any
+) -> tuple[NanTraceCallback, Any]:
     torch.manual_seed(0)
     data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
     loader = torch.utils.data.DataLoader(data, batch_size=4)
-    watch = NanTraceCallback(tmp_path / "nantrace.json", **callback)
+    watch = watch if watch is not None else NanTraceCallback(tmp_path / "nantrace.json", **callback)
     trainer = lightning.Trainer(
         accelerator="cpu",
         max_steps=STEPS,
@@ -104,3 +106,86 @@ def test_unsupported_lightning_version_fails_at_setup(monkeypatch: pytest.Monkey
     monkeypatch.setattr(lightning, "__version__", "1.9.5")
     with pytest.raises(UnsupportedFrameworkError, match=r"supports lightning >=2\.0,<3; this is lightning 1\.9\.5"):
         NanTraceCallback()
+
+
+def test_the_report_folder_is_created_when_the_callback_is_built(tmp_path: Path) -> None:
+    report = tmp_path / "new" / "folder" / "nantrace.json"
+    watch = NanTraceCallback(report)
+    assert report.parent.is_dir()  # before any training: a missing folder cannot end the fit at on_train_end
+    _, trainer = _fit(tmp_path, at_call=5, watch=watch)
+    assert trainer.global_step == 5
+    assert json.loads(report.read_text(encoding="utf-8"))["first"]["step"] == 5
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (lambda tmp: (tmp / "a-file").write_bytes(b"") or tmp / "a-file" / "nantrace.json", "cannot create"),
+        (lambda tmp: (tmp / "out").mkdir() or tmp / "out", "it is a folder"),
+    ],
+    ids=["under-a-file", "a-folder"],
+)
+def test_a_report_path_that_cannot_be_written_is_refused_when_the_callback_is_built(
+    tmp_path: Path, make: Any, reason: str
+) -> None:
+    path = make(tmp_path)
+    with pytest.raises(ReportPathError) as raised:
+        NanTraceCallback(path)
+    assert str(raised.value).startswith(f"NanTraceCallback cannot write its report to {path}: {reason}")
+
+
+def test_a_report_that_cannot_be_written_mid_run_is_logged_and_the_fit_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    report = tmp_path / "gone" / "nantrace.json"
+    watch = NanTraceCallback(report)
+    report.parent.rmdir()  # removed after set-up, while training runs
+    with caplog.at_level(logging.INFO, logger="dtypecheck"):
+        _, trainer = _fit(tmp_path, at_call=5, watch=watch)
+    assert trainer.global_step == 5  # the finding still stops the fit, as it would with the report written
+    assert watch.report is not None
+    assert watch.report.first is not None
+    assert watch.report.first.step == 5
+    messages = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "dtypecheck"]
+    assert [level for level, _ in messages] == ["ERROR", "WARNING"]
+    assert messages[0][1].startswith(f"dtypecheck nan-trace: could not write the report to {report}: ")
+    assert messages[1][1].startswith("dtypecheck nan-trace: step 5: inf born in aten.mul.Tensor")
+    assert "(report:" not in messages[1][1]
+
+
+class CallsItsNet(LightningModule):
+    """``training_step`` calls ``self.net`` itself: the LightningModule is never called, ``net`` is outermost."""
+
+    def __init__(self, at_call: int) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(4, 8), PlantedOverflow(torch.nn.Tanh(), at_call), torch.nn.Linear(8, 1)
+        )
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=1e-2)
+
+
+def test_modules_are_named_from_the_module_called_outermost_as_a_full_trace_names_them(tmp_path: Path) -> None:
+    """Issue 30.4: the callback named ``net.1`` where a full trace of the script (which knows no LightningModule,
+    only the modules called) names ``1``."""
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+    trainer = lightning.Trainer(
+        accelerator="cpu",
+        max_steps=STEPS,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[NanTraceCallback(tmp_path / "nantrace.json")],
+        default_root_dir=str(tmp_path),
+    )
+    trainer.fit(CallsItsNet(at_call=4), torch.utils.data.DataLoader(data, batch_size=4))
+    doc = json.loads((tmp_path / "nantrace.json").read_text(encoding="utf-8"))
+    first = doc["first"]
+    assert (first["kind"], first["op"], first["module"], first["step"]) == ("inf", "aten.mul.Tensor", "1", 4)

@@ -93,7 +93,7 @@ def test_help_shows_the_defaults_of_the_options_dataclass(
     monkeypatch.setenv("COLUMNS", "200")
     result = cli("nan-trace", "--help")
     text = " ".join(result.stdout.split())
-    assert f"(default: {RunSettings().steps})" in text
-    assert f"Ops shown before each event (default: {TraceOptions.history})" in text
-    assert f"(default: {TraceOptions.warn_frac})" in text
-    assert f"(default: {TraceOptions.max_skipped_steps})" in text
+    assert f"forward+backward+SGD steps. [default: {RunSettings().steps}]" in text
+    assert f"Ops shown before each event. [default: {TraceOptions.history}]" in text
+    assert f"[default: {TraceOptions.warn_frac}]" in text
+    assert f"[default: {TraceOptions.max_skipped_steps}]" in text

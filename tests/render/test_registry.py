@@ -110,7 +110,7 @@ def test_every_format_has_every_decision() -> None:
     decisions = {fmt: (fmt.for_people, fmt.several_inputs, fmt.findings_only, fmt.summary) for fmt in OutputFormat}
     assert decisions == {
         OutputFormat.table: (True, "follow", False, "rich"),
-        OutputFormat.json: (False, "refuse", False, "one document"),
+        OutputFormat.json: (False, "merge", False, "one document"),
         OutputFormat.sarif: (False, "merge", True, "SARIF 2.1.0"),
         OutputFormat.github: (False, "follow", True, "annotations"),
         OutputFormat.html: (False, "refuse", False, "one self-contained page"),

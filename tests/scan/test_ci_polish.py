@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from dtypecheck import __version__
 from dtypecheck.render.json import document
 from dtypecheck.scan.baseline import compact_document, compare, load_baseline
 from dtypecheck.scan.run import scan_checkpoint
@@ -50,12 +51,30 @@ def test_sarif_takes_several_checkpoints_in_one_log(
     assert "artifacts" not in one["runs"][0]  # one checkpoint: the log as before
 
 
-def test_json_still_takes_one_checkpoint(cli: Callable[..., Any], tmp_path: Path) -> None:
-    first = _checkpoint(tmp_path, "a.safetensors", {"w": torch.ones(2)})
+def test_json_takes_several_checkpoints_in_one_document(cli: Callable[..., Any], tmp_path: Path) -> None:
+    first = _checkpoint(tmp_path, "a.safetensors", {"w": torch.tensor([1.0, 7e4])})  # 7e4 > 65504: overflows fp16
     second = _checkpoint(tmp_path, "b.safetensors", {"w": torch.ones(2)})
     result = cli("scan-model", first, second, "--format", "json")
+    assert result.exit_code == 1
+    doc = json.loads(result.stdout)  # one document, nothing else on stdout
+    assert (doc["schema"], doc["dtypecheck_version"]) == ("dtypecheck.scan-set/1", __version__)
+    assert [c["schema"] for c in doc["checkpoints"]] == ["dtypecheck.scan/1"] * 2
+    assert [c["source"] for c in doc["checkpoints"]] == [first, second]
+    assert doc["checkpoints"][0]["tensors"][0]["casts"]["float16"]["overflow"] == 1
+    assert doc["checkpoints"][1] == json.loads(cli("scan-model", second, "--format", "json").stdout)
+    assert doc["summary"] == {"checkpoints": 2, "ok": 1, "warn": 0, "fail": 1, "level": "fail", "gate_level": "fail"}
+    out = tmp_path / "scans.json"
+    written = cli("scan-model", first, second, "--format", "json", "--output", str(out))
+    assert (written.exit_code, written.stdout) == (1, "")
+    assert json.loads(out.read_text()) == doc
+
+
+def test_a_table_still_goes_to_one_output_file_per_checkpoint(cli: Callable[..., Any], tmp_path: Path) -> None:
+    first = _checkpoint(tmp_path, "a.safetensors", {"w": torch.ones(2)})
+    second = _checkpoint(tmp_path, "b.safetensors", {"w": torch.ones(2)})
+    result = cli("scan-model", first, second, "--output", str(tmp_path / "t.txt"))
     assert result.exit_code == 2
-    assert result.stderr.startswith("error: one checkpoint per JSON document or --output (SARIF takes several)")
+    assert result.stderr.startswith("error: one checkpoint per --output with --format table (json and sarif take")
 
 
 def test_a_baseline_stores_what_the_gate_compares(

@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from dtypecheck.errors import InputError
+from dtypecheck.errors import InputError, NotACheckpointError
 from dtypecheck.loaders._io.pickle_globals import worst_first
 from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord
 from dtypecheck.loaders.formats import checkpoint_suffixes
@@ -88,20 +88,27 @@ def open_folder(folder: Path, open_file: OpenFile, sniff: Callable[[Path], bool]
     for safetensors, duplicate in SAME_WEIGHTS:
         if safetensors in names:
             files = [p for p in files if p.name != duplicate]
-    side = side_findings(folder, set(files))
-    if len(files) == 1:
-        single = open_file(files[0])
-        extra = skipped + side
+    # The folder is judged file by file: one file of no format dtypecheck reads (a torch.package archive) is that
+    # file's finding, not the whole folder's exit 3; its pickles are still judged below, as every side file's.
+    opened, unread = _open_each(files, open_file)
+    try:
+        side = side_findings(folder, set(opened))
+    except BaseException:
+        for part in opened.values():
+            part.close()
+        raise
+    extra = skipped + unread + side
+    if len(files) == 1 and opened:
+        (single,) = opened.values()
         return CompositeCheckpoint(str(folder), single.format, [single], extra) if extra else single
     # Several files (a Trainer checkpoint: model, optimizer, scheduler...): each file's names get its stem as a
     # prefix, so the optimizer's tensors read "optimizer.state.0.exp_avg_sq".
-    stems = [p.stem for p in files]
-    prefixes = stems if len(set(stems)) == len(stems) else [p.name for p in files]
+    stems = [p.stem for p in opened]
+    prefixes = stems if len(set(stems)) == len(stems) else [p.name for p in opened]
     parts: list[Checkpoint] = [
-        PrefixedCheckpoint(part, prefix + ".")
-        for part, prefix in zip(_open_all(files, open_file), prefixes, strict=True)
+        PrefixedCheckpoint(part, prefix + ".") for part, prefix in zip(opened.values(), prefixes, strict=True)
     ]
-    return CompositeCheckpoint(str(folder), "folder", parts, skipped + side)
+    return CompositeCheckpoint(str(folder), "folder", parts, extra)
 
 
 def side_findings(folder: Path, scanned: set[Path]) -> list[Finding]:
@@ -144,6 +151,26 @@ class PrefixedCheckpoint:
 
     def close(self) -> None:
         self.inner.close()
+
+
+def _open_each(paths: list[Path], open_file: OpenFile) -> tuple[dict[Path, Checkpoint], list[Finding]]:
+    """Each file opened, or, when it holds no format dtypecheck reads (``NotACheckpointError``), an
+    ``unreadable-file`` warning in its place. Any other input error (truncated, hostile, refused) still ends
+    the scan of the whole folder, as it would of that file alone."""
+    opened: dict[Path, Checkpoint] = {}
+    unread: list[Finding] = []
+    try:
+        for path in paths:
+            try:
+                opened[path] = open_file(path)
+            except NotACheckpointError as error:
+                reason = str(error).removeprefix(f"{path}: ")
+                unread.append(Finding("unreadable-file", "warn", f"{path.name}: {reason} (skipped)"))
+    except BaseException:
+        for part in opened.values():
+            part.close()
+        raise
+    return opened, unread
 
 
 def _open_all(paths: list[Path], open_file: OpenFile) -> list[Checkpoint]:
