@@ -290,3 +290,24 @@ def test_a_configured_format_it_cannot_write_says_where_it_came_from(cli, html_r
     written = cli("estimate-memory", str(html_runs["estimate-memory"].folder / "decoder"), "-q", "-f", "html")
     assert written.exit_code == 0  # the command line wins over the config
     assert written.stdout.startswith("<!DOCTYPE html>")
+
+
+def test_a_clean_trace_says_so_and_a_fitting_row_says_how_far_it_fits() -> None:
+    clean: dict[str, object] = {"status": "clean", "first": None, "warnings": [], "events": [], "ops": 753}
+    clean |= {"steps": 3, "source": "t.py"}
+    dom = parse(page(*nantrace_page(clean)))
+    assert dom.by_id("status-value").clean_text() == "clean"
+    assert "No NaN or inf was produced." in dom.by_id("status").clean_text()
+    assert dom.find_all("section", id="producer") == []
+    assert "753 ops checked, 3 step(s)" in dom.find_all("header")[0].clean_text()
+    estimate = {"dtype": "bfloat16", "mode": "inference", "optimizer": None, "precision": "pure",
+                "sharding": {"strategy": "none", "world_size": 1}, "batch_size": 8,
+                "bytes": {"parameters": 2048, "activations": 1024, "total": 3072},
+                "fit": {"device": "l4", "capacity_bytes": 24 * 2**30, "reserve_bytes": 0, "usable_bytes": 24 * 2**30,
+                        "fits": True, "max_batch_size": 9984}}  # fmt: skip
+    document = {"model": {"source": "m.json", "parameters": 1024, "trainable_parameters": 1024, "buffers": 0,
+                          "buffer_bytes": 0}, "estimates": [estimate], "measured": None}  # fmt: skip
+    (row,) = table_rows(parse(page(*memory_page(document))).by_id("estimates"))
+    # 2048 B of weights, 1024 B of activations, a 3072 B peak
+    assert row[:4] == ["bfloat16 inference pure, batch 8", "2.00 KiB", "1.00 KiB", "3.00 KiB"]
+    assert row[4] == "yes on l4, batch up to 9,984"

@@ -115,13 +115,21 @@ def _numbers(estimates: Sequence[Mapping[str, Any]]) -> str:
         counts = dict(terms(estimate))
         cells = [esc(row_label(estimate)), *(fmt_bytes(counts.get(name, 0)) for name in names)]
         cells.append(f'<strong class="total">{fmt_bytes(int(estimate["bytes"]["total"]))}</strong>')
-        fit = estimate.get("fit")
-        cells.append(esc(fit.get("verdict", fit) if isinstance(fit, dict) else "-") if fit else "-")
+        cells.append(_fit(estimate.get("fit")))
         rows.append(cells)
     headers = ["row", *names, "total (peak)", "fit"]
     numeric = tuple(range(1, len(names) + 2))
     body = table(headers, rows, numeric=numeric, table_id="estimates")
     return f'<section id="numbers"><h2>The numbers</h2>{body}</section>'
+
+
+def _fit(fit: Mapping[str, Any] | None) -> str:
+    """``yes, batch up to 842`` against ``--fit``'s device (what the table's fits and max batch columns say)."""
+    if not fit:
+        return "-"
+    answer = "yes" if fit.get("fits") else "no"
+    largest = fit.get("max_batch_size")
+    return f"{answer} on {esc(fit.get('device'))}" + (f", batch up to {largest:,}" if isinstance(largest, int) else "")
 
 
 def _points(estimate: Mapping[str, Any]) -> list[tuple[str, int]]:

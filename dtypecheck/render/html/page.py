@@ -82,7 +82,8 @@ _SCRIPT = """
   });
   document.querySelectorAll("[data-filter-for]:not([data-bound])").forEach(function (box) {
     box.setAttribute("data-bound", "1");
-    var table = document.getElementById(box.getAttribute("data-filter-for"));
+    // within its own section: a notebook may show several reports, each with its own "tensors" table
+    var table = box.parentNode.querySelector("#" + box.getAttribute("data-filter-for"));
     var text = box.querySelector("input"), level = box.querySelector("select");
     box.hidden = false;
     function apply() {
