@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit golden clean
+.PHONY: demo test lint typecheck unit golden clean browser docs screenshots
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,13 +27,32 @@ typecheck: $(STAMP)
 # Parallel workers (pytest-xdist), one per core ("auto"; a 2-core CI machine gets 2). loadgroup keeps the tests of
 # an expensive shared fixture on one worker (tests/_xdist_groups.py). PYTEST_WORKERS=0 runs in one process.
 PYTEST_WORKERS ?= auto
-unit: $(STAMP)
+# The HTML reports are opened in headless Chromium (Debian's package) by tests/render/test_html_browser.py. Installed
+# here when missing and this runs as root with apt-get (CI, a fresh machine); elsewhere that one test is skipped,
+# saying why. Idempotent: an installed chromium is found at once.
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing chromium (apt-get) for the HTML report browser test"; \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/dev/null \
+	      || echo "note: chromium could not be installed; the browser test will be skipped"; \
+	  else echo "note: chromium is not installed (needs root and apt-get); the browser test will be skipped"; fi
+
+unit: $(STAMP) browser
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=15
 
-test: lint typecheck unit
+# The docs site (mkdocs-material): every page built, every link and anchor checked.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --quiet --site-dir .site
+
+# docs/img/*.png: each HTML report as a browser shows it (tests/render/_browser.py)
+screenshots: $(STAMP) browser
+	$(BIN)/python docs/screenshots.py
+
+test: lint typecheck unit docs
 
 golden: $(STAMP)
 	$(BIN)/pytest -q tests --overwrite-golden
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info .site

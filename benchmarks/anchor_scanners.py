@@ -8,11 +8,14 @@ and only dtypecheck's column is printed.
 Inputs, all generated (``tests/security/corpus.py``), nothing stored:
 
 - **live payloads**: every input of the corpus classes that carry code (``globals``, ``unread-pickles``,
-  ``differentials``, ``loadable-files``, ``gadgets``) whose payload is *proven live*: after the scans,
-  ``torch.load(weights_only=False)`` (or ``dcp.load``) of it in a throwaway process creates its canary file.
+  ``differentials``, ``loadable-files``, ``gadgets`` and issue 27's classes in ``tests/security/gate/``) whose
+  payload is *proven live*: after the scans, ``torch.load(weights_only=False)`` (or ``torch.jit.load``,
+  ``dcp.load``) of it in a throwaway process, from the working folder it needs, creates its canary file.
 - **benign checkpoints** shaped like real ones: a Lightning ``.ckpt``, a Hugging Face Trainer checkpoint folder
   (``model.safetensors``, ``training_args.bin``, ``optimizer.pt``, ``scheduler.pt``, ``rng_state.pth``), a
-  ``torch.distributed.checkpoint`` folder, an optimizer state, a legacy (non-zip) ``torch.save``, a safetensors file.
+  ``torch.distributed.checkpoint`` folder, an optimizer state, a legacy (non-zip) ``torch.save``, a safetensors file;
+  and every corpus input marked ``benign`` (files the real transformers, peft, Lightning, accelerate and DCP write,
+  and harmless look-alikes of the attacks).
 
 Each tool gets the path a user would give it (a file or a folder; fickling, which reads one file, gets each file of a
 folder in turn) and is judged by its exit status: flagged (1), clean (0), errored (anything else, or a crash).
@@ -39,11 +42,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.security import corpus  # noqa: E402
-from tests.security.harness import environment, torch_load_all  # noqa: E402
+from tests.security.harness import environment, prove_live  # noqa: E402
 
 ANCHORS = {"picklescan": "picklescan==1.0.5", "modelscan": "modelscan==0.8.8", "fickling": "fickling==0.1.12"}
 EXTRA_REQUIREMENTS = ("typing_extensions==4.16.0",)  # fickling 0.1.12 imports it without declaring it
-LIVE_CLASSES = ("globals", "unread-pickles", "differentials", "loadable-files", "gadgets")
+LIVE_CLASSES = ("globals", "unread-pickles", "differentials", "loadable-files", "gadgets", *corpus.GATE_CLASSES)
 SECURITY_KINDS = {"pickle-global", "zip-differential", "duplicate-entry", "pickle-polyglot", "unreadable-file"}
 
 
@@ -160,13 +163,16 @@ def _status(returncode: int) -> str:
     return {0: "clean", 1: "flagged"}.get(returncode, "errored")
 
 
-def run_tool(tool: str, python: Path | None, path: Path, timeout: float) -> str:
-    """flagged / clean / errored for one tool on one input."""
+def run_tool(
+    tool: str, python: Path | None, path: Path, timeout: float, args: tuple[str, ...] = (), cwd: Path | None = None
+) -> str:
+    """flagged / clean / errored for one tool on one input (``args``: dtypecheck's own options for it, as the
+    corpus gives them; ``cwd``: the folder the tool runs in, the input's own by default)."""
     if tool == "fickling" and path.is_dir():  # it reads one file: every file of the folder in turn
-        results = [run_tool(tool, python, p, timeout) for p in sorted(path.rglob("*")) if p.is_file()]
+        results = [run_tool(tool, python, p, timeout, cwd=cwd) for p in sorted(path.rglob("*")) if p.is_file()]
         return next((r for r in ("flagged", "errored") if r in results), "clean")
     if tool == "dtypecheck":
-        command = [sys.executable, "-m", "dtypecheck", "scan-model", str(path), "--format", "json"]
+        command = [sys.executable, "-m", "dtypecheck", "scan-model", str(path), *args, "--format", "json"]
     elif tool == "fickling":  # its CLI reads a file as stacked pickles; zips go through its own zip scanner
         assert python is not None
         command = [str(python), "-c", FICKLING_DRIVER, str(path)]
@@ -181,7 +187,7 @@ def run_tool(tool: str, python: Path | None, path: Path, timeout: float) -> str:
             timeout=timeout,
             check=False,
             env=environment(),
-            cwd=path.parent,
+            cwd=cwd or path.parent,
             stdin=subprocess.DEVNULL,
         )
     except subprocess.TimeoutExpired:
@@ -190,7 +196,10 @@ def run_tool(tool: str, python: Path | None, path: Path, timeout: float) -> str:
         return _status(done.returncode)
     if done.returncode not in (0, 1):
         return "errored"
-    findings = json.loads(done.stdout).get("findings", [])
+    if done.returncode == 0:
+        return "clean"
+    document = json.loads(done.stdout)
+    findings = [f for d in document.get("checkpoints", [document]) for f in d.get("findings", [])]
     security = [f for f in findings if f["kind"] in SECURITY_KINDS and f["level"] == "fail"]
     return "flagged" if security else "clean"
 
@@ -208,29 +217,56 @@ def main() -> None:
     python = None if options.no_anchors else install_anchors(options.venv)
     tools = ["dtypecheck", *(ANCHORS if python is not None else ())]
     try:
-        hostile = [h for h in corpus.build(folder / "hostile", LIVE_CLASSES) if h.canary is not None]
-        benign = benign_checkpoints(folder / "benign")
+        built = [h for h in corpus.build(folder / "hostile", LIVE_CLASSES) if h.args[:1] == ("scan-model",)]
+        hostile = [h for h in built if h.canary is not None]
+        for h in hostile:
+            h.canary.unlink(missing_ok=True)  # type: ignore[union-attr]
+        shaped = benign_checkpoints(folder / "benign")
+        targets = [(h.name, Path(h.args[1]), h.args[2:], h.cwd) for h in [*hostile, *(h for h in built if h.benign)]]
+        targets += [(f"benign/{p.name}", p, (), None) for p in shaped]
+        benign = [h.name for h in built if h.benign] + [f"benign/{p.name}" for p in shaped]
+        klass = {h.name: h.klass for h in built} | {name: "benign-shaped" for name in benign if name.startswith("b")}
         results: dict[str, dict[str, str]] = {tool: {} for tool in tools}
-        targets = [(h.name, Path(h.args[1])) for h in hostile] + [(f"benign/{p.name}", p) for p in benign]
         for tool in tools:
-            for name, target in targets:
-                results[tool][name] = run_tool(tool, python, target, options.timeout)
+            for name, target, args, cwd in targets:
+                own = args if tool == "dtypecheck" else ()
+                results[tool][name] = run_tool(tool, python, target, options.timeout, own, cwd)
                 print(f"{tool:11} {results[tool][name]:8} {name}", flush=True)
         ran = [h.name for h in hostile if h.canary is not None and h.canary.exists()]
-        for h in hostile:
-            if h.canary is not None:
-                h.canary.unlink(missing_ok=True)
-        torch_load_all([h.torch_load for h in hostile if h.torch_load is not None], timeout=600)
-        live = [h.name for h in hostile if h.canary is not None and h.canary.exists()]
-        report(results, live, [f"benign/{p.name}" for p in benign], ran, time.monotonic() - started)
+        live = sorted(prove_live(hostile, timeout=600))
+        report(results, live, benign, ran, time.monotonic() - started, klass)
     finally:
         if options.keep is None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def report(results: dict[str, dict[str, str]], live: list[str], benign: list[str], ran: list[str], took: float) -> None:
+def report(
+    results: dict[str, dict[str, str]],
+    live: list[str],
+    benign: list[str],
+    ran: list[str],
+    took: float,
+    klass: dict[str, str],
+) -> None:
     print()
     print(f"live payloads (proven by torch.load): {len(live)}; benign checkpoints: {len(benign)}")
+    tools = list(results)
+    heads = ["class", "live", *(f"{t} flagged" for t in tools), "benign", *(f"{t} false alarms" for t in tools)]
+    print("| " + " | ".join(heads) + " |")
+    print("|" + "---|" * len(heads))
+    for name in sorted(set(klass.values())):
+        members = [n for n in live if klass.get(n) == name]
+        harmless = [n for n in benign if klass.get(n) == name]
+        flagged = [sum(results[t][n] == "flagged" for n in members) for t in tools]
+        alarmed = [sum(results[t][n] == "flagged" for n in harmless) for t in tools]
+        print(
+            f"| {name} | {len(members)} | "
+            + " | ".join(map(str, flagged))
+            + f" | {len(harmless)} | "
+            + " | ".join(map(str, alarmed))
+            + " |"
+        )
+    print()
     print(f"{'tool':11} {'flagged':>8} {'missed':>7} {'errored':>8} {'false alarms':>13} {'benign errored':>15}")
     for tool, outcome in results.items():
         on_live = [outcome[name] for name in live]

@@ -354,31 +354,182 @@ FIT_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
             "architectures": ["MambaForCausalLM"],
         },
     ),
+    # Issue 31.5's configs, from the published config.json fields.
+    "T5-base": (
+        "T5Config",
+        {
+            "vocab_size": 32128,
+            "d_model": 768,
+            "d_kv": 64,
+            "d_ff": 3072,
+            "num_layers": 12,
+            "num_heads": 12,
+            "architectures": ["T5ForConditionalGeneration"],
+        },
+    ),
+    "Whisper-large-v3": (
+        "WhisperConfig",
+        {
+            "vocab_size": 51866,
+            "d_model": 1280,
+            "encoder_layers": 32,
+            "decoder_layers": 32,
+            "encoder_attention_heads": 20,
+            "decoder_attention_heads": 20,
+            "encoder_ffn_dim": 5120,
+            "decoder_ffn_dim": 5120,
+            "num_mel_bins": 128,
+            "max_source_positions": 1500,
+            "max_target_positions": 448,
+            "architectures": ["WhisperForConditionalGeneration"],
+        },
+    ),
+    "Mixtral-8x22B": (
+        "MixtralConfig",
+        {
+            "vocab_size": 32768,
+            "hidden_size": 6144,
+            "intermediate_size": 16384,
+            "num_hidden_layers": 56,
+            "num_attention_heads": 48,
+            "num_key_value_heads": 8,
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+            "max_position_embeddings": 65536,
+            "rope_theta": 1000000.0,
+            "architectures": ["MixtralForCausalLM"],
+        },
+    ),
+    "Qwen3-30B-A3B": (
+        "Qwen3MoeConfig",
+        {
+            "vocab_size": 151936,
+            "hidden_size": 2048,
+            "intermediate_size": 6144,
+            "moe_intermediate_size": 768,
+            "num_hidden_layers": 48,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 4,
+            "head_dim": 128,
+            "num_experts": 128,
+            "num_experts_per_tok": 8,
+            "decoder_sparse_step": 1,
+            "norm_topk_prob": True,
+            "max_position_embeddings": 40960,
+            "rope_theta": 1000000.0,
+            "architectures": ["Qwen3MoeForCausalLM"],
+        },
+    ),
+    "Llama-3.1-70B": (
+        "LlamaConfig",
+        {
+            "vocab_size": 128256,
+            "hidden_size": 8192,
+            "intermediate_size": 28672,
+            "num_hidden_layers": 80,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 8,
+            "max_position_embeddings": 131072,
+            "rope_theta": 500000.0,
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+            },
+            "architectures": ["LlamaForCausalLM"],
+        },
+    ),
+    "ViT-L": (
+        "ViTConfig",
+        {
+            "hidden_size": 1024,
+            "num_hidden_layers": 24,
+            "num_attention_heads": 16,
+            "intermediate_size": 4096,
+            "image_size": 224,
+            "patch_size": 16,
+            "architectures": ["ViTForImageClassification"],
+        },
+    ),
 }
 
 
-def fit_answers(folder: Path, device: str, dtype: str) -> None:
-    """``--fit DEVICE`` of each published config (issue 22.4): the largest batch and sequence, whole-process time."""
+def _plain_total(target: Path, dtype: str, mode: str, batch: int, seq: int, context: int | None) -> int:
+    """The row's total from a plain estimate at this shape (no --fit): the referee of a fit answer."""
+    from dtypecheck.dtypes import lookup
+    from dtypecheck.memory import EstimateOptions, estimate_memory
+    from dtypecheck.memory.names import DeviceKind, Mode
+
+    options = EstimateOptions(dtypes=(lookup(dtype),), modes=(Mode(mode),), context=context, device=DeviceKind.cuda)
+    report = estimate_memory(str(target), options, batch_size=batch, seq_len=seq)
+    return report.estimates[0].bytes.total
+
+
+def _exact(target: Path, dtype: str, row: dict[str, Any], along_seq: bool, decoder: bool) -> str:
+    """Whether a fit answer is the largest that fits: plain estimates at it and at the next value."""
+    fit = row["fit"]
+    value, bound = (fit["max_seq_len"], fit["max_seq_len_bound"]) if along_seq else (fit["max_batch_size"], None)
+    if not along_seq:
+        bound = fit["max_batch_size_bound"]
+    if value is None:
+        return "n/a"
+    if bound in ("timeout", "search-limit", "fixed-batch"):
+        return f"no ({bound})"
+    usable = fit["usable_bytes"]
+
+    def fits(x: int) -> bool:
+        batch, seq = (row["batch_size"], x) if along_seq else (x, row["seq_len"])
+        kv = x if along_seq and decoder and row["mode"] == "inference" else None
+        return bool(_plain_total(target, dtype, row["mode"], batch, seq, kv) <= usable)
+
+    if value == 0:
+        return "yes" if not fits(1) else "NO"
+    ok = fits(value) and (bound is not None or not fits(value + 1))
+    return "yes" if ok else "NO"
+
+
+def fit_answers(
+    folder: Path, device: str, dtype: str, names: list[str], repeats: int, verify: bool, timeout: float
+) -> None:
+    """``--fit DEVICE`` of each published config (issues 22.4 and 31.5): the largest batch and sequence, the
+    whole process's wall and CPU time (medians of ``repeats``), and whether each answer is exact: a plain estimate
+    at the answer fits and one at the answer + 1 does not (``verify``)."""
+    import resource
+
     import transformers
 
-    print(f"| config | mode | max batch (bound) | max seq (bound) | wall s |  # --fit {device} -d {dtype}")
-    print("|---|---|---:|---:|---:|")
-    for name, (kind, fields) in FIT_CONFIGS.items():
+    print(f"| config | mode | max batch (exact) | max seq (exact) | wall s | CPU s |  # --fit {device} -d {dtype}")
+    print("|---|---|---:|---:|---:|---:|")
+    for name in names:
+        kind, fields = FIT_CONFIGS[name]
         target = folder / name
         target.mkdir(exist_ok=True)
         getattr(transformers, kind)(**fields).to_json_file(str(target / "config.json"))
         command = [sys.executable, "-m", "dtypecheck", "estimate-memory", str(target), "-d", dtype, "-f", "json", "-q"]
-        start = time.perf_counter()
-        done = subprocess.run([*command, "--fit", device], capture_output=True, text=True, check=False)
-        seconds = time.perf_counter() - start
+        walls, cpus = [], []
+        for _ in range(repeats):
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            start = time.perf_counter()
+            fit = ["--fit", device, "--fit-timeout", str(timeout)]
+            done = subprocess.run([*command, *fit], capture_output=True, text=True, check=False)
+            walls.append(time.perf_counter() - start)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpus.append((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime))
+        wall, cpu = statistics.median(walls), statistics.median(cpus)
         if done.returncode != 0:
-            print(f"| {name} | exit {done.returncode}: {done.stderr.strip()[-200:]} | | | {seconds:.1f} |")
+            print(f"| {name} | exit {done.returncode}: {done.stderr.strip()[-200:]} | | | {wall:.1f} | {cpu:.1f} |")
             continue
-        for row in json.loads(done.stdout)["estimates"]:
+        doc = json.loads(done.stdout)
+        decoder = doc["model"].get("model_class", "").endswith("CausalLM")
+        for row in doc["estimates"]:
             fit = row["fit"]
-            batch = f"{fit['max_batch_size']} ({fit['max_batch_size_bound'] or 'exact'})"
-            seq = f"{fit['max_seq_len']} ({fit['max_seq_len_bound'] or 'exact'})"
-            print(f"| {name} | {row['mode']} | {batch} | {seq} | {seconds:.1f} |")
+            batch_exact = _exact(target, dtype, row, False, decoder) if verify else "-"
+            seq_exact = _exact(target, dtype, row, True, decoder) if verify else "-"
+            batch = f"{fit['max_batch_size']} {fit['max_batch_size_bound'] or ''} ({batch_exact})"
+            seq = f"{fit['max_seq_len']} {fit['max_seq_len_bound'] or ''} ({seq_exact})"
+            print(f"| {name} | {row['mode']} | {batch} | {seq} | {wall:.1f} | {cpu:.1f} |", flush=True)
 
 
 def main() -> None:
@@ -387,6 +538,14 @@ def main() -> None:
     parser.add_argument("--skip-speed", action="store_true")
     parser.add_argument("--suite", choices=("all", "step", "speed", "fit"), default="all")
     parser.add_argument("--fit-device", default="h100-80gb", help="the --fit target of --suite fit")
+    parser.add_argument("--configs", default=",".join(FIT_CONFIGS), help="--suite fit: which configs, comma-separated")
+    parser.add_argument("--no-verify", action="store_true", help="--suite fit: skip the plain estimates at N, N+1")
+    parser.add_argument(
+        "--fit-timeout",
+        type=float,
+        default=600.0,
+        help="--suite fit: the --fit-timeout given (wall seconds; a shared machine runs slower than its CPU time)",
+    )
     parser.add_argument("--full-trace", action="store_true", help="also trace the 70B model in full (slow)")
     parser.add_argument(
         "--against",
@@ -411,7 +570,9 @@ def main() -> None:
             speed(folder, args.repeats, args.full_trace, args.against)
             return
         if args.suite == "fit":
-            fit_answers(folder, args.fit_device, "bfloat16")
+            names = [n for n in args.configs.split(",") if n]
+            verify = not args.no_verify
+            fit_answers(folder, args.fit_device, "bfloat16", names, args.repeats, verify, args.fit_timeout)
             return
         rows = accuracy(folder)
         print("| model, batch | training step | estimate | measured (MemTracker) | error | dominated by |")

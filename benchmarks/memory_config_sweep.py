@@ -1,16 +1,21 @@
-"""Which of the installed transformers' model types ``estimate-memory`` can estimate from a tiny config (issue 22.5).
+"""Which of the installed transformers' model types ``estimate-memory`` estimates, at their real size (issue 28.1).
 
-For every model type in ``transformers.CONFIG_MAPPING``: its config class with its defaults shrunk (hidden sizes,
-layers, heads, vocabulary), written to a folder, estimated for float32 inference and training at batch 1 x 16
-tokens. Prints one markdown row per type (ok, or the one-line error) and a count. Nothing is downloaded.
+Every model type that has a model class (any of transformers' ``MODEL_*_MAPPING_NAMES``): its config class at its
+defaults (no shrinking, ``--size real``) or shrunk (``--size tiny``: hidden sizes, layers, heads, vocabulary),
+written to a folder and estimated for float32 inference and an AdamW training step at batch 1 x 16 tokens (inputs
+of other kinds at the config's own sizes). Fake tensors cost nothing at real size. Prints one markdown row per type
+(ok, or the one-line reason) and a summary: types estimated / tried, seconds per type (median, max). Nothing is
+downloaded.
 
-    .venv/bin/python benchmarks/memory_config_sweep.py [--only bert,gpt2] [--timeout 60]
+    nice -n 10 .venv/bin/python benchmarks/memory_config_sweep.py [--size real|tiny] [--only bert,gpt2]
+        [--part 1/2] [--timeout 60]
 """
 
 from __future__ import annotations
 
 import argparse
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -48,7 +53,19 @@ class _TimeoutError(Exception):
     pass
 
 
-def _shrunk(config: Any) -> Any:
+def model_types() -> list[str]:
+    """Every model type some ``MODEL_*_MAPPING_NAMES`` of transformers maps to a model class, sorted."""
+    from transformers.models.auto import configuration_auto, modeling_auto
+
+    found: set[str] = set()
+    for name in dir(modeling_auto):
+        if name.startswith("MODEL") and name.endswith("MAPPING_NAMES"):
+            found.update(getattr(modeling_auto, name))
+    return sorted(found & set(getattr(configuration_auto, "CONFIG_MAPPING_NAMES")))  # noqa: B009  (not re-exported)
+
+
+def shrunk(config: Any) -> Any:
+    """The config with its widths, depths, heads and vocabulary made tiny (where it has them)."""
     for name, value in SMALL.items():
         if isinstance(getattr(config, name, None), int) and not isinstance(getattr(config, name), bool):
             setattr(config, name, value)
@@ -66,59 +83,84 @@ def _shrunk(config: Any) -> Any:
     for sub in ("text_config", "vision_config", "audio_config", "encoder", "decoder"):
         nested = getattr(config, sub, None)
         if nested is not None and hasattr(nested, "to_dict"):
-            _shrunk(nested)
+            shrunk(nested)
     return config
 
 
-def sweep(only: set[str] | None, timeout: int) -> None:
-    import transformers
+def estimate_type(model_type: str, folder: Path, *, tiny: bool, seq_len: int = 16) -> Any:
+    """The float32 report (inference and training) of ``model_type``'s default config, written into ``folder``."""
+    from transformers import CONFIG_MAPPING
 
     from dtypecheck.dtypes import lookup
-    from dtypecheck.errors import DtypecheckError
     from dtypecheck.memory import EstimateOptions, estimate_memory
 
+    config = CONFIG_MAPPING[model_type]()
+    (shrunk(config) if tiny else config).to_json_file(str(folder / "config.json"))
+    return estimate_memory(str(folder), EstimateOptions(dtypes=(lookup("float32"),)), seq_len=seq_len)
+
+
+def _reason(exc: BaseException) -> str:
+    from dtypecheck.errors import DtypecheckError
+
+    if isinstance(exc, DtypecheckError):
+        return f"error: {exc.message()}"
+    first = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {first[0] if first else ''}"
+
+
+def sweep(types: list[str], *, tiny: bool, timeout: int) -> None:
     def alarm(_signum: int, _frame: object) -> None:
         raise _TimeoutError
 
     signal.signal(signal.SIGALRM, alarm)
-    options = EstimateOptions(dtypes=(lookup("float32"),))
-    ok = failed = 0
-    print("| model type | result | seconds |\n|---|---|---:|")
+    seconds: list[float] = []
+    ok = 0
+    print("| model type | result | seconds |\n|---|---|---:|", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        for model_type, config_class in sorted(transformers.CONFIG_MAPPING.items()):
-            if only and model_type not in only:
-                continue
+        for model_type in types:
             folder = Path(tmp) / model_type
             folder.mkdir()
             start = time.perf_counter()
             signal.alarm(timeout)
             try:
-                _shrunk(config_class()).to_json_file(str(folder / "config.json"))
-                report = estimate_memory(str(folder), options, seq_len=16)
-                result = f"ok ({report.model.model_class}, {report.model.parameters:,} parameters)"
+                report = estimate_type(model_type, folder, tiny=tiny)
+                totals = ", ".join(f"{row.mode} {row.bytes.total:,} B" for row in report.estimates)
+                result = f"ok ({report.model.model_class}, {report.model.parameters:,} parameters; {totals})"
                 ok += 1
             except _TimeoutError:
-                result, failed = f"timeout after {timeout} s", failed + 1
-            except DtypecheckError as exc:
-                result, failed = f"error: {exc.message()}"[:200], failed + 1
-            except Exception as exc:  # noqa: BLE001  (a config class that cannot even be made: reported, not fatal)
-                result, failed = (
-                    f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200],
-                    failed + 1,
-                )
+                result = f"timeout after {timeout} s"
+            except Exception as exc:  # noqa: BLE001  (any failure is this type's row, not the sweep's end)
+                result = _reason(exc)
             finally:
                 signal.alarm(0)
-            print(f"| {model_type} | {result.replace('|', '/')} | {time.perf_counter() - start:.1f} |", flush=True)
-    print(f"\n{ok} of {ok + failed} model types estimated")
+            took = time.perf_counter() - start
+            seconds.append(took)
+            cell = result.replace("|", "/").replace("\n", " ")[:220]
+            print(f"| {model_type} | {cell} | {took:.1f} |", flush=True)
+    if seconds:
+        print(
+            f"\n{ok} of {len(types)} model types estimated; seconds per type: median "
+            f"{statistics.median(seconds):.1f}, max {max(seconds):.1f}",
+            flush=True,
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="comma list of model types")
+    parser.add_argument("--size", choices=("real", "tiny"), default="real")
+    parser.add_argument("--part", help="K/N: the K-th of N equal slices of the sorted types")
     parser.add_argument("--timeout", type=int, default=60)
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    sweep(set(args.only.split(",")) if args.only else None, args.timeout)
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    types = args.only.split(",") if args.only else model_types()
+    if args.part:
+        k, n = (int(v) for v in args.part.split("/"))
+        types = types[(k - 1) * len(types) // n : k * len(types) // n]
+    sweep(types, tiny=args.size == "tiny", timeout=args.timeout)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,14 @@ never print.
 
 from __future__ import annotations
 
+import os as _os
+import sys as _sys
+
+if _sys.argv[:1] == ["-m"] and _sys.path and _sys.path[0] in ("", _os.getcwd()):  # noqa: PTH109  (no pathlib import here)
+    # ``python -m dtypecheck`` put the working folder first on the path, before the standard library: a scan run
+    # inside a checkpoint's folder would import a shipped ``dataclasses.py`` or ``decimal.py`` (issue 27).
+    del _sys.path[0]
+
 __version__ = "0.1.0"
 
 from dtypecheck.dtypes import DtypeSpec, FloatFormat, lookup

@@ -1,18 +1,22 @@
-"""Project configuration: ``[tool.dtypecheck]`` in ``pyproject.toml``, found from the input's folder upwards.
+"""Project configuration: ``[tool.dtypecheck]`` in the invocation folder's ``pyproject.toml``, or ``--config``.
 
 Like ruff and mypy, the nearest ``pyproject.toml`` that has a ``[tool.dtypecheck]`` table wins, searched from the
-folder of the file being checked (a checkpoint, ``file.py``), then from the working directory; ``--config FILE``
-points elsewhere (a ``pyproject.toml``, or a ``dtypecheck.toml`` whose top level is the table itself). Every key is
-validated here, so an unknown key or a bad value is a usage error naming it, before any work starts. Options given
-on the command line override the file.
+working directory upwards; ``--config FILE`` points elsewhere (a ``pyproject.toml``, or a ``dtypecheck.toml`` whose
+top level is the table itself). Nothing shipped with a checkpoint governs its scan: the search never starts from a
+checkpoint's folder, and skips any file inside a scanned checkpoint folder or a Hub snapshot (a download's
+``pyproject.toml`` would otherwise set the targets, ignore rules, ``fail-on`` and baseline of its own gate).
+Configuration files found with the checkpoints and not read are listed (``Config.ignored``) for a note. Every key
+is validated here, so an unknown key or a bad value is a usage error naming it, before any work starts. Options
+given on the command line override the file.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fnmatch
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,6 +78,9 @@ class Config:
     path: Path | None
     sections: Mapping[str, Mapping[str, Any]]
     scan_policy: ScanPolicy = field(default_factory=ScanPolicy)
+    ignored: tuple[Path, ...] = ()
+    """Configuration files shipped with the scanned checkpoints (in or beside them, or a search from their folder
+    would have found them): never read, listed so that the command can say so."""
 
     def get(self, command: str, key: str, default: Any = None) -> Any:
         """The command's own setting, else the top-level one, else ``default``."""
@@ -153,7 +160,7 @@ def _dtype_list(where: str, value: Any) -> Any:
 def _target_list(where: str, value: Any) -> Any:
     """``_dtype_list`` of dtypes a scan can cast to (the same rule as ``--target``)."""
     from dtypecheck.dtypes import lookup
-    from dtypecheck.scan.targets import target_problem
+    from dtypecheck.targets import target_problem
 
     names = _dtype_list(where, value)
     for i, name in enumerate(names):
@@ -307,43 +314,123 @@ def _table_of(path: Path, document: dict[str, Any]) -> dict[str, Any] | None:
     return document.get("tool", {}).get("dtypecheck", document) if "tool" in document else document
 
 
-def find_config(start: Path | None = None) -> Path | None:
-    """The nearest ``pyproject.toml`` with a ``[tool.dtypecheck]`` table, from ``start`` upwards."""
+CONFIG_NAMES = ("pyproject.toml", ".dtypecheck.toml", "dtypecheck.toml")
+"""The files a checkpoint might ship to configure its own scan (only ``pyproject.toml`` is ever searched for)."""
+
+
+def _has_table(candidate: Path) -> bool:
+    """Whether ``candidate`` is a ``pyproject.toml`` with a ``[tool.dtypecheck]`` table (a broken one that mentions
+    the table is a usage error naming the problem; someone else's broken pyproject is not ours to judge)."""
+    if not candidate.is_file():
+        return False
+    try:
+        with candidate.open("rb") as handle:
+            document = tomllib.load(handle)
+    except (OSError, ValueError, RecursionError):  # ValueError: invalid TOML, UTF-8, or a huge integer
+        with contextlib.suppress(OSError):
+            if b"dtypecheck" in candidate.read_bytes():
+                _read_toml(candidate)  # raises the usage error that names the problem
+        return False
+    return isinstance(document.get("tool"), dict) and "dtypecheck" in document["tool"]
+
+
+def _in_hub_snapshot(path: Path) -> bool:
+    """Whether ``path`` lies in a Hugging Face cache snapshot (``models--org--name/snapshots/REV/...``)."""
+    parts = path.parts
+    return any(
+        parts[i] == "snapshots" and parts[i - 1].startswith(("models--", "datasets--", "spaces--"))
+        for i in range(1, len(parts) - 1)
+    )
+
+
+def model_folders(targets: Sequence[str]) -> tuple[Path, ...]:
+    """The folders that came with the checkpoints scanned: each checkpoint folder itself (resolved). A
+    ``file.py:factory``, a Hub id and a file name none (a file's folder is the working folder's project when the
+    search from there reaches it, and otherwise never searched)."""
+    folders = []
+    for target in targets:
+        if python_target(target) is None:
+            with contextlib.suppress(OSError):
+                path = Path(target)
+                if path.is_dir():
+                    folders.append(path.resolve())
+    return tuple(folders)
+
+
+def _shipped(candidate: Path, folders: Sequence[Path]) -> bool:
+    resolved = candidate.resolve()
+    return _in_hub_snapshot(resolved) or any(resolved.is_relative_to(folder) for folder in folders)
+
+
+def find_config(start: Path | None = None, *, scanned: Sequence[str] = ()) -> Path | None:
+    """The nearest ``pyproject.toml`` with a ``[tool.dtypecheck]`` table, from ``start`` (the working folder)
+    upwards, passing over those shipped with the ``scanned`` checkpoints (inside one of their folders, or in a Hub
+    snapshot)."""
     here = (start or Path.cwd()).resolve()
+    folders = model_folders(scanned)
     for folder in (here, *here.parents):
         candidate = folder / "pyproject.toml"
-        if candidate.is_file():
-            try:
-                with candidate.open("rb") as handle:
-                    document = tomllib.load(handle)
-            except (OSError, ValueError, RecursionError):  # ValueError: invalid TOML, UTF-8, or a huge integer
-                # someone else's broken pyproject is not ours to judge unless it mentions our table
-                with contextlib.suppress(OSError):
-                    if b"dtypecheck" in candidate.read_bytes():
-                        _read_toml(candidate)  # raises the usage error that names the problem
-                continue
-            if isinstance(document.get("tool"), dict) and "dtypecheck" in document["tool"]:
-                return candidate
+        if _shipped(candidate, folders) or not candidate.is_file():
+            continue
+        if _has_table(candidate):
+            return candidate
     return None
 
 
-def start_folder(target: str) -> Path | None:
-    """Where the search for a ``target``'s configuration starts: an existing checkpoint folder itself, else the
-    folder of the file (``file.py`` of ``file.py:factory`` included); ``None`` for what is not a local path (a Hub
-    id), which leaves only the working directory."""
-    python = python_target(target)
-    path = python[0] if python is not None else Path(target)
-    if path.is_dir():
-        return path
-    return path.parent if path.exists() else None
+def _mentions_dtypecheck(path: Path) -> bool:
+    """A cheap, bounded look at a file nobody asked us to read: a regular file that names dtypecheck (or is named
+    for it)."""
+    from dtypecheck.errors import InputError
+    from dtypecheck.loaders._io.regular import read_regular_file
+
+    if path.name != "pyproject.toml":
+        return path.is_file()
+    try:
+        return b"dtypecheck" in read_regular_file(path, MAX_CONFIG_BYTES)
+    except (InputError, OSError):
+        return False
 
 
-def load_config(explicit: Path | None = None, start: Path | None = None, *, near: str | None = None) -> Config:
+def shipped_configs(scanned: Sequence[str], used: Path | None, start: Path | None = None) -> tuple[Path, ...]:
+    """Configuration files that came with the ``scanned`` checkpoints and are not read: every configuration file
+    in a checkpoint folder or beside a checkpoint file, each ``pyproject.toml`` a search from a checkpoint's folder
+    upwards would have met before the working folder's project (``used``), and those the search from the working
+    folder passed over. Read only to see that they mention dtypecheck; never parsed."""
+    found: dict[Path, None] = {}
+    used_resolved = used.resolve() if used is not None else None
+    here = (start or Path.cwd()).resolve()
+    folders = model_folders(scanned)
+    for target in scanned:
+        path = Path(target)
+        try:
+            if python_target(target) is not None or not path.exists():
+                continue
+            folder = path.resolve() if path.is_dir() else path.resolve().parent
+        except OSError:
+            continue
+        if here.is_relative_to(folder) and folder not in folders:
+            continue  # a file in the working folder (or above it): that folder's own search decides
+        for name in CONFIG_NAMES:
+            if _mentions_dtypecheck(folder / name):
+                found[folder / name] = None
+        for above in folder.parents:
+            if above == here or here.is_relative_to(above):
+                break  # from here on, the working folder's own search decides
+            if _mentions_dtypecheck(above / "pyproject.toml"):
+                found[above / "pyproject.toml"] = None
+    for folder in (here, *here.parents):
+        candidate = folder / "pyproject.toml"
+        if _shipped(candidate, folders) and _mentions_dtypecheck(candidate):
+            found[candidate.resolve()] = None
+    return tuple(path for path in found if path.resolve() != used_resolved)
+
+
+def load_config(explicit: Path | None = None, start: Path | None = None, *, scanned: Sequence[str] = ()) -> Config:
     """Load and validate the configuration; ``EMPTY`` when there is none.
 
-    ``explicit`` (``--config``) wins; else the nearest one above ``start`` (default: the working directory); with
-    ``near`` (a checkpoint or ``file.py`` as typed), the nearest one above its folder, else above the working
-    directory.
+    ``explicit`` (``--config``) wins; else the nearest one above ``start`` (default: the working directory) that
+    was not shipped with a ``scanned`` checkpoint (``find_config``). ``Config.ignored`` lists the configuration
+    files that came with the ``scanned`` checkpoints and were not read.
     """
     if explicit is not None:
         if not explicit.exists():
@@ -351,10 +438,9 @@ def load_config(explicit: Path | None = None, start: Path | None = None, *, near
         table = _table_of(explicit, _read_toml(explicit))
         if table is None:
             raise UsageError(f"--config {explicit}: no [tool.dtypecheck] table in it")
-        return validate(table, str(explicit))
-    folder = start_folder(near) if near is not None else None
-    found = (find_config(folder) if folder is not None else None) or find_config(start)
-    if found is None:
-        return EMPTY
-    table = _table_of(found, _read_toml(found)) or {}
-    return validate(table, str(found))
+        config = validate(table, str(explicit))
+    else:
+        found = find_config(start, scanned=scanned)
+        config = EMPTY if found is None else validate(_table_of(found, _read_toml(found)) or {}, str(found))
+    ignored = shipped_configs(scanned, explicit or config.path, start) if scanned else ()
+    return dataclasses.replace(config, ignored=ignored) if ignored else config

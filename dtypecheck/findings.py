@@ -111,6 +111,19 @@ FINDING_RULE: Final[Mapping[str, str]] = {
 is added here, or ``diagnostics`` refuses it."""
 
 
+SECURITY_KINDS: Final[frozenset[str]] = frozenset(
+    {"pickle-global", "pickle-polyglot", "contains-code", "zip-differential", "duplicate-entry"}
+)
+"""Finding kinds that say a checkpoint can run code or reads differently to another reader (code-running globals,
+polyglots and zip differentials, code in archives). No baseline and no ignore rule ever accepts one above ``ok``:
+they gate whatever an earlier report recorded. A new kind of that sort is added here."""
+
+
+def is_security(finding: Finding) -> bool:
+    """Whether a baseline must never accept ``finding``: a security kind above ``ok``."""
+    return finding.kind in SECURITY_KINDS and finding.level != "ok"
+
+
 def finding_rule(kind: str) -> str:
     """The rule id of a finding kind; a kind missing from ``FINDING_RULE`` is a bug, never a silent default."""
     try:

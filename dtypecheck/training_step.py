@@ -16,8 +16,9 @@ exactly the same ops.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -143,13 +144,38 @@ def cross_entropy_loss(output: Any, inputs: Any) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, -2), targets.flatten())
 
 
-def mse_loss(output: Any, _inputs: Any) -> torch.Tensor:
-    """``F.mse_loss`` of the primary output against a target of its shape (zeros)."""
+_TARGET_WATCHERS: list[Callable[[torch.Tensor], None]] = []
+
+
+@contextlib.contextmanager
+def watching_targets(watch: Callable[[torch.Tensor], None]) -> Iterator[None]:
+    """Call ``watch(target)`` on every target ``loss_target`` makes inside (the trace counts it from the step's
+    start, as the batch that holds it)."""
+    _TARGET_WATCHERS.append(watch)
+    try:
+        yield
+    finally:
+        _TARGET_WATCHERS.remove(watch)
+
+
+def loss_target(prediction: torch.Tensor) -> torch.Tensor:
+    """The target of a loss that needs one of the prediction's shape (zeros). A training loop loads it with the
+    batch: it is alive from before the forward pass to the end of the step, which ``watching_targets`` lets the
+    trace count."""
     import torch
+
+    made = torch.zeros_like(prediction)
+    for watch in _TARGET_WATCHERS:
+        watch(made)
+    return made
+
+
+def mse_loss(output: Any, _inputs: Any) -> torch.Tensor:
+    """``F.mse_loss`` of the primary output against a target of its shape (zeros, held as part of the batch)."""
     import torch.nn.functional as F  # noqa: N812
 
     prediction = primary_output(output)
-    return F.mse_loss(prediction, torch.zeros_like(prediction))
+    return F.mse_loss(prediction, loss_target(prediction))
 
 
 NAMED_LOSSES: dict[LossName, LossFn] = {
@@ -241,8 +267,9 @@ class DefaultLoss:
 
     1. the model's own ``loss`` when it computed one (a Hugging Face model given ``labels``, or a scalar output);
     2. cross-entropy over the last dimension when the inputs hold integers and the output is float logits over
-       a vocabulary or classes (at least 2-D): a language model or a text classifier;
-    3. otherwise MSE against a target of the output's shape (regression, images, embeddings).
+       a vocabulary or classes (at least 2-D, more than one class): a language model or a text classifier;
+    3. otherwise MSE against a target of the output's shape (regression, a ``num_labels=1`` head, images,
+       embeddings), the target held as part of the batch for the whole step.
 
     The same rule for every command that runs a factory's step. One instance per model: it keeps its choice, so
     that the traced and the measured steps take the same loss and the report can name it."""
@@ -263,7 +290,8 @@ class DefaultLoss:
         logits = primary_output(output)
         if logits.dim() == 0:  # the model returned its loss itself
             return "model"
-        if _integer_tensors(inputs) and logits.is_floating_point() and logits.dim() >= 2:
+        # One output per row is a regression head (``num_labels=1``): cross-entropy over one class is zero.
+        if _integer_tensors(inputs) and logits.is_floating_point() and logits.dim() >= 2 and logits.shape[-1] > 1:
             return "cross-entropy"
         return "mse"
 

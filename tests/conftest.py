@@ -93,3 +93,41 @@ def golden(request: pytest.FixtureRequest) -> Callable[[str, str], None]:
         assert text == path.read_text(encoding="utf-8"), f"output differs from {path}; review, then --overwrite-golden"
 
     return check
+
+
+@dataclass(frozen=True)
+class Run:
+    """One command's run (``tests/_documents.py``) as the HTML tests read it."""
+
+    folder: Path
+    report: Any
+    """The report object the CLI rendered."""
+    document: dict[str, Any]
+    """Its JSON document, as the CLI wrote it."""
+    html: str
+    """The same report object's HTML page."""
+
+
+@pytest.fixture(scope="session")
+def html_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
+    """One ``--format json`` run of each command on its tiny input, keeping the report object the CLI rendered,
+    so that its HTML page and its JSON document describe the same run."""
+    from dtypecheck.render import OutputFormat, render
+    from tests._documents import EXIT_CODES, command_args, run_json
+
+    folder = tmp_path_factory.mktemp("html-runs")
+    seen: list[Any] = []
+
+    def spy(report: Any, fmt: OutputFormat, **kwargs: Any) -> str:
+        seen.append(report)
+        return render(report, fmt, **kwargs)
+
+    found = {}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("dtypecheck.cli._app.render", spy)
+        for command, args in command_args(folder).items():
+            code, document = run_json(args)
+            assert code == EXIT_CODES[command], command
+            assert json.loads(render(seen[-1], OutputFormat.json)) == document
+            found[command] = Run(folder, seen[-1], document, render(seen[-1], OutputFormat.html))
+    return found

@@ -126,9 +126,9 @@ def test_a_rule_level_is_its_check_level() -> None:
             assert RULE_BY_ID[check.rule].default_level == check.level, check.name
 
 
-def test_readme_lists_every_rule_with_its_name() -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    rows = dict(re.findall(r"^\| `(DTC\d{3})` \| `([a-z0-9-]+)` \|", readme, re.MULTILINE))
+def test_the_ci_guide_lists_every_rule_with_its_name() -> None:
+    guide = (ROOT / "docs" / "ci.md").read_text(encoding="utf-8")
+    rows = dict(re.findall(r"^\| `(DTC\d{3})` \| `([a-z0-9-]+)` \|", guide, re.MULTILINE))
     assert rows == {rule.id: rule.name for rule in RULES}
 
 

@@ -14,7 +14,7 @@ import typer
 
 from dtypecheck import __version__
 from dtypecheck.errors import ExitCode, UserCodeError
-from dtypecheck.output import format_help
+from dtypecheck.output import EVERY_FORMAT, REPORT_FORMATS, format_help, format_metavar, parse_format
 from dtypecheck.render import OutputFormat, render, write_atomically
 
 if TYPE_CHECKING:
@@ -50,26 +50,26 @@ def _configured_default(ctx: typer.Context, param: typer.CallbackParam, value: A
         return value
     key, convert = _CONFIGURED_OPTIONS[name]
     explicit = ctx.params.get("config")
-    near = _first_input(ctx)
-    cache_key = f"dtypecheck.config:{explicit}:{near}"  # read once for both shared options
+    scanned = _inputs(ctx)
+    cache_key = f"dtypecheck.config:{explicit}:{scanned}"  # read once for both shared options
     if cache_key not in ctx.meta:
-        ctx.meta[cache_key] = project_config(explicit, near)
+        ctx.meta[cache_key] = project_config(explicit, scanned)
     configured = ctx.meta[cache_key].get(ctx.info_name or "", key)
     # A callback's result reaches the command as it is, unconverted: give it the option's own type.
     return value if configured is None else convert(configured)
 
 
-CONFIG_NEAR: dict[str, str] = {}
-"""Commands whose configuration is found from an argument's folder (``scan-model``: its first checkpoint), by the
-parameter holding it; the others find theirs from the working directory."""
+SCANNED_INPUTS: dict[str, str] = {}
+"""Commands that scan checkpoints (``scan-model``), by the parameter holding them: a configuration shipped with
+one of them (inside a checkpoint folder) is never read, even when the working folder's search meets it."""
 
 
-def _first_input(ctx: typer.Context) -> str | None:
+def _inputs(ctx: typer.Context) -> tuple[str, ...]:
     # Arguments given on the command line are processed before the options left at their default, so it is here.
-    value = ctx.params.get(CONFIG_NEAR.get(ctx.info_name or "", ""))
-    if isinstance(value, list | tuple):
-        value = value[0] if value else None
-    return value if isinstance(value, str) else None
+    value = ctx.params.get(SCANNED_INPUTS.get(ctx.info_name or "", ""))
+    if isinstance(value, str):
+        return (value,)
+    return tuple(v for v in value if isinstance(v, str)) if isinstance(value, list | tuple) else ()
 
 
 _CONFIGURED_OPTIONS: dict[str, tuple[str, Callable[[Any], Any]]] = {
@@ -86,15 +86,58 @@ def default_is(meaning: str) -> str:
     return f" \\[default: {meaning}]"
 
 
+def _format_among(formats: tuple[OutputFormat, ...]) -> Callable[[Any], OutputFormat]:
+    """``--format``'s parser for a command that writes ``formats``: only those are accepted and listed."""
+
+    def parse(value: Any) -> OutputFormat:
+        try:
+            return parse_format(value, formats)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+
+    return parse
+
+
+def _configured_format_among(formats: tuple[OutputFormat, ...]) -> Callable[[typer.Context, Any, Any], Any]:
+    """``_configured_default`` for ``--format``, which also holds the config's value to the command's formats."""
+
+    def configured(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
+        chosen = _configured_default(ctx, param, value)
+        try:
+            return parse_format(chosen, formats)
+        except ValueError as exc:  # the command line's value was parsed already: this one is the config's
+            raise typer.BadParameter(
+                f"{exc}; it is the format in [tool.dtypecheck]: give --format, or set format in this command's "
+                f"own section ([tool.dtypecheck.{ctx.info_name}])"
+            ) from None
+
+    return configured
+
+
 FormatOption = Annotated[
     OutputFormat,
     typer.Option(
         "--format",
         "-f",
-        help=format_help(),
-        callback=_configured_default,
+        help=format_help(EVERY_FORMAT),
+        metavar=format_metavar(EVERY_FORMAT),
+        parser=_format_among(EVERY_FORMAT),
+        callback=_configured_format_among(EVERY_FORMAT),
     ),
 ]
+"""``--format`` of a command whose report has findings (scan-model, nan-trace): every format."""
+ReportFormatOption = Annotated[
+    OutputFormat,
+    typer.Option(
+        "--format",
+        "-f",
+        help=format_help(REPORT_FORMATS),
+        metavar=format_metavar(REPORT_FORMATS),
+        parser=_format_among(REPORT_FORMATS),
+        callback=_configured_format_among(REPORT_FORMATS),
+    ),
+]
+"""``--format`` of a command whose report has no findings (info, estimate-memory): no SARIF, no annotations."""
 
 
 def _output_folder_exists(value: Path | None) -> Path | None:
@@ -144,22 +187,23 @@ ConfigOption = Annotated[
         "--config",
         help="Read the tool.dtypecheck settings from FILE."
         + default_is(
-            "the nearest pyproject.toml with that table above the working folder; scan-model: above each "
-            "checkpoint's folder first"
+            "the nearest pyproject.toml with that table above the working folder (scan-model never reads one "
+            "shipped with a checkpoint)"
         ),
         dir_okay=False,
     ),
 ]
 
 
-def project_config(explicit: Path | None, near: str | None = None) -> Config:
+def project_config(explicit: Path | None, scanned: tuple[str, ...] | list[str] = ()) -> Config:
     """The validated project configuration (``EMPTY`` when there is none); bad keys are usage errors.
 
-    ``--config FILE`` wins; else the nearest one above ``near``'s folder (a checkpoint), else above the working folder.
+    ``--config FILE`` wins; else the nearest one above the working folder that did not come with one of the
+    ``scanned`` checkpoints (``Config.ignored`` lists those).
     """
     from dtypecheck.config import load_config
 
-    return load_config(explicit, near=near)
+    return load_config(explicit, scanned=tuple(scanned))
 
 
 def pick(value: T | None, config: Config, command: str, key: str, default: T) -> T:

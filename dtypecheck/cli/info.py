@@ -19,6 +19,7 @@ from dtypecheck.cli._app import (
     emit,
 )
 from dtypecheck.errors import ExitCode, UsageError
+from dtypecheck.output import REPORT_FORMATS, format_names
 from dtypecheck.render import OutputFormat
 
 if TYPE_CHECKING:
@@ -107,6 +108,9 @@ def resolve_info_options(
         given = [flag for flag, on in clashes if on]
         if given:
             raise UsageError(f"--list shows every dtype name; it does not combine with {given[0]}")
+        if fmt.findings_only:
+            names = format_names(REPORT_FORMATS)
+            raise UsageError(f"--list writes {names}, not {fmt.value} (a list of names has no findings)")
         return InfoOptions((), True, False, fmt, output, quiet)
     if all_dtypes and dtypes:
         raise UsageError("--all and explicit dtype names conflict; give one or the other")

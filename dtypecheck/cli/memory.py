@@ -12,9 +12,9 @@ import typer
 
 from dtypecheck.cli._app import (
     ConfigOption,
-    FormatOption,
     OutputOption,
     QuietOption,
+    ReportFormatOption,
     TracebackOption,
     app,
     default_is,
@@ -26,6 +26,7 @@ from dtypecheck.cli._app import (
 )
 from dtypecheck.errors import ExitCode, ParameterError, UsageError
 from dtypecheck.memory.names import DeviceKind, LossName, Mode, Optimizer, OptimizerImpl, Precision, Strategy
+from dtypecheck.output import REPORT_FORMATS, format_names
 from dtypecheck.render import OutputFormat
 
 if TYPE_CHECKING:
@@ -144,7 +145,7 @@ def estimate_memory(
             help="Also run one real step (CUDA if present, else CPU) of every float row (pure or amp) and compare."
         ),
     ] = False,
-    fmt: FormatOption = OutputFormat.table,
+    fmt: ReportFormatOption = OutputFormat.table,
     output: OutputOption = None,
     quiet: QuietOption = False,
     traceback: TracebackOption = False,
@@ -238,7 +239,8 @@ def resolve_memory_options(
     from dtypecheck.memory.estimate import EstimateOptions
 
     if fmt.findings_only:
-        raise UsageError(f"estimate-memory writes a table or json, not {fmt.value} (a memory estimate has no findings)")
+        names = format_names(REPORT_FORMATS)
+        raise UsageError(f"estimate-memory writes {names}, not {fmt.value} (a memory estimate has no findings)")
     section = "estimate-memory"
     configured_device = pick(device, settings, section, "device", None)
     with flags_named():

@@ -28,7 +28,7 @@ from dtypecheck.cli._app import (
 )
 from dtypecheck.errors import UsageError, UserCodeError
 from dtypecheck.nantrace.options import AUTOCAST_DTYPES, RunSettings, TraceOptions
-from dtypecheck.render import OutputFormat
+from dtypecheck.render import OutputFormat, render
 
 if TYPE_CHECKING:
     from dtypecheck.nantrace.distributed import RankInfo
@@ -314,7 +314,8 @@ def execute_nantrace(options: NanTraceOptions) -> int:
             options.path,
             list(options.script_args),
             options.run,
-            fmt=options.fmt,
+            to_text=lambda merged: render(merged, options.fmt, color=False, width=120),
+            for_people=options.fmt.for_people,
             output=options.output,
             exit_code=lambda merged: _exit_code(merged, options.threshold),
             guard=lambda captured: user_code_guard(str(options.path), enabled=captured, script=True),

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from dtypecheck.cli._app import (
-    CONFIG_NEAR,
+    SCANNED_INPUTS,
     ConfigOption,
     FailOn,
     FailOnOption,
@@ -30,13 +30,14 @@ from dtypecheck.loaders.formats import describe_formats
 from dtypecheck.render import OutputFormat
 
 if TYPE_CHECKING:
+    from dtypecheck.config import Config
     from dtypecheck.nantrace.distributed import RankInfo
     from dtypecheck.scan.gate import CheckpointPlan
     from dtypecheck.scan.report import ScanReport
     from dtypecheck.scan.select import Selection
 
 DEFAULT_TOP = 20
-CONFIG_NEAR["scan-model"] = "checkpoints"  # [tool.dtypecheck] is found from the first checkpoint's folder upwards
+SCANNED_INPUTS["scan-model"] = "checkpoints"  # a configuration shipped with one of them is never read
 
 
 @app.command("scan-model")
@@ -104,8 +105,9 @@ def scan_model(
         typer.Option(
             "--update-baseline",
             help="Write this scan's reports into the baseline file (--baseline or the configured one) instead of "
-            "comparing: only the entries of the checkpoints scanned change. Exits 0 unless a scan cannot run."
-            + default_is("off: compare"),
+            "comparing: only the entries of the checkpoints scanned change. Exits 0 unless a scan cannot run or "
+            "finds a security finding (a code-running global, a differential, code in an archive): no baseline "
+            "accepts those." + default_is("off: compare"),
         ),
     ] = False,
     no_baseline: Annotated[
@@ -211,6 +213,8 @@ class ScanOptions:
     fmt: OutputFormat
     output: Path | None
     quiet: bool
+    ignored: tuple[Path, ...] = ()
+    """Configuration files that came with the checkpoints and were not read (a note says so)."""
 
 
 def resolve_scan_options(
@@ -239,17 +243,17 @@ def resolve_scan_options(
         raise UsageError("--no-baseline leaves the baseline out; it cannot go with --baseline or --update-baseline")
     several = len(checkpoints) > 1
     if several and (fmt.several_inputs == "refuse" or (output is not None and fmt.several_inputs != "merge")):
-        raise UsageError(
-            f"one checkpoint per --output with --format {fmt.value} (json and sarif take several); scan them one "
-            "at a time"
-        )
+        refused = fmt.several_inputs == "refuse" and output is None
+        held = f"{fmt.value.upper()} document" if refused else f"--output with --format {fmt.value}"
+        raise UsageError(f"one checkpoint per {held} (json and sarif take several); scan them one at a time")
     if several and plot is not None:
         raise UsageError("one checkpoint per --plot; scan them one at a time")
     from dtypecheck.scan.select import Selection
 
     chosen = Selection(*selection)
+    settings = project_config(config, checkpoints)
     planned = [
-        _plan(c, config, target, chosen, baseline, no_baseline, keep_float32_sqnr, fail_on, show_all)
+        _plan(c, settings, target, chosen, baseline, no_baseline, keep_float32_sqnr, fail_on, show_all)
         for c in checkpoints
     ]
     plans = tuple(plan for plan, _ in planned)
@@ -266,7 +270,7 @@ def resolve_scan_options(
         require_matplotlib()
         if plot.suffix.lower() != ".png":
             raise UsageError(f"--plot {plot}: the plot is written as PNG; name the file *.png")
-    return ScanOptions(plans, limits, update_baseline, workers, precision, plot, fmt, output, quiet)
+    return ScanOptions(plans, limits, update_baseline, workers, precision, plot, fmt, output, quiet, settings.ignored)
 
 
 def execute_scan(options: ScanOptions) -> int:
@@ -280,6 +284,13 @@ def execute_scan(options: ScanOptions) -> int:
     info = rank_info()  # a run under torchrun: the parts are split across the ranks, rank 0 reports
     if info is not None and info.rank != 0:
         return _scan_shares(options, info)
+    if not options.quiet:
+        for path in options.ignored:
+            typer.echo(
+                f"note: not reading {shown(path)}: it came with a checkpoint, and nothing shipped with a checkpoint "
+                "governs its scan (configuration comes from the working folder's project or --config)",
+                err=True,
+            )
     gate = Gate(options.plans, update=options.update_baseline, missing_hint="write it with --update-baseline")
     code = ExitCode.OK
     # one document: a SARIF log (one run, one artifact per checkpoint), a dtypecheck.scan-set/1 JSON document
@@ -357,7 +368,7 @@ def _scan_shares(options: ScanOptions, info: RankInfo) -> int:
 
 def _plan(
     checkpoint: str,
-    config: Path | None,
+    settings: Config,
     target: list[str] | None,
     selection: Selection,
     baseline: Path | None,
@@ -366,15 +377,14 @@ def _plan(
     fail_on: FailOn | None,
     show_all: bool | None,
 ) -> tuple[CheckpointPlan, bool]:
-    """One checkpoint's plan, and whether its table shows every tensor: the command line wins, else its own
-    configuration (``--config``, else the nearest above its folder, else above the working folder)."""
+    """One checkpoint's plan, and whether its table shows every tensor: the command line wins, else the run's
+    configuration (``--config``, else the working folder's project; never one shipped with a checkpoint)."""
     from dtypecheck.dtypes import parse_dtype_list
     from dtypecheck.findings import as_level
     from dtypecheck.scan.gate import CheckpointPlan, configured_path, entry_key, shown
     from dtypecheck.scan.keep_float32 import DEFAULT_MIN_SQNR_DB
-    from dtypecheck.scan.targets import check_targets
+    from dtypecheck.targets import check_targets
 
-    settings = project_config(config, checkpoint)
     names = target or pick(None, settings, "scan-model", "targets", [])
     targets = tuple(check_targets(parse_dtype_list(list(names)))) if names else None
     configured = None if off or baseline is not None else configured_path(settings, "baseline")

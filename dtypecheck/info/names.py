@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from dtypecheck.display import ShowsAsHtml
 from dtypecheck.dtypes import REGISTRY, Kind
 
 
@@ -24,7 +25,7 @@ class DtypeName:
 
 
 @dataclass(frozen=True)
-class DtypeList:
+class DtypeList(ShowsAsHtml):
     """The report of ``dtypecheck info --list``."""
 
     SCHEMA: ClassVar[str] = "dtypecheck.info-list/1"

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
+from dtypecheck.display import ShowsAsHtml
 from dtypecheck.promotion import Defaults, PromotionReport
 
 Number = float | int | bool | None
@@ -162,7 +163,7 @@ class IntInfo:
 
 
 @dataclass(frozen=True)
-class InfoReport:
+class InfoReport(ShowsAsHtml):
     """The report of ``dtypecheck info``."""
 
     SCHEMA: ClassVar[str] = "dtypecheck.info/1"

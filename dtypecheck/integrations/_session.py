@@ -99,12 +99,15 @@ class WatchSession:
         self.found = False
         self.report: NanTraceReport | None = None
 
-    def start(self, model: nn.Module | None, *, optimizer_seen: bool) -> None:
+    def start(self, model: nn.Module | None, *, optimizer_seen: bool, names_from_calls: bool = False) -> None:
+        """``names_from_calls``: module paths start at the module called outermost, as a full trace of the script
+        names them (a LightningModule whose ``training_step`` calls ``self.net`` is not itself called), not at
+        ``model``."""
         from dtypecheck.nantrace.watch import Watcher
 
         self.watcher = Watcher(
             TraceOptions(history=self.history),
-            model=model,
+            model=None if names_from_calls else model,
             optimizer_snapshot=self.optimizer_snapshot,
             on_found=self._found,
         )

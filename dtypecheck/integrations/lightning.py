@@ -27,7 +27,7 @@ class NanTraceCallback(WatchingCallback, Callback):
     supported = SUPPORTED
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        self.session.start(pl_module, optimizer_seen=True)
+        self.session.start(pl_module, optimizer_seen=True, names_from_calls=True)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.session.poll():

@@ -24,7 +24,13 @@ def open_checkpoint(target: str) -> Checkpoint:
     ``NoTensors``): a scan that found nothing to judge never reads as "ok". (A file holding tensor data that
     its pickle does not lead to is an ``InputError`` of its loader instead.)
     """
-    checkpoint = _open(target)
+    from dtypecheck.loaders._io.pickle_globals import imports_beside
+
+    # torch.load of this checkpoint, run from its folder or from here, imports what is shipped there: its globals
+    # are judged knowing that (every pickle is read while the checkpoint opens).
+    path = Path(target)
+    with imports_beside(path if path.is_dir() else path.parent, Path.cwd()):
+        checkpoint = _open(target)
     if next(iter(checkpoint.records()), None) is None:
         return NoTensors(checkpoint)
     return checkpoint

@@ -5,13 +5,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dtypecheck.errors import InputError, ParameterError
+from dtypecheck.memory.hf_inputs import hf_inputs
 from dtypecheck.memory.inventory import inventory_of_module
 from dtypecheck.memory.subject import DEFAULT_SEQ_LEN, DecoderShape, SeqLimit, Subject
 from dtypecheck.training_step import LossName, StepLoss, step_loss
@@ -50,48 +50,78 @@ def _hf_builder(path: Path) -> tuple[Builder, str, str, int | None, Any]:
 
     transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # chatter would interleave with the table
     try:
-        config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
+        config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
     except Exception as exc:  # noqa: BLE001  (transformers raises anything on a config it cannot read)
         raise InputError(f"{path}: transformers cannot read this config ({_one_line(exc)})") from None
-    kind = type(config)
-    head = "Model"
-    named = _named_class(transformers, config)
-    if named is not None:
-        # The config's ``architectures`` says which class it is for (BertModel stays BertModel): its head is the
-        # Auto mapping that holds that class, else the bare model.
-        head = next((h for h in HEADS if _mapped(transformers, h, kind) is named), "Model")
-    else:
-        # An encoder-decoder (Whisper, BART) may also map to a decoder-only causal LM: build the whole model.
-        encdec = getattr(config, "is_encoder_decoder", False)
-        order = sorted(HEADS, key=lambda h: "Seq2Seq" not in h) if encdec else HEADS
-        for candidate in order:
-            if candidate == "MaskedLM" and getattr(config, "is_decoder", False):
-                continue
-            if _mapped(transformers, candidate, kind) is not None:
-                head = candidate
-                break
-    auto: Any = getattr(transformers, "AutoModel" if head == "Model" else f"AutoModelFor{head}")
+    head, model_class = _head_and_class(transformers, config)
     blocks = getattr(config, "num_hidden_layers", None)
+
+    # An encoder-decoder whose decoder has as many blocks as its encoder (T5, Whisper, BART) is made shallower in
+    # both: each block then pairs an encoder and a decoder layer, and a shallow trace costs a few layers, not the
+    # whole decoder.
+    paired = [name for name in DECODER_BLOCKS if blocks is not None and getattr(config, name, None) == blocks]
 
     def build(layers: int | None) -> torch.nn.Module:
         chosen = config
         if layers is not None:
             chosen = copy.deepcopy(config)
             chosen.num_hidden_layers = layers
-        model: torch.nn.Module = named._from_config(chosen) if named is not None else auto.from_config(chosen)
+            for name in paired:
+                setattr(chosen, name, layers)
+        if model_class is None:
+            raise ValueError(f"transformers has no model class for a {type(config).__name__}")
+        model: torch.nn.Module = model_class._from_config(chosen)
         return model
 
-    architecture = str(getattr(config, "model_type", kind.__name__))
+    architecture = str(getattr(config, "model_type", type(config).__name__))
     return build, head, architecture, blocks if isinstance(blocks, int) else None, config
 
 
+def _head_and_class(transformers: Any, config: Any) -> tuple[str, Any]:
+    """The task head (``CausalLM``, ``Model``, ``ObjectDetection``...) and the model class to build for ``config``:
+    the class its ``architectures`` names; else the first of ``HEADS`` that maps its config class (an
+    encoder-decoder's sequence-to-sequence head first, a decoder never as a masked LM); else the bare model; else
+    any other task head transformers has for it (a depth estimator, an object detector)."""
+    kind = type(config)
+    named = _named_class(transformers, config)
+    others = sorted(
+        name.removeprefix("AutoModelFor")
+        for name in dir(transformers)
+        if name.startswith("AutoModelFor") and name.removeprefix("AutoModelFor") not in HEADS
+    )
+    if named is not None:
+        # The config's ``architectures`` says which class it is for (BertModel stays BertModel): its head is the
+        # Auto mapping that holds that class, else the bare model.
+        return next((h for h in (*HEADS, *others) if _mapped(transformers, h, kind) is named), "Model"), named
+    # An encoder-decoder (Whisper, BART) may also map to a decoder-only causal LM: build the whole model.
+    encdec = getattr(config, "is_encoder_decoder", False)
+    order = sorted(HEADS, key=lambda h: "Seq2Seq" not in h) if encdec else HEADS
+    for candidate in (*order, "Model", *others):
+        if candidate == "MaskedLM" and getattr(config, "is_decoder", False):
+            continue
+        found = _mapped(transformers, candidate, kind)
+        if found is not None:
+            return candidate, found
+    return "Model", None
+
+
+DECODER_BLOCKS = ("num_decoder_layers", "decoder_layers")
+"""transformers' names for an encoder-decoder's decoder block count, beside ``num_hidden_layers`` (the encoder's)."""
+
+
 def _mapped(transformers: Any, head: str, kind: type) -> Any:
-    """The class transformers' ``AutoModelFor<head>`` builds for config class ``kind``, or None."""
-    mapping = getattr(transformers, f"AutoModelFor{head}")._model_mapping
+    """The class transformers' ``AutoModelFor<head>`` (``AutoModel`` for ``Model``) builds for config class
+    ``kind``, or None; of a mapping to several classes (DeiT's classifier with and without its teacher), the
+    first."""
+    auto = getattr(transformers, "AutoModel" if head == "Model" else f"AutoModelFor{head}", None)
+    mapping = getattr(auto, "_model_mapping", None)
     try:
-        return mapping.get(kind, None)
-    except (KeyError, ValueError, AttributeError):
+        found = mapping.get(kind, None) if mapping is not None else None
+    except (KeyError, ValueError, AttributeError, ImportError):
         return None
+    if isinstance(found, list | tuple):
+        found = found[0] if found else None
+    return found if isinstance(found, type) and hasattr(found, "_from_config") else None
 
 
 def _named_class(transformers: Any, config: Any) -> Any:
@@ -104,63 +134,6 @@ def _named_class(transformers: Any, config: Any) -> Any:
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-
-
-def _size_of(config: Any, name: str, default: int) -> int:
-    """A vision or audio size from the config or its ``vision_config``/``audio_config``."""
-    for source in (config, getattr(config, "vision_config", None), getattr(config, "audio_config", None)):
-        value = getattr(source, name, None) if source is not None else None
-        if isinstance(value, int) and value > 0:
-            return value
-        if isinstance(value, list | tuple) and value and isinstance(value[0], int):
-            return int(value[0])
-    return default
-
-
-def _hf_inputs(
-    model: torch.nn.Module, config: Any, head: str, batch: int, seq: int, *, train: bool, labels: bool, real: bool
-) -> dict[str, Any]:
-    """Keyword inputs for ``model.forward``, from what it takes and what the config says (``seq`` tokens for
-    text; the config's image size for images; ``seq`` frames for audio)."""
-    import inspect
-
-    import torch
-
-    accepted = set(inspect.signature(model.forward).parameters)
-    vocab = _size_of(config, "vocab_size", 0) or _size_of(getattr(config, "text_config", None), "vocab_size", 2)
-
-    def ids(*shape: int) -> torch.Tensor:
-        if real:
-            return torch.randint(0, max(vocab, 1), shape)
-        return torch.zeros(shape, dtype=torch.long)
-
-    main = getattr(model, "main_input_name", "input_ids")
-    kwargs: dict[str, Any] = {}
-    if "input_ids" in accepted and (main == "input_ids" or "pixel_values" in accepted):
-        kwargs["input_ids"] = ids(batch, seq)
-    if "pixel_values" in accepted:
-        size = _size_of(config, "image_size", 224)
-        channels = _size_of(config, "num_channels", 3)
-        kwargs["pixel_values"] = torch.zeros(batch, channels, size, size)
-    if main == "input_features":
-        bins = _size_of(config, "num_mel_bins", 80)
-        frames = 2 * _size_of(config, "max_source_positions", seq)
-        kwargs["input_features"] = torch.zeros(batch, bins, frames)
-    elif main == "input_values":
-        # ``seq`` frames of raw audio: each frame is the feature encoder's total stride of samples.
-        stride = math.prod(getattr(config, "conv_stride", None) or (1,))
-        kwargs["input_values"] = torch.zeros(batch, seq * stride)
-    if not kwargs and main in accepted:
-        kwargs[main] = ids(batch, seq)
-    decoder = head in ("Seq2SeqLM", "SpeechSeq2Seq") or bool(getattr(config, "is_encoder_decoder", False))
-    if decoder and "decoder_input_ids" in accepted:
-        kwargs["decoder_input_ids"] = ids(batch, seq)  # given, not derived from labels (some configs cannot)
-    if labels and train and "labels" in accepted:
-        classifier = head in ("ImageClassification", "AudioClassification")
-        kwargs["labels"] = ids(batch) if classifier else ids(batch, seq)
-    if "use_cache" in accepted:
-        kwargs["use_cache"] = False  # the KV cache is counted for --context tokens, not for the pass
-    return kwargs
 
 
 @dataclass(frozen=True)
@@ -274,7 +247,7 @@ def build_from_config(path: Path, data: dict[str, Any], *, batch_size: int, seq_
             return {"input_ids": ids, "labels": ids} if (own_loss and module.training) else {"input_ids": ids}
         if choice.head.startswith("diffusers-"):
             return _diffusers_inputs(choice.hf_config, choice.head, batch, seq, real=real)
-        return _hf_inputs(
+        return hf_inputs(
             module, choice.hf_config, choice.head, batch, seq, train=module.training, labels=own_loss, real=real
         )
 
@@ -330,6 +303,12 @@ def build_from_config(path: Path, data: dict[str, Any], *, batch_size: int, seq_
     )
 
 
+MAX_LAYERS = 10_000
+"""Most blocks a config may ask for: the deepest real models have a few hundred, and building a billion (even on
+the meta device) takes minutes and gigabytes."""
+LAYER_KEYS = ("num_hidden_layers", "num_layers", "n_layer", "num_decoder_layers", "encoder_layers", "decoder_layers")
+
+
 def read_hf_config(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -337,9 +316,39 @@ def read_hf_config(path: Path) -> dict[str, Any]:
         raise InputError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
     except UnicodeDecodeError as exc:
         raise InputError(f"{path}: not a UTF-8 text file") from exc
+    except ValueError as exc:  # an integer of over 4300 digits (Python's int_max_str_digits)
+        raise InputError(f"{path}: not a config ({_one_line(exc)})") from None
+    except RecursionError:
+        raise InputError(f"{path}: not a config (JSON nested too deeply to read)") from None
     if not isinstance(data, dict):
         raise InputError(f"{path}: a config must be a JSON object")
+    _check_layers(path, data)
+    if "auto_map" in data:
+        named = ", ".join(sorted({str(v) for v in _flat(data["auto_map"])})[:3])
+        raise InputError(
+            f"{path}: its auto_map names code shipped with the model ({named}), which transformers would import; "
+            "estimate-memory never runs a model's own code: build it in your own file.py:factory instead"
+        )
     return data
+
+
+def _flat(value: Any) -> list[Any]:
+    if isinstance(value, dict):
+        return [leaf for item in value.values() for leaf in _flat(item)]
+    if isinstance(value, list):
+        return [leaf for item in value for leaf in _flat(item)]
+    return [value]
+
+
+def _check_layers(path: Path, data: dict[str, Any]) -> None:
+    """Refuse a layer count no model has (``num_hidden_layers: 1e9``), here or in a nested text/vision config."""
+    for key in LAYER_KEYS:
+        for config in (data, *(v for v in data.values() if isinstance(v, dict))):
+            value = config.get(key)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            if not (isinstance(value, int) or value.is_integer()) or not 0 <= value <= MAX_LAYERS:
+                raise InputError(f"{path}: {key} {value!r} is not a layer count (0 to {MAX_LAYERS})")
 
 
 def open_hf_config(

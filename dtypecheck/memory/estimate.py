@@ -424,6 +424,13 @@ def estimate_subject(
 ) -> MemoryReport:
     """Every requested configuration's per-device bytes; nothing is allocated for real (``estimate_memory`` adds
     reading the input, ``fit`` and ``measure``)."""
+    return estimate_with_traces(subject, options, progress)[0]
+
+
+def estimate_with_traces(
+    subject: Subject, options: EstimateOptions, progress: ProgressCallback = no_progress
+) -> tuple[MemoryReport, TraceCache]:
+    """``estimate_subject``, and the traces it took (``--fit`` starts its search from them)."""
     validate(subject, options)
     rows, skipped = plan_rows(options)
     profiles = TraceCache(subject, options.checkpointing, progress, total=len(rows))
@@ -435,4 +442,4 @@ def estimate_subject(
     note = profiles.extrapolation_note()
     if note is not None:
         info = dataclasses.replace(info, notes=(*info.notes, note))
-    return MemoryReport(info, estimates, None, tuple(skipped))
+    return MemoryReport(info, estimates, None, tuple(skipped)), profiles

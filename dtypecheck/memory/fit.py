@@ -9,7 +9,6 @@ limit and the next value. Anything else, or a failed check, is settled by bisect
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,10 +16,11 @@ from typing import TYPE_CHECKING
 
 from dtypecheck.errors import InputError
 from dtypecheck.memory.devices import DeviceBudget
-from dtypecheck.memory.estimate import EstimateOptions, Row, TraceCache, estimate_row, plan_rows
+from dtypecheck.memory.estimate import EstimateOptions, Row, TraceCache, _compute_dtype, estimate_row, plan_rows
 from dtypecheck.memory.names import Mode
-from dtypecheck.memory.report import Fit, MemoryReport
-from dtypecheck.memory.tracing import TraceDeadlineError, trace_deadline
+from dtypecheck.memory.report import Fit, MemoryEstimate, MemoryReport
+from dtypecheck.memory.scaling import scale
+from dtypecheck.memory.tracing import Profile, TraceDeadlineError, trace_deadline
 from dtypecheck.progress import ProgressCallback, no_progress
 
 if TYPE_CHECKING:
@@ -28,7 +28,16 @@ if TYPE_CHECKING:
 
 SEARCH_LIMIT = 2**24
 """No batch or sequence length beyond this is searched (a peak that barely grows would otherwise run away): a limit
-found there is reported as at least this."""
+found there is reported as at least this. The batch's cap is raised to ``BATCH_HEADROOM`` times the batch given
+where that is more."""
+BATCH_HEADROOM = 16
+
+
+def batch_limit(batch: int | None) -> int:
+    """The largest batch searched: ``SEARCH_LIMIT``, or well above the batch the model was given."""
+    return max(SEARCH_LIMIT, BATCH_HEADROOM * (batch or 1))
+
+
 DEFAULT_FIT_TIMEOUT = 60.0
 """Seconds the search may take before it reports the best bounds found so far."""
 
@@ -42,47 +51,163 @@ class FitTimeoutError(Exception):
 
 
 class _Shapes:
-    """The row totals at any (batch, seq), traced once per shape and shared by every row."""
+    """The row totals at any (batch, seq), traced once per shape and shared by every row.
+
+    Every shape reuses the shallow copies of a deep model that the estimate itself built, so that a new shape costs
+    only its traces.
+    """
 
     def __init__(
-        self, subject: Subject, options: EstimateOptions, progress: ProgressCallback, deadline: float | None
+        self,
+        subject: Subject,
+        options: EstimateOptions,
+        progress: ProgressCallback,
+        deadline: float | None,
+        base: TraceCache | None = None,
     ) -> None:
         self.subject = subject
         self.options = options
         self.progress = progress
         self.deadline = deadline
-        self.cache: dict[tuple[int | None, int | None], tuple[Subject, TraceCache]] = {}
+        self.base = base
+        self.cache: dict[tuple[int | None, int | None, bool], TraceCache] = {}
+        if base is not None:
+            self.cache[(subject.batch_size, subject.seq_len, True)] = base
 
-    def total(self, row: Row, batch: int | None, seq: int | None, *, kv_for_seq: bool = False) -> int:
-        key = (batch, seq)
+    def _traces(self, batch: int | None, seq: int | None, *, plain: bool) -> TraceCache:
+        """The traces at (batch, seq): ``plain``, as an estimate at that shape would take them (a deep model's
+        steps per block checked again there: a T5's agree at 512 tokens and not at 1,024); else a probe for the
+        model, extrapolated from the block counts the estimate's own traces were checked from (one trace fewer).
+        Either way the shallow modules of the estimate are reused, not rebuilt."""
+        key = (batch, seq, plain)
+        if not plain and (batch, seq, True) in self.cache:
+            key = (batch, seq, True)
         if key not in self.cache:
             if self.deadline is not None and time.monotonic() > self.deadline:
                 raise FitTimeoutError(0)
             self.progress(len(self.cache), len(self.cache) + 1, f"fitting: batch {batch}, seq {seq}")
             shaped = self.subject.reshaped(batch, seq)
-            self.cache[key] = (shaped, TraceCache(shaped, self.options.checkpointing, no_progress, total=1))
-        shaped, profiles = self.cache[key]
-        options = self.options
+            traces = TraceCache(shaped, self.options.checkpointing, no_progress, total=1)
+            if self.base is not None:
+                traces.shallow = {n: t.reshaped(batch, seq) for n, t in self.base.shallow.items()}
+                if not plain:
+                    traces.linear_from = dict(self.base.linear_from)
+            self.cache[key] = traces
+        return self.cache[key]
+
+    def profile(self, row: Row, batch: int | None, seq: int | None, *, plain: bool = True) -> Profile | None:
+        traces = self._traces(batch, seq, plain=plain)
         with trace_deadline(self.deadline):
             try:
-                return self._total(shaped, profiles, row, seq, options, kv_for_seq=kv_for_seq)
+                return traces.get(row)
             except TraceDeadlineError:
                 raise FitTimeoutError(0) from None
 
-    @staticmethod
-    def _total(
-        shaped: Subject, profiles: TraceCache, row: Row, seq: int | None, options: EstimateOptions, *, kv_for_seq: bool
-    ) -> int:
-        if kv_for_seq and row.mode == Mode.inference and shaped.decoder is not None:
+    def estimate(self, row: Row, batch: int | None, seq: int | None, profile: Profile | None, *, kv: bool) -> int:
+        """The row's total at (batch, seq) with the pass ``profile``; ``kv``: a decoder's inference holds the KV
+        cache of its ``seq`` tokens."""
+        options = self.options
+        if kv and row.mode == Mode.inference and self.subject.decoder is not None:
             # A decoder generating ``seq`` tokens holds their keys and values: the cache grows with the sequence.
             options = dataclasses.replace(options, context=max(options.context or 0, seq or 0))
-        return estimate_row(shaped, row, options, profiles.get(row)).bytes.total
+        return estimate_row(self.subject.reshaped(batch, seq), row, options, profile).bytes.total
 
-    def total_at_batch(self, row: Row, seq: int | None, batch: int) -> int:
-        return self.total(row, batch, seq)
+    def total(self, row: Row, batch: int | None, seq: int | None, *, kv_for_seq: bool = False) -> int:
+        return self.estimate(row, batch, seq, self.profile(row, batch, seq), kv=kv_for_seq)
 
-    def total_at_seq(self, row: Row, batch: int | None, seq: int) -> int:
-        return self.total(row, batch, seq, kv_for_seq=True)
+    def dimension(self, row: Row, *, along_seq: bool) -> _Dimension:
+        """The row's total as a function of the batch (at the row's sequence) or of the sequence (at its batch)."""
+        batch, seq = self.subject.batch_size, self.subject.seq_len
+
+        def shape(x: int) -> tuple[int | None, int | None]:
+            return (batch, x) if along_seq else (x, seq)
+
+        def real(x: int) -> int:
+            return self.total(row, *shape(x), kv_for_seq=along_seq)
+
+        def modeled(start: int, degree: int) -> Callable[[int], int] | None:
+            scaled = None
+            # Probes first; where a plain trace among them extrapolated from other block counts, all plain.
+            for plain in (False, True):
+                profiles = [self.profile(row, *shape(start + i), plain=plain) for i in range(degree + 1)]
+                if any(p is None for p in profiles):
+                    return None
+                scaled = scale([p for p in profiles if p is not None], start)
+                if scaled is not None:
+                    break
+            if scaled is None:
+                return None
+            if not scaled.grows:
+                return _constant
+            return lambda x: self.estimate(row, *shape(x), scaled.at(x), kv=along_seq)
+
+        return _Dimension(real, modeled, 2 if along_seq else 1)
+
+
+def _constant(_x: int) -> int:
+    raise AssertionError("a model that does not grow is not evaluated")
+
+
+@dataclass
+class _Dimension:
+    """One size to search: ``real(x)`` traces at ``x``, ``modeled(start, degree)`` fits the moment-by-moment model
+    from traces at ``start .. start + degree`` (None where the graph changed with the size)."""
+
+    real: Callable[[int], int]
+    modeled: Callable[[int, int], Callable[[int], int] | None]
+    degree: int
+
+
+def _largest_by(total: Callable[[int], int], usable: int, limit: int) -> int:
+    """The largest x in 0..``limit`` with ``total(x) <= usable`` for a nondecreasing ``total`` (0: not even 1)."""
+    if total(1) > usable:
+        return 0
+    return _largest(lambda x: total(x) <= usable, 1, None, limit)
+
+
+MODEL_ROUNDS = 3
+"""How many times the model is refitted from traces next to its last answer before the search falls back to
+bisecting real traces (a graph that changes with the size is linear only piece by piece)."""
+
+
+def modeled_fitting(dimension: _Dimension, usable: int, limit: int, start: int) -> tuple[int | None, str]:
+    """The largest x in 1..``limit`` whose real total fits (0: not even 1; None: the total does not grow), from the
+    moment-by-moment model of traces at ``start`` and its neighbours, each answer checked by real traces at x and
+    x + 1. Raises ``FitTimeoutError`` with the largest value seen to fit."""
+    real, degree = dimension.real, dimension.degree
+    seen_fit = [0]
+
+    def fits(x: int) -> bool:
+        ok = real(x) <= usable
+        if ok:
+            seen_fit[0] = max(seen_fit[0], x)
+        return ok
+
+    tried: set[int] = set()
+    start = max(1, min(start, limit - degree))
+    try:
+        while limit > degree + 1 and start not in tried and len(tried) < MODEL_ROUNDS:
+            tried.add(start)
+            model = dimension.modeled(start, degree)
+            if model is None:
+                # The graph changed between these sizes (a batch of 1 often runs other kernels): one size on.
+                start = min(start + 1, limit - degree)
+                continue
+            if model is _constant:
+                return (None, "constant") if fits(start) else (0, "direct")
+            answer = _largest_by(model, usable, limit)
+            if answer == 0:
+                verified = not fits(1)
+            elif answer == limit:
+                verified = fits(limit)
+            else:
+                verified = fits(answer) and not fits(answer + 1)
+            if verified:
+                return answer, "linear" if degree == 1 else "quadratic"
+            start = max(1, min(answer, limit - degree))
+        return largest_fitting(real, usable, limit)
+    except FitTimeoutError as exc:
+        raise FitTimeoutError(max(exc.best, seen_fit[0])) from None
 
 
 def _largest(fits: Callable[[int], bool], low: int, high: int | None, limit: int) -> int:
@@ -152,15 +277,27 @@ class _Search:
     """Why ``value`` is a lower bound or a cap (see ``Fit``), or None when it is the answer."""
 
 
-def _search(total: Callable[[int], int], usable: int, limit: int, limit_name: str | None, known: int) -> _Search:
-    """``largest_fitting`` with its bounds named; ``known`` is a value already known to fit (the row's own)."""
+def _search(dimension: _Dimension, usable: int, limit: int, limit_name: str | None, known: int, start: int) -> _Search:
+    """``modeled_fitting`` with its bounds named; ``known`` is a value already known to fit (the row's own)."""
     try:
-        value, method = largest_fitting(total, usable, limit)
+        value, method = modeled_fitting(dimension, usable, limit, start)
     except FitTimeoutError as exc:
         return _Search(max(exc.best, known), "timeout", "timeout")
     if value is not None and value >= limit:
         return _Search(limit, method, limit_name or "search-limit")
     return _Search(value, method, None)
+
+
+def _fits_own_seq(subject: Subject, row: Row, estimate: MemoryEstimate, usable: int) -> bool:
+    """Whether the row fits at its own sequence length as the sequence search counts it: a decoder's inference
+    holds the KV cache of that many tokens (more than the row's own ``--context`` may have counted)."""
+    seq = subject.seq_len or 0
+    total = estimate.bytes.total
+    if row.mode == Mode.inference and subject.decoder is not None:
+        context = max(estimate.context or 0, seq)
+        held = subject.decoder.kv_elements(context) * (subject.batch_size or 1) * _compute_dtype(row).bits // 8
+        total += held - estimate.bytes.kv_cache
+    return total <= usable
 
 
 def fit_report(
@@ -170,12 +307,13 @@ def fit_report(
     budget: DeviceBudget,
     progress: ProgressCallback = no_progress,
     timeout: float | None = DEFAULT_FIT_TIMEOUT,
+    traces: TraceCache | None = None,
 ) -> MemoryReport:
     """``report`` with each row's ``fit`` on ``budget``; the search stops after ``timeout`` seconds with the
-    best bounds found so far, marked as such."""
+    best bounds found so far, marked as such. ``traces`` are the estimate's own (its shape is not traced again)."""
     rows, _ = plan_rows(options)
     deadline = None if timeout is None else time.monotonic() + timeout
-    shapes = _Shapes(subject, options, progress, deadline)
+    shapes = _Shapes(subject, options, progress, deadline, traces)
     usable = budget.usable_bytes
     batch, seq = subject.batch_size, subject.seq_len
     seq_limit = subject.seq_limit
@@ -187,8 +325,9 @@ def fit_report(
         own_fits = estimate.bytes.total <= usable
         if subject.traceable is not None:
             try:
-                at_batch = functools.partial(shapes.total_at_batch, row, seq)
-                by_batch = _search(at_batch, usable, SEARCH_LIMIT, None, (batch or 1) if own_fits else 0)
+                along_batch = shapes.dimension(row, along_seq=False)
+                known = (batch or 1) if own_fits else 0
+                by_batch = _search(along_batch, usable, batch_limit(batch), None, known, batch or 1)
             except InputError as exc:
                 # A model that runs only at its own batch (a fixed reshape, a batch-sized buffer).
                 fixed = batch or 1
@@ -200,8 +339,9 @@ def fit_report(
             if seq is not None:
                 limit = seq_limit.tokens if seq_limit else SEARCH_LIMIT
                 name = seq_limit.name if seq_limit else None
-                at_seq = functools.partial(shapes.total_at_seq, row, batch)
-                by_seq = _search(at_seq, usable, limit, name, seq if own_fits and row.mode == Mode.training else 0)
+                along_seq = shapes.dimension(row, along_seq=True)
+                known = seq if _fits_own_seq(subject, row, estimate, usable) else 0
+                by_seq = _search(along_seq, usable, limit, name, known, seq)
         searches = [s for s in (by_batch, by_seq) if s is not None]
         fit = Fit(
             device=budget.name,

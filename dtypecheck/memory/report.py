@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from dtypecheck.display import ShowsAsHtml
 from dtypecheck.memory.names import Mode, Strategy
 
 
@@ -137,7 +138,7 @@ class Measurement:
 
 
 @dataclass(frozen=True)
-class MemoryReport:
+class MemoryReport(ShowsAsHtml):
     SCHEMA: ClassVar[str] = "dtypecheck.memory/1"
 
     model: ModelInfo

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from dtypecheck.errors import InputError, ParameterError
 from dtypecheck.memory.config_models import open_hf_config
 from dtypecheck.memory.devices import DeviceBudget, default_device, parse_fit
-from dtypecheck.memory.estimate import EstimateOptions, estimate_subject
+from dtypecheck.memory.estimate import EstimateOptions, estimate_with_traces
 from dtypecheck.memory.fit import DEFAULT_FIT_TIMEOUT
 from dtypecheck.memory.names import DeviceKind, Mode
 from dtypecheck.memory.subject import Subject, load_checkpoint, open_factory
@@ -65,11 +65,11 @@ def estimate_memory(
         subject = model
     else:
         subject = open_subject(model, batch_size=batch_size, seq_len=seq_len, loss=loss)
-    report = estimate_subject(subject, options, progress)
+    report, traces = estimate_with_traces(subject, options, progress)
     if budget is not None:
         from dtypecheck.memory.fit import fit_report
 
-        report = fit_report(subject, options, report, budget, progress, fit_timeout)
+        report = fit_report(subject, options, report, budget, progress, fit_timeout, traces)
     if measure:
         from dtypecheck.memory.measure import measure_rows
 

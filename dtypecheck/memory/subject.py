@@ -14,7 +14,7 @@ from dtypecheck.errors import InputError, ParameterError
 from dtypecheck.memory.inventory import Inventory, inventory_of_module, inventory_of_records
 from dtypecheck.memory.report import ModelInfo
 from dtypecheck.training_step import DEFAULT_LOSS, LossName, StepLoss, step_loss
-from dtypecheck.usercode import load_factory
+from dtypecheck.usercode import call_user, load_factory
 
 if TYPE_CHECKING:
     import torch
@@ -173,8 +173,13 @@ def open_factory(target: str, *, batch_size: int | None = None, loss: LossName |
     made = load_factory(target)
     module, inputs = made.model, made.inputs
     chosen = step_loss(made.loss_fn, loss, made.file)
-    inventory = inventory_of_module(module)
-    decoder = DecoderShape.from_config(getattr(module, "config", None) or {})
+    # The module's own methods (``parameters()``, ``config``) are the user's code: what they raise is theirs.
+    inventory = call_user(lambda: inventory_of_module(module), f"{made.file}: the model's parameters()", made.file)
+    decoder = call_user(
+        lambda: DecoderShape.from_config(getattr(module, "config", None) or {}),
+        f"{made.file}: the model's config",
+        made.file,
+    )
     notes: list[str] = []
     traceable = None
     original_batch = _first_batch_dim(inputs) if inputs is not None else None
@@ -185,7 +190,7 @@ def open_factory(target: str, *, batch_size: int | None = None, loss: LossName |
         notes.append("the factory gave no example inputs: activations are not included")
     else:
         mode = new_fake_mode()
-        fakify_module(module, mode)
+        call_user(lambda: fakify_module(module, mode), f"{made.file}: the model's parameters()", made.file)
         fake = fake_inputs(mode, inputs)
 
         def make_inputs(rows: int | None, _seq: int | None) -> Any:

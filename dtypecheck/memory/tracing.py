@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from dtypecheck.errors import DtypecheckError, InputError
 from dtypecheck.memory.routing import DataDependentOpError, Shadows
 from dtypecheck.memory.workspaces import real_workspace_bytes, run_op, workspace_output
-from dtypecheck.training_step import DEFAULT_LOSS, StepLoss, forward_and_loss
+from dtypecheck.training_step import DEFAULT_LOSS, StepLoss, forward_and_loss, watching_targets
 
 if TYPE_CHECKING:
     import torch
@@ -61,6 +61,9 @@ class ActivationProfile:
     logits) and the loss, and anything the model keeps after backward."""
     notes: tuple[str, ...] = ()
     """Assumptions the trace made (balanced routing of a mixture of experts)."""
+    timeline: tuple[tuple[int, int], ...] = dataclasses.field(default=(), repr=False, compare=False)
+    """(activation bytes, gradient bytes) after every op, in order: ``--fit`` models each moment's growth with the
+    size from traces at consecutive sizes (``scaling.py``)."""
 
     def peak(self, gradient_scale: float = 1.0) -> int:
         """Peak live bytes when each device keeps ``gradient_scale`` of the gradients (1/N under ZeRO-2)."""
@@ -190,6 +193,7 @@ class LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._refs: dict[int, weakref.ref[Any]] = {}
         self._timeline: list[tuple[int, int]] = []
         self._external: list[Any] = []
+        self._born: dict[int, int] = {}  # id -> the first moment of the timeline that counts it
 
     def register_external(self, tensor: torch.Tensor) -> None:
         storage = tensor.untyped_storage()
@@ -204,8 +208,21 @@ class LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
             return
         nbytes = storage.nbytes() if nbytes is None else nbytes
         self._storages[key] = (nbytes, False)
+        self._born[key] = len(self._timeline)
         self._refs[key] = weakref.ref(storage, functools.partial(self._release, key))
         self.activations += nbytes
+
+    def hold_from_start(self, tensor: torch.Tensor) -> None:
+        """Count ``tensor`` as alive since the pass began, and until it ends: a loss target made at the loss
+        that a training loop loads with its batch."""
+        key = id(tensor.untyped_storage())
+        if key not in self._storages:
+            self.track(tensor)
+        nbytes, is_gradient = self._storages[key]
+        born = self._born.pop(key, len(self._timeline))
+        if not is_gradient:
+            self._timeline[:born] = [(a + nbytes, g) for a, g in self._timeline[:born]]
+            self._external.append(tensor)
 
     def mark_gradient(self, tensor: torch.Tensor) -> None:
         key = id(tensor.untyped_storage())
@@ -222,6 +239,7 @@ class LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def _release(self, key: int, _ref: object) -> None:
         nbytes, is_gradient = self._storages.pop(key, (0, False))
         self._refs.pop(key, None)
+        self._born.pop(key, None)
         if is_gradient:
             self.gradients -= nbytes
         else:
@@ -266,7 +284,7 @@ class LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 frontier.append((activations, gradients))
                 best_gradients = gradients
         peak = max((a for a, _ in self._timeline), default=0)
-        return ActivationProfile(peak, tuple(frontier), self.ops, retained_bytes, notes)
+        return ActivationProfile(peak, tuple(frontier), self.ops, retained_bytes, notes, tuple(self._timeline))
 
 
 @dataclass
@@ -387,7 +405,14 @@ def trace_pass(
     grad_mode = torch.enable_grad() if train else torch.no_grad()
     block_list = traceable.blocks() if (checkpointing and train) else []
     try:
-        with traceable.fake_mode, tracker, grad_mode, checkpointed(block_list), module_paths(module, tracker.modules):
+        with (
+            traceable.fake_mode,
+            tracker,
+            grad_mode,
+            checkpointed(block_list),
+            module_paths(module, tracker.modules),
+            watching_targets(tracker.hold_from_start),
+        ):
             inputs = cast_inputs(traceable.inputs(), input_dtype)
             for value in tree_flatten(inputs)[0]:
                 if isinstance(value, torch.Tensor):

@@ -34,6 +34,7 @@ _BATCH_DIMS = {"aten.mkldnn_rnn_layer.default": (1, None, None, None, None, 0, 0
 
 _BFLOAT16_META_ONLY = frozenset({"aten._grouped_mm.default"})
 
+
 @functools.cache
 def op_name(func: Any) -> str:
     """``str(func)`` ("aten.view.default"), made once per op: the tracer asks for it several times per call."""

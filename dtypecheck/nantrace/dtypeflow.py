@@ -122,12 +122,16 @@ class DtypeFlow:
 
     # -- origins -----------------------------------------------------------------------------------------------
     def _remember(self, tensor: torch.Tensor, frame: FrameKey | None, op: str) -> None:
-        storage = tensor.untyped_storage()
+        try:
+            storage = tensor.untyped_storage()
+            address = int(storage.data_ptr())
+        except (RuntimeError, NotImplementedError):  # no storage of its own (a nested tensor's wrapper, meta)
+            return
         origins = self._origins
         if len(origins) >= _PRUNE_AT:
             for key in [k for k, (ref, _, _) in origins.items() if ref() is None]:
                 del origins[key]
-        origins[int(storage.data_ptr())] = (weakref.ref(storage), frame, op)
+        origins[address] = (weakref.ref(storage), frame, op)
 
     def origin_of(self, tensor: torch.Tensor) -> tuple[FrameKey | None, str] | None:
         try:

@@ -55,6 +55,10 @@ def _materialise(checks: list[Checked]) -> None:
             checked.small_count = int(count)
 
 
+_LIFTS = frozenset({"aten.lift_fresh.default", "aten.lift_fresh_copy.default"})
+"""The ops ``torch.tensor`` and ``from_numpy`` hand a Python constant or NumPy array through."""
+
+
 class Judge:
     """Keeps what must outlive a window: the history, where non-finite values went, events and warnings."""
 
@@ -222,9 +226,13 @@ class Judge:
         elif out_nan and not nan_in:
             kind = "nan"
         elif out_inf and not out_nan and not (nan_in or inf_in):
-            # The user's own infinite constant, or a creation op (full, scalar_tensor) that read no tensor.
+            # The user's own infinite constant, or a creation op (full, scalar_tensor) that read no tensor. A
+            # ``torch.tensor(float("inf"))`` reaches lift_fresh as a tensor that lift_fresh hands back itself, often
+            # overwritten before the flush (a quantisation observer's running min starts at +inf): its check here
+            # is what the user wrote, never a value tracing saw born.
             reads_nothing = not record.inputs and not record.pre
-            kind = None if has_nonfinite_scalar(record.args, record.kwargs) or reads_nothing else "inf"
+            constant = has_nonfinite_scalar(record.args, record.kwargs) or record.info.name in _LIFTS
+            kind = None if constant or reads_nothing else "inf"
         elif external_nan:
             kind, nonfinite_input = ("nan" if out_nan else "inf"), True
         origin: int | None = origins[0] if origins else None

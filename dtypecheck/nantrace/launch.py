@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from dtypecheck.nantrace.distributed import RankInfo
     from dtypecheck.nantrace.options import RunSettings
     from dtypecheck.nantrace.report import NanTraceReport
-    from dtypecheck.render import OutputFormat
 
 EXIT_FILE_ENV = "DTYPECHECK_NANTRACE_EXIT_FILE"
 
@@ -94,7 +93,8 @@ def run_rank(
     script_args: list[str],
     settings: RunSettings,
     *,
-    fmt: OutputFormat,
+    to_text: Callable[[NanTraceReport], str],
+    for_people: bool,
     output: Path | None,
     exit_code: Callable[[NanTraceReport], int],
     guard: Callable[[bool], AbstractContextManager[None]],
@@ -104,17 +104,19 @@ def run_rank(
     Rank 0 delivers the merged report: atomically to ``output``, else to the standard output this process started
     with (duplicated now: the merged report may be written from the watcher thread, while the script's stdout goes
     to stderr). ``exit_code(merged)`` is the run's code, handed to ``--nproc``'s launcher when it started the run.
-    ``guard(captured)`` wraps the user's code (``captured``: its stdout goes to stderr)."""
+    ``guard(captured)`` wraps the user's code (``captured``: its stdout goes to stderr). ``to_text(merged)`` is the
+    rendered report (the caller's renderer: a core never imports render/); ``for_people``: it is a table, so rank
+    0's script may keep its stdout."""
     from dtypecheck.nantrace.distributed import Session
     from dtypecheck.nantrace.runner import run_script
-    from dtypecheck.render import render, write_atomically
+    from dtypecheck.output import write_atomically
 
     real_stdout = os.dup(1)
 
     def deliver(merged: NanTraceReport) -> int:
         code = exit_code(merged)
         if info.rank == 0:
-            text = render(merged, fmt, color=False, width=120)
+            text = to_text(merged)
             if output is not None:
                 write_atomically(output, text)
             else:
@@ -131,7 +133,7 @@ def run_rank(
         os._exit(code)
 
     session = Session(info, deliver, end_process)
-    captured = not fmt.for_people or info.rank != 0
+    captured = not for_people or info.rank != 0
     try:
         with guard(captured):
             report = run_script(path, script_args, settings, stdout=sys.stderr if captured else None, session=session)

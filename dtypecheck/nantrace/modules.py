@@ -97,12 +97,17 @@ class ModuleStack:
 
         Only asked for reported events outside any forward (the optimizer step), so a full walk is affordable.
         """
+        import torch
+
         from dtypecheck.nantrace.records import plain
 
-        address = plain(tensor).untyped_storage().data_ptr()
+        try:
+            address = plain(tensor).untyped_storage().data_ptr()
+        except (RuntimeError, NotImplementedError):  # no storage of its own: no parameter's
+            return None
         for root in list(self._roots.values()):
             for name, value in (*root.named_parameters(), *root.named_buffers()):
-                if plain(value).untyped_storage().data_ptr() == address:
+                if value.layout is torch.strided and plain(value).untyped_storage().data_ptr() == address:
                     module_path = name.rpartition(".")[0]
                     known = self._names.get(id(root))
                     return f"{known}.{module_path}".strip(".") if known else module_path

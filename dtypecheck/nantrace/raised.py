@@ -68,12 +68,9 @@ class RaiseWatch:
             self._record_module_raised(module, path, args, exc)
 
     def _record_module_raised(self, module: nn.Module, path: str, args: Any, exc: BaseException) -> None:
-        import torch
 
         positional = tuple(args) if isinstance(args, tuple) else (args,)
-        call_args = tuple(
-            int(a.untyped_storage().data_ptr()) if isinstance(a, torch.Tensor) else -1 for a in positional
-        )
+        call_args = tuple(_address(a) for a in positional)
         names = ["input"] if len(positional) == 1 else [f"input{i}" for i in range(len(positional))]
         given = dict(zip(names, positional, strict=True))
         own = dict(module.named_parameters(recurse=False))
@@ -92,3 +89,15 @@ class RaiseWatch:
                 call_args=call_args,
             )
         )
+
+
+def _address(value: Any) -> int:
+    """The storage address of a tensor argument; -1 for anything else, or a tensor without storage of its own."""
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        return -1
+    try:
+        return int(value.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError):
+        return -1

@@ -42,10 +42,14 @@ def readable(tensor: torch.Tensor) -> bool:
     use (``resize_(0)``) without touching the tensor, and reading it then would crash the process."""
     if tensor.numel() == 0:
         return True
+    try:
+        stored = tensor.untyped_storage().nbytes()
+    except (RuntimeError, NotImplementedError):  # no storage of its own (a jagged nested tensor's wrapper)
+        return False
     extent = (
         tensor.storage_offset() + 1 + sum((n - 1) * abs(s) for n, s in zip(tensor.shape, tensor.stride(), strict=True))
     )
-    return bool(tensor.untyped_storage().nbytes() >= extent * tensor.element_size())
+    return bool(stored >= extent * tensor.element_size())
 
 
 class Checked:

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
+from dtypecheck.display import ShowsAsHtml
 from dtypecheck.findings import CHECK_LEVEL, Level, worst
 
 EventKind = Literal["nan", "inf", "near_overflow", "underflow"]
@@ -257,7 +258,7 @@ class ScaleCollapse:
 
 
 @dataclass(frozen=True)
-class NanTraceReport:
+class NanTraceReport(ShowsAsHtml):
     """Everything ``nan-trace`` found in one traced run."""
 
     SCHEMA: ClassVar[str] = "dtypecheck.nantrace/1"
@@ -328,8 +329,9 @@ class WatchSummary:
 
     steps_checked: int
     """Steps whose loss, gradients and optimizer update were checked."""
-    detected: Literal["loss", "gradients", "optimizer_step", "scale_collapse"] | None
-    """What the cheap check first found non-finite; None for a clean run."""
+    detected: Literal["loss", "gradients", "optimizer_step", "scale_collapse", "held_tensors"] | None
+    """What the cheap check first found non-finite; None for a clean run. ``held_tensors``: a module's parameter
+    or buffer that no optimizer updates (an EMA copy, a running statistic), checked as each step begins."""
     detected_step: int | None
     replayed_step: int | None
     """The step re-run from its saved starting state under full tracing; None when none was (or could be)."""
@@ -345,6 +347,8 @@ class WatchSummary:
     optimizer_snapshot: bool
     """The parameters and optimizer states were copied before each update, so that a NaN born inside the
     optimizer step can be replayed."""
+    held_nonfinite: tuple[str, ...] = ()
+    """With ``detected`` ``held_tensors``: which (``Class.dotted.name`` of the outermost module holding it)."""
 
 
 class TraceHandle:
@@ -358,3 +362,9 @@ class TraceHandle:
         if self._report is None:
             raise RuntimeError("the trace is still running; read .report after the with-block")
         return self._report
+
+    def _repr_html_(self) -> str:
+        """In a notebook, the handle a ``with trace(...) as traced:`` cell ends on shows the report."""
+        if self._report is None:
+            return "<p>dtypecheck: the trace is still running.</p>"
+        return self._report._repr_html_()

@@ -48,7 +48,10 @@ class Taint:
     # -- storages ----------------------------------------------------------------------------------------------
     def known(self, tensor: torch.Tensor) -> tuple[bool, bool, int | None] | None:
         """(has NaN, has inf, origin) of the memory ``tensor`` views, when a traced op left it non-finite."""
-        entry = self.storages.get(int(plain(tensor).untyped_storage().data_ptr()))
+        try:
+            entry = self.storages.get(int(plain(tensor).untyped_storage().data_ptr()))
+        except (RuntimeError, NotImplementedError):  # no storage of its own (a jagged nested tensor): unchecked
+            return None
         if entry is None or entry[0]() is None:
             return None
         return entry[1], entry[2], entry[3]
@@ -56,11 +59,18 @@ class Taint:
     def mark(self, tensor: torch.Tensor, has_nan: bool, has_inf: bool, origin: int | None) -> None:
         # Keyed by storage, with a weak reference to it: backward reads saved outputs through new tensor objects
         # over the same memory, and a freed and reused address is never mistaken for the old tensor.
-        storage = plain(tensor).untyped_storage()
-        self.storages[int(storage.data_ptr())] = (weakref.ref(storage), has_nan, has_inf, origin)
+        try:
+            storage = plain(tensor).untyped_storage()
+            address = int(storage.data_ptr())
+        except (RuntimeError, NotImplementedError):
+            return
+        self.storages[address] = (weakref.ref(storage), has_nan, has_inf, origin)
 
     def clear(self, tensor: torch.Tensor) -> None:
-        self.storages.pop(int(plain(tensor).untyped_storage().data_ptr()), None)
+        try:
+            self.storages.pop(int(plain(tensor).untyped_storage().data_ptr()), None)
+        except (RuntimeError, NotImplementedError):
+            return
 
     def live_origins(self) -> set[int]:
         """Producers some live storage still holds a value of (dead storages are swept out)."""

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dtypecheck.nantrace.autocast import AutocastInside
 from dtypecheck.nantrace.defaults import DefaultDtypeWatch, dtype_name
 from dtypecheck.nantrace.dtypeflow import DtypeFlow
 from dtypecheck.nantrace.eager import run_compile_eagerly
@@ -129,6 +130,7 @@ class Tracer:
         self._strided = torch.strided
         self._tensor = torch.Tensor
         self._is_grad_enabled = torch.is_grad_enabled
+        self.autocast = AutocastInside()
         self._mode: Any = None
         self._restore: list[tuple[Any, str, Any]] = []
         self._report: NanTraceReport | None = None
@@ -138,6 +140,7 @@ class Tracer:
     # -- context -----------------------------------------------------------------------------------------------
     def __enter__(self) -> Tracer:
         self._restore += run_compile_eagerly(self)
+        self._restore += self.autocast.install()
         self.defaults.install()
         if self._model is not None:
             self.flow.root_started(self._model)
@@ -179,7 +182,7 @@ class Tracer:
             if self._interrupted:
                 self._interrupted = False
                 raise StopTracing
-            return func(*args, **kwargs)
+            return self._run(func, args, kwargs)
         if self._unsettled:
             self._settle_versions()
         info = self._infos.get(func)
@@ -190,11 +193,11 @@ class Tracer:
         if backward != self._in_backward:
             self._phase_changed(backward)
         if info.kind is OpKind.SCALAR or info.kind is OpKind.UNINITIALISED:
-            return self._made_unchecked(func, info, args, kwargs) if info.creates else func(*args, **kwargs)
+            return self._made_unchecked(func, info, args, kwargs) if info.creates else self._run(func, args, kwargs)
         module = self.modules.current
         grad_enabled = self._is_grad_enabled()
         if info.kind is OpKind.PASS and (backward or not grad_enabled):
-            return self._made_unchecked(func, info, args, kwargs) if info.creates else func(*args, **kwargs)
+            return self._made_unchecked(func, info, args, kwargs) if info.creates else self._run(func, args, kwargs)
         origin = node.metadata.get(NODE_KEY) if node is not None else None
         # In backward the walk finds the user's .backward() call, or their own autograd.Function.backward; the
         # judge prefers the forward line recorded on the node (NODE_KEY, tagged when the forward was flushed,
@@ -206,7 +209,7 @@ class Tracer:
         held, held_cpu = self._held, self._held_cpu
         if check:
             self._before(record, info, args, kwargs)
-        out = func(*args, **kwargs)
+        out = self.autocast.run(func, args, kwargs) if self.autocast.maybe else func(*args, **kwargs)
         result = out if isinstance(out, self._tensor) else next(iter_tensors(out), None)
         record.result = result
         if result is not None and (info.creates or result.dtype is not self.flow.dominant):
@@ -232,6 +235,10 @@ class Tracer:
             self._unsettled = record.checked
         return out
 
+    def _run(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Call the op as the plain run would (autocast on for the ops its kernel calls, where it was on)."""
+        return self.autocast.run(func, args, kwargs) if self.autocast.maybe else func(*args, **kwargs)
+
     def _settle_versions(self) -> None:
         """Take the version counters of the last in-place op's outputs as it left them: autograd bumps them only
         after dispatch returns, so the one taken at the check would read as "written since" (the detailed pass
@@ -241,7 +248,7 @@ class Tracer:
         self._unsettled = []
 
     def _made_unchecked(self, func: Any, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        out = func(*args, **kwargs)
+        out = self._run(func, args, kwargs)
         self.flow.created_outside(info, out)
         return out
 

@@ -56,6 +56,9 @@ class TrainingWatch:
         self.optimizer_steps = 0
         self.backward_passes = 0
         self._backward_ended = False
+        self.backward_from_loss = True
+        """``backward()`` is called on the loss: what it is called on reached the loss. False for watch mode's
+        replay of a step whose loss stayed finite, which runs backward from the model's outputs instead."""
         self._restore: list[tuple[Any, str, Any]] = []
         self._handles: list[Any] = []
 
@@ -138,7 +141,7 @@ class TrainingWatch:
         if not tracer.stopped:
             with untraced():
                 tracer.flush()
-                for loss in iter_tensors(tensors):
+                for loss in iter_tensors(tensors) if self.backward_from_loss else ():
                     tracer.judge.reached_loss(loss, defer=self.scaler_active)
             tracer.stop_if_failed()
         self.backward_passes += 1

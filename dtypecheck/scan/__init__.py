@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dtypecheck.scan.targets import check_targets
+from dtypecheck.targets import check_targets
 
 if TYPE_CHECKING:
     from dtypecheck.scan.run import scan_checkpoint

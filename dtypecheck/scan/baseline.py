@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from dtypecheck.errors import InputError
-from dtypecheck.findings import CHECK_LEVEL, Level, worst
-from dtypecheck.render.json import document
+from dtypecheck.findings import CHECK_LEVEL, Level, is_security, worst
+from dtypecheck.output import document
 from dtypecheck.scan.document import read_scan_document
 from dtypecheck.scan.report import (
     GATED_STATES,
@@ -111,14 +111,15 @@ def nothing_before(source: str = "") -> ScanReport:
     return ScanReport(source, "", (), (), (), summarise((), ()))
 
 
-def _checks(report: ScanReport) -> dict[tuple[str | None, str], tuple[int, Level]]:
-    """``{(tensor, check): (count, level)}`` for every check that gates: nonzero and not passed by the policy."""
+def _checks(report: ScanReport, *, accepts: bool = False) -> dict[tuple[str | None, str], tuple[int, Level]]:
+    """``{(tensor, check): (count, level)}`` for every check that gates: nonzero and not passed by the policy.
+    ``accepts``: read as a baseline, which never holds a security finding (``findings.is_security``)."""
     found: dict[tuple[str | None, str], tuple[int, Level]] = {}
     for tensor in report.tensors:
         for key, check, _, count in gated_checks(tensor):
             found[(tensor.name, key)] = (count, CHECK_LEVEL[check])
     for finding in report.findings:
-        if finding.level != "ok":
+        if finding.level != "ok" and not (accepts and is_security(finding)):
             found[(finding.tensor, finding_key(finding))] = (1, finding.level)
     return found
 
@@ -132,7 +133,10 @@ def _state(before: int, after: int) -> State:
 
 
 def compare(current: ScanReport, baseline: ScanReport, source: str = "") -> BaselineComparison:
-    before = _checks(baseline)
+    """What is new, worse, unchanged, improved or fixed in ``current`` against ``baseline``. A security finding
+    (code-running globals, differentials, code in archives) is new whatever the baseline recorded: no baseline
+    accepts one, however it came to hold it."""
+    before = _checks(baseline, accepts=True)
     after = _checks(current)
     changes: list[Change] = []
     for key, (count, level) in after.items():

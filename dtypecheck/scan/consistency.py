@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from dtypecheck.dtypes import lookup
-from dtypecheck.scan.roles import role_rule
 
 # Optimizer state as torch, Lightning, DeepSpeed and HF Trainer name it.
 _OPTIMIZER_STATE = re.compile(
@@ -58,12 +57,14 @@ class ConsistencyFinding:
     tensors: tuple[str, ...]
 
 
-def is_optimizer_state(name: str) -> bool:
-    """Optimizer or trainer state, not the model's own tensors (the names above, or a non-model ``roles`` rule)."""
-    if _OPTIMIZER_STATE.search(name):
-        return True
-    rule = role_rule(name)
-    return rule is not None and rule.role != "model"
+def is_optimizer_state(name: str, role: str = "model") -> bool:
+    """Optimizer or trainer state, not the model's own tensors (the names above, or a role other than the model's
+    from ``roles.assign_roles``)."""
+    return role != "model" or bool(_OPTIMIZER_STATE.search(name))
+
+
+def _is_state(tensor: TensorSummary) -> bool:
+    return is_optimizer_state(tensor.name, getattr(tensor, "role", "model"))
 
 
 def census(tensors: Iterable[TensorSummary]) -> tuple[CensusRow, ...]:
@@ -95,7 +96,7 @@ def majority_float_dtype(tensors: Iterable[TensorSummary]) -> str | None:
     """The dtype holding most elements among the model's own float tensors (optimizer state left out)."""
     counts: Counter[str] = Counter()
     for t in tensors:
-        if _is_float(t.dtype) and not is_optimizer_state(t.name):
+        if _is_float(t.dtype) and not _is_state(t):
             counts[t.dtype] += t.numel
     return counts.most_common(1)[0][0] if counts else None
 
@@ -103,7 +104,7 @@ def majority_float_dtype(tensors: Iterable[TensorSummary]) -> str | None:
 def consistency_findings(tensors: Sequence[TensorSummary]) -> list[ConsistencyFinding]:
     found: list[ConsistencyFinding] = []
     majority = majority_float_dtype(tensors)
-    model = [t for t in tensors if not is_optimizer_state(t.name)]
+    model = [t for t in tensors if not _is_state(t)]
     if majority is not None:
         odd: dict[str, list[TensorSummary]] = {}
         for t in model:
@@ -125,9 +126,7 @@ def consistency_findings(tensors: Sequence[TensorSummary]) -> list[ConsistencyFi
                 )
             )
         low_state = [
-            t
-            for t in tensors
-            if is_optimizer_state(t.name) and _is_float(t.dtype) and _itemsize(t.dtype) < _itemsize(majority)
+            t for t in tensors if _is_state(t) and _is_float(t.dtype) and _itemsize(t.dtype) < _itemsize(majority)
         ]
         if low_state:
             dtypes = ", ".join(sorted({t.dtype for t in low_state}))

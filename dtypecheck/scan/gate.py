@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dtypecheck import __version__
-from dtypecheck.findings import Level, at_least
-from dtypecheck.render import write_atomically
+from dtypecheck.findings import Level, at_least, is_security, worst
+from dtypecheck.output import write_atomically
 from dtypecheck.scan.baseline import (
     BASELINE_SCHEMA,
     Baseline,
@@ -98,7 +98,8 @@ class GateResult:
     missing_entry: bool
     """Compared with a baseline file that has no entry for this checkpoint: everything it finds counts as new."""
     findings: bool
-    """Whether it counts as findings (exit 1): its gate level reaches ``fail_on``; never when the gate updates."""
+    """Whether it counts as findings (exit 1): its gate level reaches ``fail_on``; when the gate updates, only its
+    security findings (which no baseline accepts) do."""
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,7 @@ class Gate:
         key = plan.baseline_key()
         if self.update:
             self.written.setdefault(plan.baseline, {})[key] = report
-            return GateResult(report, False, False)
+            return GateResult(report, False, self._gates_security(plan, report))
         earlier = self.files[plan.baseline].report_for(key, alone=len(self.plans) == 1)
         comparison = compare(report, earlier or nothing_before(key), str(plan.baseline))
         compared = replace(report, baseline=comparison)
@@ -155,6 +156,11 @@ class Gate:
 
     def _gates(self, plan: CheckpointPlan, report: ScanReport) -> bool:
         return not self.update and at_least(report.gate_level, plan.fail_on)
+
+    @staticmethod
+    def _gates_security(plan: CheckpointPlan, report: ScanReport) -> bool:
+        """Writing a baseline accepts the numbers it records, never a security finding: those still gate."""
+        return at_least(worst(f.level for f in report.findings if is_security(f)), plan.fail_on)
 
     def write(self) -> tuple[BaselineWritten, ...]:
         """Write every updated file: its earlier entries (not an old single report's) with the new ones replaced."""

@@ -25,7 +25,7 @@ from dtypecheck.scan.report import (
     nonfinite,
     summarise,
 )
-from dtypecheck.scan.roles import role_rule
+from dtypecheck.scan.roles import RoleRule
 
 HARM_FRACTION: Final[Mapping[Check, float]] = {"underflow": 1e-3, "subnormal": 1e-2, "scaled_underflow": 1e-3}
 """What a ``warn`` means (docs/contract.md "Levels"): a cast check of level warn counts only when more than this
@@ -36,9 +36,8 @@ nothing, and every healthy checkpoint has them; the counts are reported all the 
 counts). Overflow and NaN/inf always fail."""
 
 
-def with_role(tensor: TensorScan) -> TensorScan:
-    """The tensor with its role (``roles.ROLE_RULES``) and, where the role is not judged, why."""
-    rule = role_rule(tensor.name)
+def with_role(tensor: TensorScan, rule: RoleRule | None) -> TensorScan:
+    """The tensor with its role (``roles.assign_roles``) and, where the role is not judged, why."""
     if rule is None:
         return tensor
     return dataclasses.replace(tensor, role=rule.role, not_judged=rule.not_judged)
@@ -101,12 +100,12 @@ def _judge(tensor: TensorScan, policy: ScanPolicy) -> TensorScan:
 
 
 def apply_policy(report: ScanReport, policy: ScanPolicy | None = None) -> ScanReport:
-    """Give every tensor its role, re-judge it under its role and ``policy``, add the dtype-consistency findings."""
+    """Re-judge every tensor under its role (given by the scan: ``roles.assign_roles``) and ``policy``, add the
+    dtype-consistency findings."""
     plain = policy is None or policy == ScanPolicy()
-    roled = (with_role(t) for t in report.tensors)
     tensors = tuple(
         t if plain and t.not_judged is None and not _soft_counts(t) else _judge(t, policy or ScanPolicy())
-        for t in roled
+        for t in report.tensors
     )
     extra = [
         Finding(f.kind, "warn", f"{f.pattern}: {f.detail}", f.tensors[0] if len(f.tensors) == 1 else None)

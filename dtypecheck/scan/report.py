@@ -6,6 +6,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import ClassVar, Literal
 
+from dtypecheck.display import ShowsAsHtml
 from dtypecheck.findings import CAST_CHECKS, CHECK_LEVEL, Check, Finding, Level, rank, worst
 from dtypecheck.scan.consistency import census
 from dtypecheck.scan.roles import ROLE_RULES, Role
@@ -236,7 +237,7 @@ class BaselineComparison:
 
 
 @dataclass(frozen=True)
-class ScanReport:
+class ScanReport(ShowsAsHtml):
     SCHEMA: ClassVar[str] = "dtypecheck.scan/1"
 
     source: str

@@ -28,13 +28,14 @@ from dtypecheck.progress import ProgressCallback, no_progress
 from dtypecheck.scan.gate import CheckpointPlan, Gate
 from dtypecheck.scan.keep_float32 import DEFAULT_MIN_SQNR_DB, with_keep_float32
 from dtypecheck.scan.kernel import kernels
-from dtypecheck.scan.policy import apply_policy
+from dtypecheck.scan.policy import apply_policy, with_role
 from dtypecheck.scan.ranks import Ranks, split_by_bytes
 from dtypecheck.scan.report import ScanReport, summarise
+from dtypecheck.scan.roles import assign_roles
 from dtypecheck.scan.select import EVERYTHING, Selection
-from dtypecheck.scan.targets import check_targets
 from dtypecheck.scan.tensor import TensorScanner
 from dtypecheck.scan.verdicts import with_verdicts
+from dtypecheck.targets import check_targets
 
 if TYPE_CHECKING:
     import numpy as np
@@ -159,7 +160,9 @@ def _scan(
         every = (
             list(pool.map(lambda part: list(part.records()), parts)) if len(parts) > 1 else [list(parts[0].records())]
         )
-        listed = [[r for r in records if selection.keeps(r.name)] for records in every]
+        # Roles follow the whole checkpoint's structure (every record, also those the selection leaves out).
+        roles = assign_roles(r for records in every for r in records)
+        listed = [[r for r in records if selection.keeps(r.name, roles.get(r.name))] for records in every]
         # Records that view the same data (tied weights, aliases) are scanned once and reported under each name.
         first_of: dict[object, TensorRecord] = {}
         copies: list[tuple[TensorRecord, TensorRecord]] = []
@@ -196,7 +199,7 @@ def _scan(
         results[id(copy)] = dataclasses.replace(
             results[id(original)], name=copy.name, shape=tuple(copy.shape), alias_of=original.name
         )
-    tensors = tuple(results[id(record)] for records in listed for record in records)
+    tensors = tuple(with_role(results[id(record)], roles.get(record.name)) for records in listed for record in records)
     found = list(checkpoint.findings)
     left_out = sum(map(len, every)) - len(tensors)
     if left_out and not tensors:

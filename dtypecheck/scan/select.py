@@ -3,7 +3,8 @@
 Globs match a tensor's whole key path as the config's ignore rules do (``fnmatch.fnmatchcase``: ``*`` also crosses
 dots, case matters). A tensor is scanned when it matches one of ``include`` (or there is none), matches none of
 ``exclude``, and, with ``weights_only``, is one of the model's parameters or buffers (``roles``: role ``model``, or
-a buffer such as ``num_batches_tracked``), not optimizer, scheduler or trainer state. Tensors left out are not read.
+a buffer such as ``num_batches_tracked``), not optimizer, scheduler or trainer state (its role, from
+``roles.assign_roles``). Tensors left out are not read.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass
 
-from dtypecheck.scan.roles import role_rule
+from dtypecheck.scan.roles import RoleRule
 
 
 @dataclass(frozen=True)
@@ -23,13 +24,13 @@ class Selection:
     weights_only: bool = False
     """Only the model's parameters and buffers."""
 
-    def keeps(self, name: str) -> bool:
+    def keeps(self, name: str, rule: RoleRule | None = None) -> bool:
+        """Whether the tensor named ``name`` is scanned; ``rule`` is its role (None: the model's)."""
         if self.include and not any(fnmatch.fnmatchcase(name, glob) for glob in self.include):
             return False
         if any(fnmatch.fnmatchcase(name, glob) for glob in self.exclude):
             return False
         if self.weights_only:
-            rule = role_rule(name)
             return rule is None or rule.model_buffer
         return True
 

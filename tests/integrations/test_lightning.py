@@ -151,3 +151,41 @@ def test_a_report_that_cannot_be_written_mid_run_is_logged_and_the_fit_goes_on(
     assert messages[0][1].startswith(f"dtypecheck nan-trace: could not write the report to {report}: ")
     assert messages[1][1].startswith("dtypecheck nan-trace: step 5: inf born in aten.mul.Tensor")
     assert "(report:" not in messages[1][1]
+
+
+class CallsItsNet(LightningModule):
+    """``training_step`` calls ``self.net`` itself: the LightningModule is never called, ``net`` is outermost."""
+
+    def __init__(self, at_call: int) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(4, 8), PlantedOverflow(torch.nn.Tanh(), at_call), torch.nn.Linear(8, 1)
+        )
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=1e-2)
+
+
+def test_modules_are_named_from_the_module_called_outermost_as_a_full_trace_names_them(tmp_path: Path) -> None:
+    """Issue 30.4: the callback named ``net.1`` where a full trace of the script (which knows no LightningModule,
+    only the modules called) names ``1``."""
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+    trainer = lightning.Trainer(
+        accelerator="cpu",
+        max_steps=STEPS,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[NanTraceCallback(tmp_path / "nantrace.json")],
+        default_root_dir=str(tmp_path),
+    )
+    trainer.fit(CallsItsNet(at_call=4), torch.utils.data.DataLoader(data, batch_size=4))
+    doc = json.loads((tmp_path / "nantrace.json").read_text(encoding="utf-8"))
+    first = doc["first"]
+    assert (first["kind"], first["op"], first["module"], first["step"]) == ("inf", "aten.mul.Tensor", "1", 4)

@@ -153,7 +153,8 @@ def test_mixture_of_experts_config_in_float32(cli, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
     result = cli("estimate-memory", str(tmp_path), "-d", "fp32", "--seq-len", "16", "--measure", "-f", "json")
     assert result.exit_code == 0, result.stderr
-    assert all(abs(m["error"]) < 0.01 for m in result.json()["measurements"])
+    # Balanced routing against the real router's imbalance (README: +3.0% for Mixtral in training).
+    assert all(abs(m["error"]) < 0.015 for m in result.json()["measurements"])
 
 
 @pytest.mark.parametrize(

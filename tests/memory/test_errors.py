@@ -43,7 +43,7 @@ def test_measure_refuses_what_cannot_fit(cli, tmp_path):
         (("{f}:no_inputs", "--measure"), 2, "--measure needs a model to run"),
         (("{f}:mlp", "--group-size", "0"), 2, "--group-size must be at least 1"),
         (("{d}/missing_dir",), 3, "no such file or directory"),
-        (("{f}:mlp", "-f", "sarif"), 2, "writes a table or json, not sarif"),
+        (("{f}:mlp", "-f", "sarif"), 2, "'sarif' is not one of 'table', 'json', 'html'"),
     ],
 )
 def test_bad_input_is_one_line(cli, factories, tmp_path, args, code, message):

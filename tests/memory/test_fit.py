@@ -217,3 +217,75 @@ def test_fit_timeout_reports_the_bounds_found_so_far(cli, tmp_path):
     assert fit["search"].startswith("timeout")
     assert any("the fit search stopped after 1e-06 s" in note for note in doc["model"]["notes"])
     assert cli(*args, "--fit-timeout", "0").exit_code == 2
+
+
+def test_a_timed_out_sequence_search_keeps_the_rows_own_sequence(cli, tmp_path):
+    # Inference at batch 1 x 256 tokens fits 80 GiB (with the KV cache of 256 tokens), so a search stopped before it
+    # got anywhere still knows 256 fits: not ">= 1" (nor 0).
+    config = write_decoder_config(tmp_path)
+    args = ("estimate-memory", str(config), "-d", "bf16", "--seq-len", "256", "--fit", "80GiB", "-f", "json")
+    doc = cli(*args, "--fit-timeout", "0.000001").json()
+    for row in doc["estimates"]:
+        fit = row["fit"]
+        assert fit["max_seq_len_bound"] == "timeout", row["mode"]
+        assert fit["max_seq_len"] == 256, row["mode"]
+        assert fit["max_batch_size"] == 1, row["mode"]
+
+
+HUGE_BATCH = """
+import torch
+from torch import nn
+
+
+def huge():
+    # 2**26 rows on the meta device: nothing is allocated, the estimate only needs the shapes.
+    return nn.Linear(4, 4, bias=False), torch.empty(2**26, 4, device="meta")
+"""
+
+
+def test_the_batch_cap_is_above_the_batch_given_and_the_answer_exact(cli, tmp_path):
+    path = tmp_path / "huge.py"
+    path.write_text(HUGE_BATCH, encoding="utf-8")
+    args = ("estimate-memory", f"{path}:huge", "-d", "fp32", "-m", "inference", "--reserve", "0", "-f", "json")
+    doc = cli(*args, "--fit", "16GiB").json()
+    fit = doc["estimates"][0]["fit"]
+    # 64 B of weights, then 16 B in and 16 B out per row: 64 + 32 b <= 2**34 -> b <= 2**29 - 2, far above 2**24.
+    assert doc["estimates"][0]["bytes"]["total"] == 64 + 32 * 2**26
+    assert (fit["max_batch_size"], fit["max_batch_size_bound"], fit["search"]) == (2**29 - 2, None, "linear")
+
+
+STEPPED = """
+import torch
+from torch import nn
+
+
+class Stepped(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(64, 64, bias=False)
+
+    def forward(self, x):
+        y = self.proj(x)
+        if x.shape[0] > 40:  # the graph changes with the batch: one more temporary of the output's size
+            y = y * 2
+        return y
+
+
+def stepped():
+    return Stepped(), torch.randn(4, 64)
+"""
+
+
+def test_a_graph_that_changes_with_the_batch_is_refitted_near_the_answer(cli, tmp_path):
+    path = tmp_path / "stepped.py"
+    path.write_text(STEPPED, encoding="utf-8")
+    args = ("estimate-memory", f"{path}:stepped", "-d", "fp32", "-m", "inference", "--reserve", "0", "-f", "json")
+    # 16,384 B of weights; up to 40 rows the input and the output (256 B each per row) are alive at once, from 41
+    # on also the product: 16,384 + 512 b, then 16,384 + 768 b. In 67,584 B the first piece would allow 100 rows,
+    # the second allows 66 (67,072 B; 67 rows need 67,840 B).
+    doc = cli(*args, "--fit", "67584").json()
+    assert doc["estimates"][0]["bytes"]["total"] == 16_384 + 512 * 4
+    fit = doc["estimates"][0]["fit"]
+    assert (fit["max_batch_size"], fit["max_batch_size_bound"], fit["search"]) == (66, None, "linear")
+    # 36,864 B: exactly 40 rows, on the first piece.
+    assert cli(*args, "--fit", "36864").json()["estimates"][0]["fit"]["max_batch_size"] == 40

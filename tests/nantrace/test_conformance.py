@@ -268,15 +268,91 @@ CASES: dict[str, str] = {
             h = F.layer_norm(F.dropout(F.gelu(h), 0.2, training=True), (4,))
             return F.normalize(h, dim=-1).pow(2).sum() + F.softplus(h).mean()
     """,
+    "affine_grid_grid_sample": """
+        # affine_grid_generator has no autocast rule: its kernel's bmm meets autocast from inside (issue 30.1)
+        theta = nn.Parameter(torch.eye(2, 3).repeat(2, 1, 1) + 0.05 * torch.randn(2, 2, 3))
+        model = nn.ParameterList([theta])
+        x = torch.randn(2, 3, 8, 8)
+        def forward():
+            grid = F.affine_grid(theta, (2, 3, 6, 6), align_corners=False)
+            return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False).pow(2).mean()
+    """,
+    "bilinear": """
+        model = nn.Bilinear(5, 6, 4)
+        a, b = torch.randn(3, 5), torch.randn(3, 6)
+        def forward():
+            return model(a, b).pow(2).mean()
+    """,
+    "rnn_lstm_gru_cells": """
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.rnn, self.lstm, self.gru = nn.RNNCell(5, 7), nn.LSTMCell(7, 6), nn.GRUCell(6, 4)
+            def forward(self, x):
+                h = c = g = None
+                for t in range(x.shape[0]):
+                    h = self.rnn(x[t], h)
+                    hc = self.lstm(h) if c is None else self.lstm(h, c)
+                    c = hc
+                    g = self.gru(hc[0], g)
+                return g
+        model = Net()
+        x = torch.randn(3, 2, 5)
+        def forward():
+            return model(x).pow(2).mean()
+    """,
+    "nested_jagged_tensor": """
+        # A jagged nested tensor is a wrapper without storage of its own (issue 30.2: tracing crashed on it)
+        model = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 4))
+        seqs = [torch.randn(3, 8), torch.randn(5, 8)]
+        def forward():
+            nt = torch.nested.nested_tensor(seqs, layout=torch.jagged)
+            out = model(nt)
+            return out.values().float().pow(2).mean() + torch.nested.to_padded_tensor(out, 0.0).float().mean()
+    """,
+    "qat_fake_quantize": """
+        # FakeQuantize observers start at min +inf / max -inf: the user's own constants (issue 30.2)
+        import warnings
+        import torch.ao.quantization as tq
+        warnings.simplefilter("ignore")
+        model = nn.Sequential(tq.QuantStub(), nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 2), tq.DeQuantStub())
+        model.qconfig = tq.get_default_qat_qconfig("fbgemm")
+        tq.prepare_qat(model.train(), inplace=True)
+        x = torch.randn(8, 6)
+        def forward():
+            return model(x).float().pow(2).mean()
+    """,
+    "pooling_upsampling_pixelshuffle": """
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv, self.prelu = nn.Conv2d(2, 8, 3, padding=1), nn.PReLU(8)
+                self.pool, self.avg = nn.MaxPool2d(2, return_indices=False), nn.AdaptiveAvgPool2d(3)
+                self.shuffle, self.up = nn.PixelShuffle(2), nn.Upsample(scale_factor=2, mode="bilinear")
+            def forward(self, x):
+                h = self.prelu(self.conv(F.pad(x, (1, 1, 1, 1), mode="reflect")))
+                h = self.up(self.shuffle(self.pool(h)))
+                u = F.fold(F.unfold(h, 2, stride=2), h.shape[-2:], 2, stride=2)
+                return self.avg(h).mean() + F.avg_pool2d(u, 2).pow(2).mean() + F.interpolate(h, size=5).mean()
+        model = Net()
+        x = torch.randn(2, 2, 8, 8)
+        def forward():
+            return model(x)
+    """,
+    "losses_ctc_triplet_cosine": """
+        model = nn.Linear(6, 5)
+        x = torch.randn(7, 2, 6)
+        targets, target_lengths = torch.tensor([[1, 2], [3, 1]]), torch.tensor([2, 2])
+        def forward():
+            logp = model(x).float().log_softmax(-1)
+            ctc = F.ctc_loss(logp, targets, torch.tensor([7, 7]), target_lengths)
+            a, p, n = model(x[0]), model(x[1]), model(x[2])
+            triplet = F.triplet_margin_loss(a, p, n) + F.cosine_embedding_loss(a, p, torch.tensor([1, -1]))
+            return ctc + triplet + F.huber_loss(a, p) + F.cosine_similarity(a, n).mean()
+    """,
 }
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-
-# A fused kernel that calls other ops from inside (TransformerEncoder's nested-tensor fast path,
-# ``_transformer_encoder_layer_fwd``) runs under a Python dispatch mode with autocast off for those inner calls:
-# torch's own plain run mixes bf16/fp16 with float32 there and raises, the traced run stays in float32 and does
-# not. Checked separately below rather than op by op.
-AUTOCAST_INSIDE_FUSED_KERNELS = {("transformer_encoder_fast_path", "bf16"), ("transformer_encoder_fast_path", "fp16")}
 
 
 def _script(nantrace: NanTrace, case: str) -> Path:
@@ -298,7 +374,21 @@ def _plain_run(script: Path, precision: str, out: Path) -> tuple[list[float], st
     return list(json.loads(out.read_text(encoding="utf-8"))), None
 
 
-CORPUS = [(c, p) for c in sorted(CASES) for p in PRECISIONS if (c, p) not in AUTOCAST_INSIDE_FUSED_KERNELS]
+def _assert_fails_as_plain(nantrace: NanTrace, script: Path, precision: str, tmp_path: Path, failed: str) -> None:
+    """The traced run dies of the plain run's exception: exit 3 with its ``error:`` line, and a dtype mismatch
+    explained in the document (its ``dtype_error`` quotes the same exception)."""
+    result = nantrace.run(str(script), "--format", "json", "--", precision, str(tmp_path / "traced.json"))
+    assert result.exit_code == 3
+    last = result.stderr.strip().splitlines()[-1]
+    if result.stdout:
+        doc = json.loads(result.stdout)
+        assert (doc["status"], doc["dtype_error"]["exception"]) == ("error", failed)
+        assert last.startswith(f"error: {script.name} died of a dtype mismatch: {failed}; fix: "), last
+    else:
+        assert last == f"error: {script.name} raised {failed}"
+
+
+CORPUS = [(c, p) for c in sorted(CASES) for p in PRECISIONS]
 
 
 @pytest.mark.parametrize(("case", "precision"), CORPUS)
@@ -307,9 +397,7 @@ def test_tracing_leaves_the_losses_bit_for_bit(nantrace: NanTrace, tmp_path: Pat
     plain, failed = _plain_run(script, precision, tmp_path / "plain.json")
     if failed is not None:
         # The script fails on its own: under tracing it fails the same way, exit 3 with the same error.
-        result = nantrace.run(str(script), "--format", "json", "--", precision, str(tmp_path / "traced.json"))
-        assert (result.exit_code, result.stdout) == (3, "")
-        assert result.stderr.strip().splitlines()[-1] == f"error: {script.name} raised {failed}"
+        _assert_fails_as_plain(nantrace, script, precision, tmp_path, failed)
         return
     assert plain, "the harness recorded no loss"
     code, doc, stderr = nantrace.json(str(script), "--", precision, str(tmp_path / "traced.json"))
@@ -327,14 +415,15 @@ def test_tracing_leaves_the_losses_bit_for_bit(nantrace: NanTrace, tmp_path: Pat
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_a_fused_kernel_loses_autocast_inside_under_tracing(nantrace: NanTrace, tmp_path: Path, precision: str) -> None:
-    """The one known divergence of the corpus, pinned: plain torch fails inside the fast path, tracing does not."""
+def test_a_fused_kernel_keeps_autocast_inside_under_tracing(nantrace: NanTrace, tmp_path: Path, precision: str) -> None:
+    """TransformerEncoder's nested-tensor fast path calls its inner ops from inside one kernel: plain torch mixes
+    dtypes there under autocast and raises, and so does the traced run now (it used to pass, in float32)."""
     script = _script(nantrace, "transformer_encoder_fast_path")
     plain, failed = _plain_run(script, precision, tmp_path / "plain.json")
     dtype = {"bf16": "BFloat16", "fp16": "Half"}[precision]
     assert (plain, failed) == ([], f"RuntimeError: expected scalar type Float but found {dtype}")
-    code, doc, _ = nantrace.json(str(script), "--", precision, str(tmp_path / "traced.json"))
-    assert (code, doc["status"]) == (0, "clean")
+    assert failed is not None
+    _assert_fails_as_plain(nantrace, script, precision, tmp_path, failed)
 
 
 def test_the_corpus_covers_what_the_issue_lists() -> None:
@@ -370,6 +459,16 @@ def test_the_corpus_covers_what_the_issue_lists() -> None:
         "torch.compile",
         "scaled_dot_product_attention",
         "Dropout(",
+        "F.affine_grid",
+        "F.grid_sample",
+        "nn.Bilinear",
+        "nn.RNNCell",
+        "nn.LSTMCell",
+        "nn.GRUCell",
+        "layout=torch.jagged",
+        "prepare_qat",
+        "PixelShuffle",
+        "F.ctc_loss",
     ):
         assert name in source, name
-    assert (len(CASES), len(PRECISIONS), len(CORPUS)) == (23, 3, 67)
+    assert (len(CASES), len(PRECISIONS), len(CORPUS)) == (30, 3, 90)

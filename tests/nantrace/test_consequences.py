@@ -433,3 +433,27 @@ def test_a_value_held_at_the_end_or_dropped_unmasked_fails_and_says_which(nantra
     assert (first["op"], first["consequence"], first["step"]) == ("aten.log.default", "unmasked", 1)
     assert first["location"]["line"] == line_of(text, "metric")
     assert "metric nan" in stderr
+
+
+def test_an_infinite_constant_overwritten_before_the_flush_is_the_users_own() -> None:
+    """A quantisation observer's running min starts as ``torch.tensor(inf)`` and is overwritten by the first batch's
+    minimum (issue 30.2): lift_fresh hands the constant through itself, so by the flush its input reads as
+    written since; it is still what the user wrote, not a value born in tracing. A NaN made from it still fails."""
+    import torch
+
+    import dtypecheck
+
+    with dtypecheck.trace() as handle:
+        running_min = torch.tensor(float("inf"))
+        x = torch.tensor([3.0, -2.0, 5.0])
+        if running_min == float("inf"):
+            running_min.copy_(x.min())
+    assert handle.report.status == "clean"
+    assert running_min.item() == -2.0
+    with dtypecheck.trace() as handle:
+        running_min = torch.tensor(float("inf"))
+        spread = running_min - running_min  # inf - inf: born here
+    assert handle.report.status == "nonfinite"
+    assert handle.report.first is not None
+    assert (handle.report.first.kind, handle.report.first.op) == ("nan", "aten.sub.Tensor")
+    assert torch.isnan(spread).item()

@@ -450,3 +450,190 @@ def test_no_optimizer_snapshot_on_the_command_line(nantrace: NanTrace) -> None:
     refused = nantrace.run(str(path), "--no-optimizer-snapshot")
     assert (refused.exit_code, refused.stdout) == (2, "")
     assert refused.stderr.startswith("error: --no-optimizer-snapshot applies to --watch")
+
+
+EMA = """
+import copy
+import sys
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+ema = copy.deepcopy(model)
+optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+bad = int(sys.argv[1])
+for step in range(1, 13):
+    loss = model(torch.randn(16, 8)).pow(2).mean()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    with torch.no_grad():
+        for e, p in zip(ema.parameters(), model.parameters()):
+            decay = 0.9 if step != bad else float("nan")
+            e.mul_(decay).add_(p, alpha=1 - decay)  # ema
+print("done")
+"""
+
+
+def test_watch_finds_a_nan_written_into_an_ema_copy_between_steps(nantrace: NanTrace) -> None:
+    """Issue 30.3: the EMA copy is outside the model calls, the loss and the update; watch used to exit 0."""
+    path, text = nantrace.write("ema.py", EMA)
+    full, watched = _both(nantrace, path, "7")
+    first = full["first"]
+    assert (first["kind"], first["op"], first["location"]["line"]) == ("nan", "aten.mul_.Tensor", line_of(text, "ema"))
+    assert first["step"] == 8  # written after step 7's update: the tracer's step 8 has begun
+    summary = watched["watch"]
+    assert (summary["detected"], summary["detected_step"], summary["replayed_step"]) == ("held_tensors", 8, None)
+    names = ["Sequential.0.weight", "Sequential.0.bias", "Sequential.2.weight", "Sequential.2.bias"]
+    assert summary["held_nonfinite"] == names
+    assert (summary["exact"], summary["traced_from_step"]) == (None, 8)
+    assert summary["reason"].startswith(f"{', '.join(names)} went non-finite between step 7's update and step 8's")
+    assert watched["status"] == "nonfinite"
+    # Traced fully from step 8 on, the next EMA update names the same op and line (reading the NaN already held).
+    assert (watched["first"]["op"], watched["first"]["location"]) == (first["op"], first["location"])
+    assert watched["notes"][0].startswith("watch mode: a tensor the run keeps went non-finite before step 8;")
+
+
+def test_watch_passes_a_clean_ema_run_and_says_what_it_did_not_watch(nantrace: NanTrace) -> None:
+    path, _ = nantrace.write("ema.py", EMA)
+    code, doc, _ = nantrace.json("--watch", str(path), "--", "0")
+    assert (code, doc["status"], doc["ops"], doc["watch"]["detected"]) == (0, "clean", 0, None)
+    assert doc["notes"][0] == (
+        "watch mode: tensors kept outside every module and optimizer (a plain list or dict of tensors), and modules "
+        "made before watching began other than the model, are not watched"
+    )
+
+
+FLAKY_REPLAY = """
+import torch
+
+
+class Flaky(torch.optim.Optimizer):
+    calls = 0
+
+    def __init__(self, params, lr):
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        Flaky.calls += 1
+        if Flaky.calls == 8:  # the 7th step's update a second time: only a replay calls it
+            raise OverflowError("(34, 'Numerical result out of range')")
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.add_(p.grad, alpha=-group["lr"])
+
+
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+optimizer = Flaky(model.parameters(), lr=1e-2)
+for step in range(1, 10):
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    if step == 7:
+        loss = loss * 1e30
+        optimizer.param_groups[0]["lr"] = 1e10
+    loss.backward()
+    optimizer.step()  # update
+    optimizer.zero_grad()
+    optimizer.param_groups[0]["lr"] = 1e-2
+print("done", Flaky.calls)
+"""
+
+
+def test_a_replay_that_raises_never_breaks_the_run(nantrace: NanTrace) -> None:
+    """Issue 30.4: a replayed Adam update once raised OverflowError (exit 3, no report) where the script ran on."""
+    path, _ = nantrace.write("flaky.py", FLAKY_REPLAY)
+    code, doc, stderr = nantrace.json("--watch", str(path))
+    assert code == 1, stderr
+    summary = doc["watch"]
+    assert (summary["detected"], summary["detected_step"], summary["exact"]) == ("optimizer_step", 7, False)
+    assert summary["reason"] == "the replayed update raised OverflowError: (34, 'Numerical result out of range')"
+    assert summary["traced_from_step"] == 8
+    assert doc["status"] == "nonfinite"
+
+
+ADAM_FP16 = """
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)).half()
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, eps=1e-8, foreach=False)  # eps is 0 in float16
+for step in range(1, 6):
+    loss = model(torch.randn(16, 8).half()).float().pow(2).mean()
+    loss.backward()
+    optimizer.step()  # update
+    optimizer.zero_grad()
+print("done")
+"""
+
+
+def test_watch_replays_a_first_adam_update_from_the_state_it_began_with(nantrace: NanTrace) -> None:
+    """Issue 30.4: the check after Adam's first update built a new snapshot layout (its state had grown), and the
+    replay put back buffers never filled: a NaN "input" in ``lerp_`` (or ``mul_``, ``sqrt``, an OverflowError in
+    ``beta1 ** step``, from run to run) where the full trace names the inf born in ``addcdiv_`` (eps 1e-8 is 0 in
+    float16: a zero second moment divides by zero)."""
+    path, text = nantrace.write("adam16.py", ADAM_FP16)
+    full, watched = _both(nantrace, path)
+    first, replayed = full["first"], watched["first"]
+    assert (first["kind"], first["op"], first["module"], first["step"]) == ("inf", "aten.addcdiv_.default", "0", 1)
+    assert (first["consequence"], first["location"]["line"]) == ("parameter", line_of(text, "update"))
+    assert {k: replayed[k] for k in SAME} == {k: first[k] for k in SAME}
+    assert replayed["location"] == first["location"]
+    summary = watched["watch"]
+    assert (summary["detected"], summary["replayed_step"], summary["exact"]) == ("optimizer_step", 1, True)
+
+
+LM_MASKED = """
+import sys
+import torch
+
+
+class LM(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 8)
+        self.head = torch.nn.Linear(8, 10)
+
+    def forward(self, ids, mask):
+        h = self.emb(ids)
+        scores = (h @ h.t()).masked_fill(mask, float("-inf"))
+        attn = torch.softmax(scores, -1)  # softmax
+        return self.head(attn @ h)
+
+
+torch.manual_seed(0)
+model = LM()
+optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+bad = int(sys.argv[1])
+for step in range(1, 10):
+    ids = torch.randint(0, 10, (6,))
+    targets = torch.randint(0, 10, (6,))
+    mask = torch.zeros(6, 6, dtype=torch.bool)
+    if step == bad:
+        mask[0] = True  # every key of position 0 masked: softmax 0/0
+        targets[0] = -100  # and the loss ignores position 0
+    loss = torch.nn.functional.cross_entropy(model(ids, mask), targets, ignore_index=-100)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+print("done")
+"""
+
+
+def test_watch_says_a_nan_the_loss_ignored_was_written_into_a_parameter(nantrace: NanTrace) -> None:
+    """Issue 30.4: a fully masked position (softmax 0/0) that the loss ignores leaves the loss finite; its NaN goes
+    on through backward into the weights. The replay runs backward from the model's outputs, which watch mode
+    used to take for the loss ("reached the loss" where the full trace says "written into a parameter")."""
+    path, text = nantrace.write("lm.py", LM_MASKED)
+    full, watched = _both(nantrace, path, "6")
+    first, replayed = full["first"], watched["first"]
+    assert (first["kind"], first["op"], first["step"], first["consequence"]) == (
+        "nan",
+        "aten._softmax.default",
+        6,
+        "parameter",
+    )
+    assert first["location"]["line"] == line_of(text, "softmax")
+    assert {k: replayed[k] for k in SAME} == {k: first[k] for k in SAME}
+    assert replayed["location"] == first["location"]
+    assert (watched["watch"]["detected"], watched["watch"]["exact"]) == ("gradients", True)

@@ -12,7 +12,7 @@ import typer
 from safetensors.torch import save_file
 
 from dtypecheck.cli._app import app
-from dtypecheck.output import format_help
+from dtypecheck.output import EVERY_FORMAT, REPORT_FORMATS, format_help
 from dtypecheck.render import OutputFormat, render
 from dtypecheck.render.table import table_renderers
 from tests.memory._fixtures import write_decoder_config
@@ -79,6 +79,12 @@ def test_every_output_format_renders_every_report(command_reports, fmt: OutputFo
             command: [r["ruleId"] for r in json.loads(text)["runs"][0]["results"]] for command, text in texts.items()
         }
         assert results == {command: [] for command in texts} | {"scan-model": ["DTC101", "DTC103"]}
+    elif fmt is OutputFormat.html:
+        for command, text in texts.items():
+            assert text.startswith("<!DOCTYPE html>"), command
+            assert text.endswith("</html>\n"), command
+        assert "<code>w</code>" in texts["scan-model"]
+        assert '<section class="dtype" id="dtype-float16">' in texts["info"]
     else:
         assert fmt is OutputFormat.github
         where = f"file={scan.source.replace(':', '%3A').replace(',', '%2C')}"
@@ -92,6 +98,12 @@ def test_every_output_format_renders_every_report(command_reports, fmt: OutputFo
 
 ROOT = Path(__file__).resolve().parents[2]
 FORMAT_NAMES = "|".join(fmt.value for fmt in OutputFormat)
+COMMAND_FORMATS = {
+    "info": EVERY_FORMAT,  # its SARIF log and annotations carry torch.finfo's mismatches (DTC001)
+    "scan-model": EVERY_FORMAT,
+    "nan-trace": EVERY_FORMAT,
+    "estimate-memory": REPORT_FORMATS,  # a memory estimate has no findings
+}
 
 
 def test_every_format_has_every_decision() -> None:
@@ -101,8 +113,9 @@ def test_every_format_has_every_decision() -> None:
         OutputFormat.json: (False, "merge", False, "one document"),
         OutputFormat.sarif: (False, "merge", True, "SARIF 2.1.0"),
         OutputFormat.github: (False, "follow", True, "annotations"),
+        OutputFormat.html: (False, "refuse", False, "one self-contained page"),
     }
-    assert [str(fmt) for fmt in OutputFormat] == ["table", "json", "sarif", "github"]
+    assert [str(fmt) for fmt in OutputFormat] == ["table", "json", "sarif", "github", "html"]
 
 
 def test_config_help_and_docs_read_the_enum() -> None:
@@ -114,14 +127,18 @@ def test_config_help_and_docs_read_the_enum() -> None:
     with pytest.raises(UsageError) as refused:
         validate({"format": "xml"}, "pyproject.toml")
     assert refused.value.message() == (
-        "pyproject.toml: [tool.dtypecheck] format: expected one of 'table', 'json', 'sarif', 'github', got 'xml'"
+        "pyproject.toml: [tool.dtypecheck] format: expected one of 'table', 'json', 'sarif', 'github', 'html', "
+        "got 'xml'"
     )
-    assert format_help() == "table (rich), json (one document), sarif (SARIF 2.1.0) or github (annotations)."
+    assert format_help() == (
+        "table (rich), json (one document), sarif (SARIF 2.1.0), github (annotations) "
+        "or html (one self-contained page)."
+    )
     commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
     for name, command in commands.items():
         (option,) = [param for param in command.params if "--format" in param.opts]
-        assert option.help == format_help(), name
-        assert option.type_descriptor.annotation is OutputFormat, name  # Typer's choices are the enum's members
+        assert option.help == format_help(COMMAND_FORMATS[name]), name
+        assert option.type_descriptor.annotation is OutputFormat, name  # the parser hands on the enum's members
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert f"| `--format {FORMAT_NAMES.replace('|', chr(92) + '|')}`, `-f` |" in readme
     contract = (ROOT / "docs" / "contract.md").read_text(encoding="utf-8")

@@ -14,6 +14,7 @@ from dtypecheck.scan.document import read_scan_document
 from dtypecheck.scan.report import ScanReport
 
 PICKLE_FAIL = {"kind": "pickle-global", "level": "fail", "detail": "os.system"}
+SHARD_FAIL = {"kind": "missing-shard", "level": "fail", "detail": "model-00002-of-00002.safetensors"}
 
 
 def _json(*tensors: dict[str, Any], findings: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -61,11 +62,27 @@ def test_fixed_and_improved_are_reported_but_pass() -> None:
 
 
 def test_failing_scan_passes_with_its_own_baseline_and_fails_again_when_it_worsens() -> None:
-    failing = _doc(_tensor("w", nan=1), findings=[PICKLE_FAIL])
+    failing = _doc(_tensor("w", nan=1), findings=[SHARD_FAIL])
     assert compare(failing, _doc()).level == "fail"
     assert compare(failing, failing).level == "ok"
-    worse = _doc(_tensor("w", nan=2), findings=[PICKLE_FAIL])
+    worse = _doc(_tensor("w", nan=2), findings=[SHARD_FAIL])
     assert compare(worse, failing).level == "fail"
+
+
+@pytest.mark.parametrize("kind", ["pickle-global", "pickle-polyglot", "contains-code", "zip-differential"])
+def test_no_baseline_accepts_a_security_finding(kind: str) -> None:
+    # issue 27: a baseline that recorded a code-running global (shipped with the checkpoint, or once accepted by
+    # the project) never passes it again; the numbers it recorded still are accepted.
+    finding = {"kind": kind, "level": "fail", "detail": "posix.system"}
+    failing = _doc(_tensor("w", nan=1), findings=[finding])
+    comparison = compare(failing, failing)
+    assert comparison.level == "fail"
+    assert [(c.check, c.before, c.after, c.state) for c in comparison.changes] == [
+        ("nonfinite", 1, 1, "unchanged"),
+        (f"finding:{kind}:posix.system", 0, 1, "new"),
+    ]
+    warned = _doc(findings=[{**finding, "level": "warn"}])
+    assert compare(warned, warned).level == "warn"
 
 
 def test_checks_the_policy_downgraded_to_ok_are_not_gated() -> None:

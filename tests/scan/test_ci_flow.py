@@ -22,7 +22,7 @@ import torch
 import yaml
 from safetensors.torch import save_file
 
-from dtypecheck.config import load_config, start_folder
+from dtypecheck.config import load_config
 from dtypecheck.scan.baseline import checkpoint_key
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,8 +66,8 @@ baseline = "ci/baseline.json"
 
 
 def _readme_ci_section() -> str:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    return text[text.index("## Use as a CI gate") : text.index("## Python API")]
+    """The CI guide of the docs site (it was the README's "Use as a CI gate" section)."""
+    return (ROOT / "docs" / "ci.md").read_text(encoding="utf-8")
 
 
 def _blocks(text: str, language: str) -> list[str]:
@@ -304,10 +304,12 @@ def test_github_annotations_are_what_the_json_marks_new_or_worse_and_not_tolerat
     assert cli("scan-model", "a.safetensors", "c.safetensors", "--fail-on", "warn").exit_code == 1
 
 
-# --- item 5: each checkpoint's own configuration ------------------------------------------------------------
+# --- item 5 (revised by issue 27): the working folder's configuration, never one shipped with a checkpoint -------
 
 
-def test_config_is_found_from_each_checkpoints_folder(cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_config_comes_from_the_working_folder_never_from_the_checkpoints(
+    cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     one, two, elsewhere = tmp_path / "one", tmp_path / "two", tmp_path / "work"
     for folder in (one, two, elsewhere):
         folder.mkdir()
@@ -318,38 +320,47 @@ def test_config_is_found_from_each_checkpoints_folder(cli, tmp_path: Path, monke
     b = _checkpoint(two / "b.safetensors", tiny=3)
     loose = _checkpoint(tmp_path / "loose" / "c.safetensors", tiny=3)
     monkeypatch.chdir(elsewhere)
-    # one's config, though the working folder has another: its targets, and its format = "json".
-    assert cli("scan-model", str(a)).json()["targets"] == ["float16"]
-    # No config above the checkpoint: the working folder's.
-    assert cli("scan-model", str(loose), "-f", "json").json()["targets"] == ["float8_e5m2"]
-    # --config still wins.
-    forced = cli("scan-model", str(a), "--config", str(elsewhere / "pyproject.toml"), "-f", "json")
-    assert forced.json()["targets"] == ["float8_e5m2"]
-    # Several checkpoints in two projects: each its own targets and baseline (two's, relative to two's config).
-    assert cli("scan-model", str(b), "--update-baseline", "-q").exit_code == 0
-    assert list(json.loads((two / "base.json").read_text())["checkpoints"]) == ["b.safetensors"]
-    both = cli("scan-model", str(b), str(a), "--format", "github")
-    assert both.exit_code == 0
-    # a: 3 underflows in float16 (one's target, no baseline); b: nothing new against two's baseline.
-    assert both.stdout == (
-        f"::warning file={a},title=DTC103 cast-underflow::layer.weight: 3 of 1000 values underflow in float16\n"
+    # one's config lies above the checkpoint, not above the working folder: not read (and not its format = "json"),
+    # and a note names it.
+    found = cli("scan-model", str(a), "-f", "json")
+    assert found.json()["targets"] == ["float8_e5m2"]
+    assert found.stderr == (
+        f"note: not reading {one / 'pyproject.toml'}: it came with a checkpoint, and nothing shipped with a "
+        "checkpoint governs its scan (configuration comes from the working folder's project or --config)\n"
     )
+    assert cli("scan-model", str(loose), "-f", "json").json()["targets"] == ["float8_e5m2"]
+    # --config FILE reads exactly that file.
+    forced = cli("scan-model", str(a), "--config", str(one / "pyproject.toml"), "-q")
+    assert forced.json()["targets"] == ["float16"]
+    # Several checkpoints of two folders: the working folder's targets for both, and no baseline (two's is not read).
+    assert cli("scan-model", str(b), "--update-baseline", "-q").exit_code == 2
+    assert not (two / "base.json").exists()
+    both = cli("scan-model", str(b), str(a), "--format", "github", "-q")
+    assert both.exit_code == 0  # warnings only
+    assert [(line.split(",")[0], line.rsplit(" ", 1)[1]) for line in both.stdout.splitlines()] == [
+        (f"::warning file={b}", "float8_e5m2"),
+        (f"::warning file={b}", "float8_e5m2"),
+        (f"::warning file={a}", "float8_e5m2"),
+        (f"::warning file={a}", "float8_e5m2"),
+    ]
 
 
-def test_start_folder_and_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_checkpoint_keys_and_what_is_searched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "model.py").write_text("")
     (tmp_path / "sharded").mkdir()
     monkeypatch.chdir(tmp_path)
-    assert start_folder("sub/model.py:make") == Path("sub")
-    assert start_folder("sharded") == Path("sharded")
-    assert start_folder("org/name@main") is None  # not a local path: a Hub id
     assert checkpoint_key("sub/model.py:make", tmp_path) == "sub/model.py:make"
     assert checkpoint_key("sharded", tmp_path / "sub") == "../sharded"
     assert checkpoint_key("org/name@main", tmp_path) == "org/name@main"
     _config(tmp_path / "sub", '[tool.dtypecheck.scan-model]\ntargets = ["bf16"]\n')
-    assert load_config(near="sub/model.py:make").get("scan-model", "targets") == ["bfloat16"]
-    assert load_config(near="sharded").path is None
+    assert load_config(scanned=("sub/model.py:make",)).path is None  # never searched from the file's folder
+    _config(tmp_path / "sharded", '[tool.dtypecheck.scan-model]\ntargets = ["bf16"]\n')
+    _config(tmp_path, '[tool.dtypecheck.scan-model]\ntargets = ["fp16"]\n')
+    monkeypatch.chdir(tmp_path / "sharded")
+    inside = load_config(scanned=(".",))  # run from inside the folder scanned: its pyproject is the download's
+    assert inside.path == tmp_path / "pyproject.toml"
+    assert inside.ignored == (tmp_path / "sharded" / "pyproject.toml",)
 
 
 # --- item 4: the example workflow installs what exists and its commands run --------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,12 @@ from dtypecheck.dtypes import lookup
 from dtypecheck.render.json import document
 from dtypecheck.scan.document import read_scan_document
 from dtypecheck.scan.report import ScanReport, TensorScan
-from dtypecheck.scan.roles import ROLE_RULES, role_rule
+from dtypecheck.scan.roles import ROLE_RULES, assign_roles
 from dtypecheck.scan.run import scan_checkpoint
 from tests.scan import _training_ckpts as ckpts
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "commands" / "scan-model.md"
+"""scan-model's page of the docs site (it was the README's scan-model section)."""
 FP16 = [lookup("fp16")]
 
 
@@ -156,26 +158,78 @@ def test_a_nan_in_bookkeeping_still_fails(tmp_path: Path) -> None:
     assert row.level == "fail"
 
 
+@dataclass(frozen=True)
+class _Layout:
+    name: str
+    dtype: str = "float32"
+    shape: tuple[int, ...] = ()
+
+
+_SQUARE = (64, 64)
+_ADAM = [_Layout("optimizer.state.12.exp_avg", shape=(4,)), _Layout("optimizer.param_groups.0.lr")]
+
+
 @pytest.mark.parametrize(
-    ("name", "role", "judged"),
+    ("layouts", "role", "judged"),
     [
-        ("optimizer.state.12.step", "bookkeeping", False),
-        ("optimizer_states.0.state.3.step", "bookkeeping", False),
-        ("encoder.layer.0.step", "model", True),  # a module named step is a weight
-        ("bn.num_batches_tracked", "bookkeeping", False),
-        ("rng_state.cpu", "bookkeeping", False),
-        ("scaler.scale", "bookkeeping", False),
-        ("lr_schedulers.0.base_lrs", "bookkeeping", False),
-        ("callbacks.EarlyStopping{'monitor': 'val.loss'}.best_score", "bookkeeping", False),
-        ("epoch", "bookkeeping", False),
-        ("optimizer.state.0.exp_avg_sq", "optimizer", True),
-        ("optimizer.state.0.momentum_buffer", "optimizer", True),
-        ("x.optimizer_state_dict.base_optimizer_state.state.0.exp_avg", "optimizer", False),
-        ("decoder.layers.0.self_attn.q_proj.weight", "model", True),
+        ([_Layout("optimizer.state.12.step"), *_ADAM], "bookkeeping", False),
+        (
+            [_Layout("optimizer_states.0.state.3.step"), _Layout("optimizer_states.0.state.3.exp_avg_sq")],
+            "bookkeeping",
+            False,
+        ),
+        ([_Layout("optimizer.state.12.step", shape=_SQUARE), *_ADAM], "optimizer", True),  # no step counter is 64x64
+        ([_Layout("encoder.layer.0.step")], "model", True),  # a module named step is a weight
+        # a ModuleList named state is no optimizer state dict: weight is no optimizer's key
+        ([_Layout("state.0.step"), _Layout("state.0.weight", shape=_SQUARE)], "model", True),
+        ([_Layout("bn.num_batches_tracked", "int64"), _Layout("bn.running_mean", shape=(4,))], "bookkeeping", False),
+        ([_Layout("bn.num_batches_tracked", shape=_SQUARE), _Layout("bn.running_mean", shape=(4,))], "model", True),
+        ([_Layout("bn.num_batches_tracked", "int64")], "model", True),  # no BatchNorm beside it
+        ([_Layout("rng_state.cpu", "uint8", (5056,))], "bookkeeping", False),
+        ([_Layout("rng_state_3.cpu", "uint8", (5056,))], "bookkeeping", False),
+        ([_Layout("cpu", "uint8", (5056,)), _Layout("numpy.1", "uint32", (624,))], "bookkeeping", False),
+        ([_Layout("rng_state.cpu", shape=_SQUARE)], "model", True),
+        ([_Layout("scaler.scale")], "bookkeeping", False),
+        ([_Layout("scaler.scale", shape=_SQUARE)], "model", True),
+        ([_Layout("lr_schedulers.0.base_lrs.0")], "bookkeeping", False),
+        ([_Layout("schedulers.weight", shape=_SQUARE)], "model", True),
+        ([_Layout("unet.scheduler.alphas_cumprod", shape=(1000,))], "model", True),
+        ([_Layout("callbacks.EarlyStopping{'monitor': 'val.loss'}.best_score")], "bookkeeping", False),
+        ([_Layout("callbacks.SWA{}.average_model_state.0.weight", shape=_SQUARE)], "model", True),
+        ([_Layout("epoch")], "bookkeeping", False),
+        ([_Layout("epoch", shape=_SQUARE)], "model", True),
+        ([_Layout("optimizer.state.0.exp_avg_sq", shape=(4,))], "optimizer", True),
+        ([_Layout("optimizer.state.0.momentum_buffer", shape=(4,))], "optimizer", True),
+        (
+            [
+                _Layout("x.optimizer_state_dict.base_optimizer_state.state.0.exp_avg", shape=(96,)),
+                _Layout("x.optimizer_state_dict.single_partition_of_fp32_groups.0", shape=(96,)),
+            ],
+            "optimizer",
+            False,
+        ),
+        ([_Layout("fp32_flat_groups.0", shape=_SQUARE)], "model", True),  # DeepSpeed's partitions are flat
+        (
+            [
+                _Layout("state.0.exp_avg_sq_row", shape=(4,)),
+                _Layout("state.0.exp_avg_sq_col", shape=(6,)),
+                _Layout("state.0.exp_avg", shape=(4, 6)),
+            ],
+            "optimizer",
+            False,
+        ),
+        (  # a row and a column of no one parameter's shape
+            [_Layout("state.0.exp_avg_sq_row", shape=_SQUARE), _Layout("state.0.exp_avg_sq_col", shape=(6,))],
+            "optimizer",
+            True,
+        ),
+        ([_Layout("decoder.layers.0.self_attn.q_proj.weight", shape=_SQUARE)], "model", True),
     ],
 )
-def test_role_rules(name: str, role: str, judged: bool) -> None:
-    rule = role_rule(name)
+def test_roles_follow_the_structure_and_the_tensors_own_shape_and_dtype(
+    layouts: list[_Layout], role: str, judged: bool
+) -> None:
+    rule = assign_roles(layouts).get(layouts[0].name)
     assert (rule.role if rule else "model") == role
     assert (rule is None or rule.not_judged is None) == judged
 

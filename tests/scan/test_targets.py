@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from dtypecheck.dtypes import REGISTRY, lookup
 from dtypecheck.errors import UsageError
 from dtypecheck.scan.run import scan_checkpoint
-from dtypecheck.scan.targets import check_targets, target_problem
+from dtypecheck.targets import check_targets, target_problem
 
 
 def _ckpt(tmp_path: Path) -> str:

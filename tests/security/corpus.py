@@ -30,6 +30,16 @@ CLASSES = (
     "special-files",
     "robustness",
 )
+GATE_CLASSES = (
+    "code-globals",
+    "readings",
+    "shipped-config",
+    "roles",
+    "bounded-time",
+    "own-tracebacks",
+    "benign-frameworks",
+)
+"""Issue 27's classes (the gate fails closed): built by ``tests/security/gate/`` (one module per area)."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +62,14 @@ class Hostile:
     driver: str = ""
     """For ``needs_subprocess`` inputs that need more than a command line: the name of a driver in ``DRIVERS``."""
     extra: dict[str, str] = field(default_factory=dict)
+    benign: bool = False
+    """A file as a framework really writes it (or a harmless look-alike): flagging it is a false alarm."""
+    cwd: Path | None = None
+    """The working folder of the scan and of the live proof (torch.load imports a shipped ``helpers.py`` from
+    there); None: the code under test's folder."""
+    loader: str = "torch.load"
+    """How the live proof reads ``torch_load``: ``torch.load`` (``weights_only=False``), ``jit.load``,
+    ``dcp.load`` (a folder) or ``none`` (nothing to prove: the input carries no code)."""
 
 
 # --- a small pickle assembler (protocol 4 opcodes) -------------------------------------------------------------
@@ -951,9 +969,11 @@ BUILDERS: dict[str, Callable[[Path], list[Hostile]]] = {
 
 def build(folder: Path, classes: tuple[str, ...] = CLASSES) -> list[Hostile]:
     """Write every input of ``classes`` under ``folder`` (one subfolder per class)."""
+    from tests.security.gate import GATE_BUILDERS  # imports this module: resolved at call time
+
     made: list[Hostile] = []
     for klass in classes:
-        builder = BUILDERS.get(klass)
+        builder = BUILDERS.get(klass) or GATE_BUILDERS.get(klass)
         if builder is None:
             continue
         where = folder / klass

@@ -38,12 +38,61 @@ PROVE_LIVE = textwrap.dedent(
 )
 
 
+PROVE_BY_LOADER = textwrap.dedent(
+    """
+    import os, sys, warnings
+    warnings.simplefilter("ignore")
+    sys.path.insert(0, os.getcwd())  # as a script run from this folder imports its neighbours
+    import torch
+    loader = sys.argv[1]
+    for path in sys.argv[2:]:
+        try:
+            if loader == "jit.load":
+                torch.jit.load(path)
+            elif loader == "dcp.load":
+                import torch.distributed.checkpoint as dcp
+                meta = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+                wanted = {k: torch.zeros(v.size) if hasattr(v, "size") else None for k, v in meta.items()}
+                dcp.load(wanted, checkpoint_id=path)
+            else:
+                torch.load(path, weights_only=False)
+        except BaseException:
+            pass
+    """
+)
+
+
+def prove_live(hostiles: list[Hostile], timeout: float = 300) -> set[str]:
+    """Read every payload-carrying input as its ``loader`` would, each group (same working folder, same loader) in
+    one throwaway process; the names of those whose canary then exists (canaries are removed first)."""
+    groups: dict[tuple[str, str], list[Hostile]] = {}
+    for hostile in hostiles:
+        if hostile.canary is None or hostile.torch_load is None or hostile.loader == "none":
+            continue
+        hostile.canary.unlink(missing_ok=True)
+        loader = "dcp.load" if hostile.torch_load.is_dir() else hostile.loader  # a folder: a DCP checkpoint
+        key = (str(hostile.cwd or code_under_test()), loader)
+        groups.setdefault(key, []).append(hostile)
+    for (cwd, loader), members in groups.items():
+        subprocess.run(
+            [sys.executable, "-c", PROVE_BY_LOADER, loader, *(str(h.torch_load) for h in members)],
+            check=False,
+            capture_output=True,
+            timeout=timeout,
+            env=environment(),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+        )
+    return {h.name for members in groups.values() for h in members if h.canary is not None and h.canary.exists()}
+
+
 def environment() -> dict[str, str]:
     """The environment of a child process: this checkout first on the path (or ``DTYPECHECK_CODE_UNDER_TEST``,
     another checkout to compare with, e.g. an older commit's)."""
     env = dict(os.environ)
     code = env.get("DTYPECHECK_CODE_UNDER_TEST") or str(REPO)
-    env["PYTHONPATH"] = code + os.pathsep + env.get("PYTHONPATH", "")
+    # no empty entry: Python reads one as the working folder, which would import what a hostile folder ships
+    env["PYTHONPATH"] = os.pathsep.join(part for part in (code, env.get("PYTHONPATH")) if part)
     env.pop("DTYPECHECK_TRACEBACK", None)
     return env
 
@@ -114,7 +163,7 @@ def run_hostile(hostile: Hostile, timeout: float) -> tuple[int, str, float]:
     if hostile.driver == "interrupt":
         Path(hostile.extra["started"]).unlink(missing_ok=True)  # a marker from an earlier run would fire too soon
     if not hostile.driver:
-        done = run_cli(hostile.args, timeout=timeout)
+        done = run_cli(hostile.args, timeout=timeout, cwd=hostile.cwd)
         return done.returncode, done.stderr, time.monotonic() - start
     process = subprocess.Popen(
         [sys.executable, "-m", "dtypecheck", *hostile.args],

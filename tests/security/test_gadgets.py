@@ -1,8 +1,10 @@
-"""Class "gadgets": a class outside the allowlist that the pickle calls with arguments fails; one only rebuilt from
-plain state stays a warning, so real checkpoints (Lightning hparams, TrainingArguments, optimizer states) pass."""
+"""Class "gadgets": a class outside the allowlist fails however the pickle uses it (issue 27: fail closed; it was a
+warning when only rebuilt from plain state); only the vetted framework classes (``TrainingArguments`` and its enums)
+rebuilt as plain data stay a warning, so real checkpoints (optimizer states, RNG states, Namespace hparams) pass."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import enum
 import pickle
@@ -72,21 +74,25 @@ def _levels(value: object, protocol: int) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("protocol", [0, 1, 2, 4, 5])
-def test_plain_state_warns_and_calls_fail_in_every_protocol(protocol: int) -> None:
-    assert _levels(Arguments(), protocol) == {"Arguments": "warn", "Strategy": "warn"}  # Strategy("steps"): a lookup
+def test_unvetted_classes_fail_in_every_protocol(protocol: int) -> None:
+    assert _levels(Arguments(), protocol) == {"Arguments": "fail", "Strategy": "fail"}  # unvetted: fail closed
     assert _levels(WithState(), protocol) == {"WithState": "fail"}  # BUILD of a list: only __setstate__ takes it
     assert _levels(Called("x", 2), protocol) == {"Called": "fail"}
 
 
 def test_call_rule_by_hand() -> None:
-    plain = GlobalRef("pkg.mod", "Config")
-    assert classify(plain) == "warn"
-    assert classify(GlobalRef("pkg.mod", "Config", called=True, single_value=True)) == "warn"
-    assert classify(GlobalRef("pkg.mod", "Config", called=True)) == "fail"
-    # the packages that ship with torch get no enum exception: sympy.Matrix("...") takes one string
-    assert classify(GlobalRef("sympy.matrices.dense", "MutableDenseMatrix", called=True, single_value=True)) == "fail"
-    assert classify(GlobalRef("sympy.matrices.dense", "MutableDenseMatrix")) == "warn"  # a class only referenced
-    assert "calls with arguments" in judge(GlobalRef("networkx", "Graph", called=True))[1]
+    # an unvetted package fails however it is used: importing it runs its code
+    for uses in (frozenset(), frozenset({"value"}), frozenset({"new", "state"}), frozenset({"call"})):
+        assert classify(GlobalRef("pkg.mod", "Config", uses)) == "fail"
+        assert classify(GlobalRef("sympy.matrices.dense", "MutableDenseMatrix", uses)) == "fail"
+    assert "used as call" in judge(GlobalRef("networkx", "Graph", frozenset({"call"})))[1]
+    # a vetted class warns only on its own path
+    args, strategy = "transformers.training_args", "transformers.trainer_utils"
+    assert classify(GlobalRef(args, "TrainingArguments", frozenset({"new", "state"}))) == "warn"
+    assert classify(GlobalRef(args, "TrainingArguments", frozenset({"new", "setstate"}))) == "fail"
+    assert classify(GlobalRef(args, "TrainingArguments", frozenset({"call"}))) == "fail"
+    assert classify(GlobalRef(strategy, "IntervalStrategy", frozenset({"value"}))) == "warn"
+    assert classify(GlobalRef(strategy, "IntervalStrategy", frozenset({"value", "call"}))) == "fail"
 
 
 def test_real_training_states_keep_passing(tmp_path: Path, cli: Callable[..., CliResult]) -> None:
@@ -105,11 +111,11 @@ def test_real_training_states_keep_passing(tmp_path: Path, cli: Callable[..., Cl
         "rng": torch.get_rng_state(),
         "numpy_rng": np.random.default_rng(0).bit_generator.state,
         "legacy_numpy_rng": np.random.get_state(),
-        "hyper_parameters": Arguments(),
+        "hyper_parameters": argparse.Namespace(lr=0.1, name="run"),
     }
     torch.save(state, tmp_path / "last.ckpt")
     result = cli("scan-model", str(tmp_path / "last.ckpt"), "--format", "json")
     assert result.exit_code == 0, result.stderr
     levels = {f["detail"]: f["level"] for f in result.json()["findings"] if f["kind"] == "pickle-global"}
-    assert levels[f"{__name__}.Arguments"] == levels[f"{__name__}.Strategy"] == "warn"
-    assert [d for d, level in levels.items() if level == "fail"] == []
+    assert levels["argparse.Namespace"] == "ok"
+    assert [d for d, level in levels.items() if level != "ok"] == []

@@ -44,22 +44,29 @@ def test_every_gadget_fails_the_gate_and_its_canary_is_live(tmp_path: Path, cli:
         ("torch.nn.modules.linear", "Linear", "ok"),  # a whole pickled model: nn.Module subclasses
         ("torch.optim.adamw", "AdamW", "ok"),
         ("argparse", "Namespace", "ok"),  # Lightning hparams
-        ("pytorch_lightning.utilities.parsing", "AttributeDict", "warn"),  # a class of an unvetted package
-        ("transformers.training_args", "TrainingArguments", "warn"),
+        ("pytorch_lightning.utilities.parsing", "AttributeDict", "fail"),  # unvetted: importing it runs its code
+        ("transformers.training_args", "TrainingArguments", "warn"),  # vetted (only referenced here)
         ("transformers.utils.hub", "cached_file", "fail"),  # a function of an unvetted package
         ("torch._utils", "_rebuild_tensor_v2.__globals__", "fail"),  # attribute walk from an allowed name
         ("torch", "_utils._rebuild_tensor_v2", "fail"),  # the same object, reached by a walk: judged as a walk
-        ("torch.nn.modules.linear", "F", "fail"),  # a module alias inside an allowed module is not a class
+        ("torch.nn.modules.linear", "F", "ok"),  # a plain reference to a torch name (never called): inert
         ("torch.nn.modules.module", "__builtins__", "fail"),
         ("os.path", "join", "fail"),
-        ("numpy", "load", "fail"),
-        ("torch", "load", "fail"),
+        ("numpy", "load", "ok"),  # plain references: see test_used_torch_names_fail
+        ("torch", "load", "ok"),
         ("copyreg.extension", "7", "fail"),
         ("os\nsystem", "x", "fail"),
     ],
 )
 def test_allowlist_levels(module: str, name: str, level: str) -> None:
     assert classify(GlobalRef(module, name)) == level, judge(GlobalRef(module, name))
+
+
+@pytest.mark.parametrize("use", ["call", "value", "new", "state", "setstate", "items", "handed"])
+@pytest.mark.parametrize(("module", "name"), [("torch", "load"), ("numpy", "load"), ("torch.nn.modules.linear", "F")])
+def test_used_torch_names_fail(module: str, name: str, use: str) -> None:
+    """The issue-27 rule: a torch or numpy name outside the allowlist is ok only as a plain reference."""
+    assert classify(GlobalRef(module, name, frozenset({use}))) == "fail"
 
 
 def test_allowlist_holds_what_torchs_own_weights_only_unpickler_allows() -> None:

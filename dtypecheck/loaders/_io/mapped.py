@@ -27,6 +27,33 @@ if TYPE_CHECKING:
     from dtypecheck.loaders.base import Checkpoint, TensorRecord, TensorSource
 
 
+MAX_HOLE_BYTES = 1 << 30
+"""Most bytes of holes a checkpoint file may have (``FileMap.refuse_sparse``)."""
+MAX_EXTENTS = 100_000
+"""Most data extents ``hole_bytes`` walks; past them the rest of the file counts as data."""
+
+
+def hole_bytes(fd: int, size: int) -> int:
+    """Bytes of ``fd``'s holes, found with ``SEEK_DATA``/``SEEK_HOLE`` (0 where the system cannot say)."""
+    seek_data, seek_hole = getattr(os, "SEEK_DATA", None), getattr(os, "SEEK_HOLE", None)
+    if seek_data is None or seek_hole is None:
+        return 0
+    holes = position = 0
+    try:
+        for _ in range(MAX_EXTENTS):
+            try:
+                data = os.lseek(fd, position, seek_data)
+            except OSError:  # ENXIO: no data after ``position``, the rest is a hole
+                return holes + size - position
+            holes += data - position
+            position = os.lseek(fd, data, seek_hole)
+            if position >= size:
+                return holes
+    except OSError:
+        return 0
+    return holes
+
+
 class FileMap:
     """A read-only map of a whole file, closed with the checkpoint that opened it.
 
@@ -54,6 +81,22 @@ class FileMap:
             raise
         _FILES[id(self.buffer)] = self
 
+    def refuse_sparse(self) -> None:
+        """An ``InputError`` when over ``MAX_HOLE_BYTES`` of the file are holes (never written: they read as
+        zeros). A scan reads every byte of a tensor, and a 512 GiB file that holds 4 KiB on disk would keep it
+        reading zeros for hours; a checkpoint as frameworks write it has no holes. The holes are found with
+        ``SEEK_HOLE``/``SEEK_DATA``, only when the blocks allocated show they can be there."""
+        status = os.fstat(self.fd)
+        allocated = getattr(status, "st_blocks", None)
+        if allocated is None or allocated * 512 + MAX_HOLE_BYTES >= self.size:
+            return
+        holes = hole_bytes(self.fd, self.size)
+        if holes > MAX_HOLE_BYTES:
+            raise InputError(
+                f"{self.path}: a sparse file: {holes} of its {self.size} bytes are holes (never written, read as "
+                f"zeros), over the {MAX_HOLE_BYTES} limit; not read (write it out in full to scan it)"
+            )
+
     @classmethod
     @contextlib.contextmanager
     def kept_if_parsed(cls, path: Path) -> Iterator[FileMap]:
@@ -64,6 +107,7 @@ class FileMap:
         """
         mapped = cls(path)
         try:
+            mapped.refuse_sparse()
             yield mapped
         except BaseException:
             mapped.close()
@@ -158,6 +202,10 @@ class Window(io.RawIOBase):
     """
 
     BLOCK = 64 * 1024
+    MAX_LINE = 256 << 20
+    """Longest line ``readline`` returns (a pickle's text argument): past it, ``LineTooLongError``. 160 MB lines
+    are read (a hostile pickle's string may be code); a safetensors file whose header length starts a protocol-0
+    opcode (``P``, ``p``) is not read to its end in search of a newline."""
 
     def __init__(self, buffer: mmap.mmap | bytes, start: int, length: int) -> None:
         super().__init__()
@@ -207,15 +255,29 @@ class Window(io.RawIOBase):
 
     def readline(self, size: int | None = -1) -> bytes:
         limit = max(0, self.length - self.pos) if size is None or size < 0 else min(size, self.length - self.pos)
-        line = b""
-        while len(line) < limit:
-            piece = self.read(min(self.BLOCK, limit - len(line)))
+        # Pieces are joined once at the end: ``line += piece`` would copy the line so far for every block, and a
+        # 160 MB line (a hostile pickle's string argument) would cost hours instead of a second.
+        pieces: list[bytes] = []
+        taken = 0
+        while taken < limit:
+            piece = self.read(min(self.BLOCK, limit - taken))
+            if not piece:
+                break
             found = piece.find(b"\n")
             if found >= 0:
                 self.pos -= len(piece) - found - 1
-                return line + piece[: found + 1]
-            line += piece
-        return line
+                pieces.append(piece[: found + 1])
+                break
+            pieces.append(piece)
+            taken += len(piece)
+            if taken > self.MAX_LINE:
+                raise LineTooLongError(f"a line of over {self.MAX_LINE} bytes at byte {self.pos - taken}")
+        return b"".join(pieces)
+
+
+class LineTooLongError(InputError):
+    """``Window.readline`` met no newline within ``Window.MAX_LINE`` bytes: a reader stopped at its own limit (a
+    real unpickler would read on)."""
 
 
 def itemsize_of(dtype: str) -> int:

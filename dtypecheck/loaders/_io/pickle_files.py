@@ -3,9 +3,9 @@
 A scan judges the globals of the pickles it reads for tensors; this module covers the pickles it would otherwise
 never read: files beside a sharded index (``training_args.bin``, ``optimizer.pt``), a ``pytorch_model.bin`` next to
 the ``model.safetensors`` that is scanned instead, raw pickles (``torch.load`` of a non-zip file runs its first
-pickle before it checks the magic number), and safetensors files whose first bytes also parse as a pickle (a
-polyglot: ``torch.load`` of it runs that pickle). Globals are collected while the pickle is interpreted, so a
-stream that breaks after its payload still reports it.
+pickle before it checks the magic number), and the files of other formats that ``torch.load`` would read as a
+zip, a legacy tar or a pickle (polyglots, ``polyglot_findings``). Globals are collected while the pickle is
+interpreted, so a stream that breaks after its payload still reports it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from dtypecheck.errors import InputError
-from dtypecheck.loaders._io.mapped import FileMap, Window, read_range
+from dtypecheck.loaders._io.mapped import FileMap, LineTooLongError, Window, read_range
 from dtypecheck.loaders._io.pickle_globals import judge, worst_first
 from dtypecheck.loaders._io.pickle_report import PickleReport, lenient_persistent_id
 from dtypecheck.loaders._io.pickle_vm import GlobalRef, PickleLimitError, SafeUnpickler
@@ -37,7 +37,7 @@ def _stream_globals(stream: Window, where: str, count: int) -> PickleReport:
         try:
             machine.load()
         except InputError as exc:
-            problem, limited = str(exc), isinstance(exc, PickleLimitError)
+            problem, limited = str(exc), isinstance(exc, PickleLimitError | LineTooLongError)
         seen.update(dict.fromkeys(machine.globals_seen))
         if problem is not None:
             break
@@ -58,6 +58,21 @@ def file_globals(path: Path) -> PickleReport:
         return _globals_in(mapped.buffer, mapped.size, str(path))
     finally:
         mapped.close()
+
+
+def _other_format(path: Path) -> str | None:
+    """``safetensors`` or ``gguf`` when ``path``'s content is one (read as such, not as a pickle stream)."""
+    from dtypecheck.loaders.formats.safetensors_format import looks_like_safetensors
+
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as handle:
+            head = handle.read(16)
+    except OSError:
+        return None
+    if looks_like_safetensors(head, size):
+        return "safetensors"
+    return "gguf" if head.startswith(b"GGUF") else None
 
 
 def _globals_in(buffer: mmap.mmap, size: int, where: str) -> PickleReport:
@@ -122,6 +137,17 @@ def side_file_findings(path: Path, label: str) -> list[Finding]:
     global (detail ``module.name (in LABEL)``), any ``zip-differential``, an ``unreadable-file`` ``fail`` when a
     pickle torch would go on running stopped at one of dtypecheck's limits, and an ``unreadable-file`` warning when
     a pickle breaks off after referencing globals (what it referenced until then is reported)."""
+    other = _other_format(path)
+    if other is not None:  # a safetensors or GGUF side file (Mistral's consolidated.safetensors): both readings
+        try:
+            mapped = FileMap(path)
+        except (InputError, OSError) as exc:
+            return [Finding("unreadable-file", "warn", f"{label}: cannot be read ({exc})")]
+        try:
+            found = polyglot_findings(mapped.buffer, mapped.size, label, other)
+        finally:
+            mapped.close()
+        return [replace(f, detail=f"{f.detail} (in {label})") if f.kind == "pickle-global" else f for f in found]
     try:
         report = file_globals(path)
     except (InputError, OSError, ValueError) as exc:
@@ -129,7 +155,7 @@ def side_file_findings(path: Path, label: str) -> list[Finding]:
     # A name that is not made of identifiers cannot be imported: pickle.load fails there and runs nothing (random
     # bytes read as a pickle often hold such a GLOBAL opcode).
     refs = [ref for ref in report.globals if importable(ref)]
-    findings = [Finding("pickle-global", judge(ref)[0], f"{ref.qualname} (in {label})") for ref in refs]
+    findings = [Finding("pickle-global", judge(ref)[0], f"{shown(ref)} (in {label})") for ref in refs]
     findings += [replace(f, detail=f"{label}: {f.detail}") for f in report.differential]
     if report.limited:
         detail = f"{label}: torch.load would run a pickle that dtypecheck stopped reading ({report.problem})"
@@ -139,18 +165,65 @@ def side_file_findings(path: Path, label: str) -> list[Finding]:
     return worst_first(findings)
 
 
-def polyglot_findings(buffer: mmap.mmap, size: int, where: str) -> list[Finding]:
-    """A ``fail`` finding when the start of a (safetensors) file also runs as a pickle referencing importable
-    globals: ``torch.load`` of the file would run it."""
-    report = _stream_globals(Window(buffer, 0, size), where, 1)
-    refs = [ref for ref in report.globals if importable(ref)]
-    if not refs:
+def polyglot_findings(buffer: mmap.mmap, size: int, where: str, own: str) -> list[Finding]:
+    """What ``torch.load`` of a file the scan read as ``own`` (``safetensors``, ``gguf``, ``torch-legacy``) would
+    run, read as ``torch.load`` dispatches it whatever the file's name (only a path ending ``.safetensors`` goes
+    to safetensors): a zip when it starts with the zip magic, else a legacy tar when ``tarfile`` opens it with a
+    ``storages`` member, else a stream of pickles from the first byte.
+
+    A file that torch reads as a zip or a tar is two formats at once: a ``pickle-polyglot`` ``fail`` whatever its
+    pickles hold (the scan judged the other reading's tensors). A pickle read from the first byte fails when it
+    references an importable global (random bytes seldom do; a benign file's never do). A legacy stream is the
+    scan's own reading, so only the zip and tar readings are added for it."""
+    from dtypecheck.loaders._io.legacy_tar import tar_globals
+
+    report: PickleReport | None
+    if bytes(read_range(buffer, 0, min(4, size))) == b"PK\x03\x04":
+        reading = "a torch.save zip"
+        report = _torch_zip_reading(buffer, size, where)
+    elif (report := tar_globals(buffer, size, where)) is not None:
+        reading = "a legacy torch.save tar"
+    elif own == "torch-legacy":
         return []
-    names = ", ".join(ref.qualname for ref in refs[:5])
-    detail = f"the file's first bytes also parse as a pickle that torch.load would run, referencing {names}"
+    else:
+        reading = "a pickle"
+        report = _stream_globals(Window(buffer, 0, size), where, 1)
+        if not any(importable(ref) for ref in report.globals):
+            return []
+    if report is None:
+        return []
+    refs = [ref for ref in report.globals if importable(ref)]
+    names = ", ".join(shown(ref) for ref in refs[:5])
+    detail = (
+        f"this {own} file is also {reading}: torch.load (of any name but *.safetensors) would read it that way"
+        + (f" and run a pickle referencing {names}" if names else "")
+        + f"; the scan judged the {own} reading only"
+    )
     return worst_first(
         [
             Finding("pickle-polyglot", "fail", detail),
-            *(Finding("pickle-global", judge(ref)[0], ref.qualname) for ref in refs),
+            *(Finding("pickle-global", judge(ref)[0], f"{shown(ref)} (in {reading})") for ref in refs),
+            *report.differential,
         ]
     )
+
+
+def _torch_zip_reading(buffer: mmap.mmap, size: int, where: str) -> PickleReport | None:
+    """The globals of a zip torch's reader opens (None when it refuses it: ``torch.load`` then fails)."""
+    from dtypecheck.loaders._io.zip_records import torch_view
+
+    if torch_view(buffer, 0, size) is None:
+        return None
+    return _zip_globals(buffer, size, where)
+
+
+MAX_SHOWN_NAME = 200
+"""Characters of a global's name a finding shows: a hostile pickle's GLOBAL may name 160 MB."""
+
+
+def shown(ref: GlobalRef) -> str:
+    """``ref``'s dotted name for a finding, cut to ``MAX_SHOWN_NAME`` characters (saying how long it was)."""
+    name = ref.qualname
+    if len(name) <= MAX_SHOWN_NAME:
+        return name
+    return f"{name[:MAX_SHOWN_NAME]}... ({len(name)} characters)"

@@ -1,36 +1,41 @@
-"""How dangerous is each global a pickle references? ``ok`` (data), ``warn`` (a class of an unknown package),
-``fail`` (anything else that could run code).
+"""How dangerous is each global a pickle references? ``ok`` (inert), ``warn`` (a vetted framework class, rebuilt
+only as plain data), ``fail`` (anything that can run code under ``torch.load(weights_only=False)``).
 
 The safe unpickler never imports any of them; this table only decides what a scan reports, so a checkpoint that
-*would* run code under ``torch.load(weights_only=False)`` fails the scan even though scanning it is safe.
-
-The rule is an allowlist, not a list of known-bad names (a denylist misses ``pkgutil.resolve_name``,
-``_operator.methodcaller`` and every other gadget nobody listed):
+*would* run code under ``torch.load(weights_only=False)`` fails the scan even though scanning it is safe. The rule
+fails closed: a global is judged by its name *and* by how the stream uses it (``pickle_vm.USES``).
 
 - ``ok``: exactly the fully-qualified names in ``ALLOWED`` (what torch's own ``weights_only`` unpickler accepts,
   numpy arrays, dtypes and RNG state, the standard library's value types, ``torch.distributed.checkpoint``
   metadata), plus, checked against the real objects of already-imported torch/numpy modules, subclasses of
-  ``torch.nn.Module`` defined under ``torch.nn.modules`` (a whole pickled model), of ``torch.optim.Optimizer``
-  and ``LRScheduler`` under ``torch.optim``, of ``numpy.dtype`` in ``numpy.dtypes``, and enum classes in torch
-  (calling an enum class only looks a member up).
-- ``fail``: any other name of the standard library, torch or numpy; any name that walks attributes
-  (protocol 4 resolves ``torch.nn.modules.module`` + ``__builtins__.get`` attribute by attribute, so only the whole
-  path is judged) or touches a dunder; any name that is not a plain identifier; any function-like (not CapWords)
-  name of any other module; the extension registry (``EXT1``/``EXT2``/``EXT4``).
-- ``warn``: a CapWords class of a package outside the standard library, torch and numpy (Lightning's
-  ``AttributeDict``, ``transformers.TrainingArguments``, ``omegaconf.DictConfig``, the user's own classes) that the
-  pickle only rebuilds from plain state (no-argument ``NEWOBJ`` then ``BUILD`` of a dict) or calls with one plain
-  value (an enum member): ``torch.load(weights_only=False)`` would import that package and make a bare instance,
-  which is as safe as the package. ``fail_on="warn"`` (``--fail-on warn``) makes those fail too.
-- ``fail`` as well: such a class that the pickle *calls* with arguments (``REDUCE``, ``NEWOBJ``/``NEWOBJ_EX``,
-  ``INST``, ``OBJ``, or ``BUILD`` of a state only a custom ``__setstate__`` takes), since its code then runs on the
-  pickle's data (``sympy.Lambda("x", code)`` evals ``code``); see ``_judge_class``.
+  ``torch.nn.Module`` defined under ``torch.nn.modules`` (a whole pickled model, rebuilt by torch's own code), of
+  ``torch.optim.Optimizer`` and ``LRScheduler`` under ``torch.optim``, of ``numpy.dtype`` in ``numpy.dtypes``, and
+  enum classes in torch; plus a *plain reference* to any other name of torch or numpy: pushed and stored, never
+  called, constructed, built or handed to a call (``torch.nn.functional.relu`` as a TransformerEncoderLayer's
+  activation). Even these fail when the stream ``BUILD``s onto the global itself (monkeypatching a module or class)
+  or calls an instance of it.
+- ``warn``: a class of ``VETTED`` (framework classes that frameworks really pickle, ``TrainingArguments`` and its
+  enums), used only the way its entry allows (a bare instance then ``BUILD`` of a plain ``__dict__``, or an enum
+  called with one plain value), whose top-level package is not shipped beside the checkpoint. A test checks each
+  real installed class is inert on that path (no own ``__new__``, ``__setstate__``, ``__getattr__``,
+  ``__setattr__``, enum ``_missing_``). ``--fail-on warn`` makes those fail too.
+- ``fail``: everything else: any name that walks attributes (protocol 4 resolves ``torch.nn.modules.module`` +
+  ``__builtins__.get`` attribute by attribute) or touches a dunder, any name that is not a plain identifier, the
+  extension registry, any other name of the standard library, torch or numpy that is used (called, constructed,
+  built, handed to a call), any global of any other package whatever it is reached through (importing an unvetted
+  module runs its code), and any global whose top-level module is shipped beside the checkpoint or in the working
+  folder (``torch.load`` run there imports it from ``sys.path[0]``; see ``imports_beside``).
 """
 
 from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from importlib.machinery import all_suffixes
+from pathlib import Path
 from typing import Any
 
 from dtypecheck.findings import rank
@@ -121,11 +126,76 @@ standard library pickle with. Nothing here calls a callable it was not handed as
 TRUSTED_ROOTS: frozenset[str] = frozenset({"torch", "numpy", "__builtin__", "copy_reg"} | set(sys.stdlib_module_names))
 """Top-level packages whose names are fully known here: whatever of theirs is not allowed fails."""
 
-SHIPPED_WITH_TORCH: frozenset[str] = frozenset(
-    {"sympy", "mpmath", "networkx", "jinja2", "markupsafe", "fsspec", "filelock", "typing_extensions", "setuptools"}
-)
-"""Packages installed with torch (its requirements and theirs): present wherever a checkpoint is loaded, and none of
-them defines data a checkpoint needs, so a class of theirs that a pickle calls fails even with one argument."""
+VETTED: dict[str, str] = {
+    # transformers.Trainer's training_args.bin: the dataclass (NEWOBJ without arguments, BUILD of its __dict__)
+    # and the enums its fields hold (IntervalStrategy("steps"))
+    "transformers.training_args.TrainingArguments": "state",
+    "transformers.training_args_seq2seq.Seq2SeqTrainingArguments": "state",
+    "transformers.trainer_pt_utils.AcceleratorConfig": "state",  # TrainingArguments.accelerator_config
+    "accelerate.state.PartialState": "state",  # TrainingArguments.distributed_state (its __getattr__ only raises)
+    "transformers.training_args.OptimizerNames": "enum",
+    "transformers.trainer_utils.IntervalStrategy": "enum",
+    "transformers.trainer_utils.SaveStrategy": "enum",
+    "transformers.trainer_utils.HubStrategy": "enum",
+    "transformers.trainer_utils.SchedulerType": "enum",
+    "transformers.trainer_utils.FSDPOption": "enum",
+    "transformers.debug_utils.DebugOption": "enum",
+    "transformers.utils.generic.PaddingStrategy": "enum",
+    "accelerate.utils.dataclasses.DistributedType": "enum",
+}
+"""Framework classes rebuilt only as plain data (``warn``), each with the one way a pickle may use it: ``state``
+(a bare instance, then ``BUILD`` of a plain ``__dict__``) or ``enum`` (called with one plain value: a member
+lookup). ``tests/security/test_gate_globals.py`` checks every installed class here is inert on that path."""
+
+_VETTED_USES: dict[str, frozenset[str]] = {
+    "state": frozenset({"new", "state"}),
+    "enum": frozenset({"value"}),
+}
+
+_BESIDE: ContextVar[tuple[Path, ...]] = ContextVar("imports_beside", default=())
+_MODULE_SUFFIXES = tuple(all_suffixes())
+
+
+@contextmanager
+def imports_beside(*folders: Path) -> Iterator[None]:
+    """Judge the globals read inside this block knowing what ``torch.load`` run from these folders (the
+    checkpoint's or scanned folder, and the working folder) could import from them."""
+    token = _BESIDE.set(tuple(dict.fromkeys(folder.resolve() for folder in folders)))
+    try:
+        yield
+    finally:
+        _BESIDE.reset(token)
+
+
+def shipped_modules(folders: tuple[Path, ...] | None = None) -> frozenset[str]:
+    """Top-level module names importable from ``folders`` (default: ``imports_beside``'s): ``NAME.py``,
+    ``NAME.pyc``, extension modules, and any folder ``NAME`` (a package, or a namespace package)."""
+    names: set[str] = set()
+    for folder in _BESIDE.get() if folders is None else folders:
+        try:
+            entries = list(folder.iterdir())
+        except OSError:
+            continue
+        for entry in entries:
+            stem = entry.name
+            for suffix in _MODULE_SUFFIXES:
+                if stem.endswith(suffix):
+                    stem = stem[: -len(suffix)]
+                    break
+            else:
+                if not _is_folder(entry):
+                    continue
+            if stem.isidentifier():
+                names.add(stem)
+    return frozenset(names)
+
+
+def _is_folder(entry: Path) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CLASS_NAME = re.compile(r"^_?[A-Z][A-Za-z0-9_]*$")
@@ -138,13 +208,14 @@ _SUBCLASS_RULES: tuple[tuple[str, str, str], ...] = (
 """(module prefix, where the base class lives, base class): classes under the prefix that subclass it are ok."""
 
 
-def classify(ref: GlobalRef) -> Level:
+def classify(ref: GlobalRef, shipped: frozenset[str] | None = None) -> Level:
     """The level a scan reports for a pickle that references ``ref``."""
-    return judge(ref)[0]
+    return judge(ref, shipped)[0]
 
 
-def judge(ref: GlobalRef) -> tuple[Level, str]:
-    """(level, why) for one global."""
+def judge(ref: GlobalRef, shipped: frozenset[str] | None = None) -> tuple[Level, str]:
+    """(level, why) for one global. ``shipped``: the top-level modules shipped beside the checkpoint or in the
+    working folder (default: ``shipped_modules()``)."""
     module, name = ref.module, ref.name
     if module.startswith("copyreg.extension"):
         return "fail", "the extension registry can name any callable"
@@ -153,34 +224,47 @@ def judge(ref: GlobalRef) -> tuple[Level, str]:
         return "fail", "not a plain Python name"
     if "." in name:
         return "fail", "resolved attribute by attribute (only exact names are trusted)"
+    shipped = shipped_modules() if shipped is None else shipped
+    if parts[0] in shipped:
+        return "fail", f"a module {parts[0]!r} is shipped beside the checkpoint: torch.load run there imports it"
+    if "patched" in ref.uses:
+        return "fail", "the pickle sets attributes of the global itself (BUILD onto a module or class)"
+    if "instance-called" in ref.uses:
+        return "fail", "the pickle calls an instance of it that it rebuilt"
+    if shipped and not _imported_with_torch(module) and ref.qualname not in ALLOWED:
+        return "fail", f"importing {module} may import a module shipped beside the checkpoint"
     if ref.qualname in ALLOWED:
         return "ok", "data"
-    if any(part.startswith("__") and part.endswith("__") for part in (*parts, name)) and module != "__main__":
+    if any(part.startswith("__") and part.endswith("__") for part in (*parts, name)):
         return "fail", "reaches into a dunder attribute"
     if _known_safe_class(module, name):
         return "ok", "data"
+    if parts[0] in {"torch", "numpy"} and not ref.uses:
+        return "ok", "a plain reference (stored, never called, constructed or built)"
     if parts[0] in TRUSTED_ROOTS:
-        return "fail", "can run code or touch files under torch.load(weights_only=False)"
-    if _CLASS_NAME.match(name):
-        return _judge_class(ref, parts[0])
-    return "fail", "a function of an unvetted package: torch.load(weights_only=False) would call it"
-
-
-def _judge_class(ref: GlobalRef, root: str) -> tuple[Level, str]:
-    """A class of a package outside the standard library, torch and numpy: ``warn`` when it is only rebuilt from
-    plain state (as a dataclass or ``TrainingArguments`` is), ``fail`` when the pickle calls it with arguments (its
-    ``__init__``/``__new__``/``__setstate__`` then runs on the pickle's data: ``sympy.Lambda("x", code)`` evals
-    ``code``). A call with one plain value is how an enum member is pickled (``IntervalStrategy("steps")`` in
-    ``training_args.bin``) and stays ``warn``, except in the packages that ship with torch, whose names are known."""
-    module = ref.module
-    if ref.called and (not ref.single_value or root in SHIPPED_WITH_TORCH):
+        return "fail", f"{_how(ref)}: can run code or touch files under torch.load(weights_only=False)"
+    kind = VETTED.get(ref.qualname)
+    if kind is not None and ref.uses <= _VETTED_USES[kind]:
+        return "warn", f"a vetted {kind} class of {parts[0]}, rebuilt as plain data: torch.load imports {module}"
+    if kind is not None:
         return (
             "fail",
-            f"a class of {module} that the pickle calls with arguments: torch.load would run its code on them",
+            f"a vetted class of {parts[0]}, but {_how(ref)}: torch.load would run its code on the pickle's data",
         )
-    if ref.called:
-        return "warn", f"a class of an unvetted package called with one value (an enum member?): imports {module}"
-    return "warn", f"class of an unvetted package: torch.load(weights_only=False) would import {module}"
+    return "fail", f"{_how(ref)}: torch.load(weights_only=False) would import {module} (unvetted) and run its code"
+
+
+def _imported_with_torch(module: str) -> bool:
+    """Whether ``module`` is already imported once torch is (``torch.load`` runs after ``import torch``), so that
+    importing it again runs nothing, shipped modules or not. This process's imports stand for torch.load's."""
+    import torch  # noqa: F401  (dtypecheck's own dependency)
+
+    return module in sys.modules
+
+
+def _how(ref: GlobalRef) -> str:
+    uses = sorted(ref.uses)
+    return f"used as {'/'.join(uses)}" if uses else "referenced"
 
 
 def _known_safe_class(module: str, name: str) -> bool:
@@ -210,7 +294,8 @@ def _known_safe_class(module: str, name: str) -> bool:
 def global_findings(refs: list[GlobalRef]) -> list[Finding]:
     """One ``pickle-global`` finding per referenced global (detail ``module.name``), worst first, then in the
     stream's order. A ``fail`` global would run code under ``torch.load(weights_only=False)``; it was not run."""
-    return worst_first([Finding("pickle-global", classify(ref), ref.qualname) for ref in refs])
+    shipped = shipped_modules()
+    return worst_first([Finding("pickle-global", classify(ref, shipped), ref.qualname) for ref in refs])
 
 
 def worst_first(findings: list[Finding]) -> list[Finding]:

@@ -34,22 +34,43 @@ class PickleLimitError(InputError):
     real unpickler might go on, running what comes next."""
 
 
+USES = ("call", "value", "new", "state", "setstate", "items", "handed", "patched", "instance-called")
+"""How a pickle can use a global, besides pushing and storing it (a *plain reference*, inert):
+
+- ``call``: called (``REDUCE``, ``NEWOBJ`` with arguments, ``INST``, ``OBJ``, or by a rebuild helper that calls or
+  subclasses with it: ``_rebuild_from_type_v2``'s function and type, ``_rebuild_wrapper_subclass``'s class);
+- ``value``: called with exactly one plain value (a str, a number, None) each time: how an enum member is pickled;
+- ``new``: made into a bare instance (``NEWOBJ`` without arguments, ``copyreg._reconstructor(cls, object, None)``,
+  ``copyreg.__newobj__(cls)``): only ``cls.__new__`` runs;
+- ``state`` / ``setstate``: an instance of it is ``BUILD`` with a plain ``__dict__`` (and slots) / with any other
+  state, which only a custom ``__setstate__`` takes;
+- ``items``: an instance of it gets ``SETITEMS``/``APPENDS`` (a dict or list subclass);
+- ``handed``: passed as a direct argument to a call, whose callee may call it (``numpy.random``'s constructors call
+  their ``bit_generator_ctor``);
+- ``patched``: ``BUILD`` onto the global itself: sets attributes of a module or class (monkeypatching the names a
+  later global resolves to);
+- ``instance-called``: an instance of it (rebuilt by the pickle) is called (a module whose ``forward`` the state
+  replaced)."""
+
+
 @dataclass(frozen=True)
 class GlobalRef:
     """An inert reference to ``module.name``, standing where the real unpickler would import it."""
 
     module: str
     name: str
-    called: bool = field(default=False, compare=False)
-    """The stream calls it with arguments (``REDUCE``, ``NEWOBJ``/``NEWOBJ_EX``, ``INST``, ``OBJ``, or ``BUILD``
-    of a state other than a plain ``__dict__``): ``pickle.load`` would run its code on the pickle's data. Not part
-    of equality: a global is one global however it is used."""
-    single_value: bool = field(default=False, compare=False)
-    """Every call passes exactly one plain value (a str, a number): how an enum member is pickled."""
+    uses: frozenset[str] = field(default=frozenset(), compare=False)
+    """How the stream uses it (``USES``); empty for a plain reference. Not part of equality: a global is one
+    global however it is used, and every use of it (through the memo too) is recorded on the one entry."""
 
     @property
     def qualname(self) -> str:
         return f"{self.module}.{self.name}"
+
+    @property
+    def called(self) -> bool:
+        """Anything beyond a plain reference or an enum lookup runs code of the global's on the pickle's data."""
+        return bool(self.uses - {"value"})
 
     def __str__(self) -> str:
         return self.qualname
@@ -158,25 +179,32 @@ class SafeUnpickler:
             self.globals_seen.append(ref)
         return ref
 
-    def _called(self, factory: Any, args: tuple[Any, ...], kwargs: dict[Any, Any] | None = None) -> None:
-        """Record that ``factory`` is called with ``args``: a global called with arguments runs its own code."""
-        if isinstance(factory, GlobalRef) and factory.qualname in _REBUILD_HELPERS:
-            cls = args[0] if args else None
-            plain = _REBUILD_HELPERS[factory.qualname](args)
-            if isinstance(cls, GlobalRef) and not plain:
-                self._mark(cls, args[1:])
+    def _called(
+        self, factory: Any, args: tuple[Any, ...], kwargs: dict[Any, Any] | None = None, new: bool = False
+    ) -> None:
+        """Record how a call uses the globals involved. ``new``: ``NEWOBJ`` (``cls.__new__(cls, *args)``), whose
+        call without arguments only makes a bare instance."""
+        for arg in (*args, *(kwargs or {}).values()):
+            if isinstance(arg, GlobalRef) and not (isinstance(factory, GlobalRef) and factory.qualname in _HELPERS):
+                self._use(arg, "handed")
+        if not isinstance(factory, GlobalRef):
+            root = instance_class(factory)
+            if root is not None:
+                self._use(root, "instance-called")
             return
-        if isinstance(factory, GlobalRef) and (args or kwargs):
-            self._mark(factory, args if not kwargs else (*args, kwargs))
+        helper = _HELPERS.get(factory.qualname)
+        if helper is not None:
+            helper(self, args, kwargs)
+            return
+        self._use(factory, _call_kind(args, kwargs, new))
 
-    def _mark(self, ref: GlobalRef, args: tuple[Any, ...]) -> None:
+    def _use(self, ref: GlobalRef, kind: str) -> None:
         index = self._index.get(ref)
         if index is None:
             return
         before = self.globals_seen[index]
-        single = len(args) == 1 and (args[0] is None or isinstance(args[0], str | int | float | bool))
-        single = single and (before.single_value or not before.called)
-        self.globals_seen[index] = GlobalRef(ref.module, ref.name, called=True, single_value=single)
+        if kind not in before.uses:
+            self.globals_seen[index] = GlobalRef(ref.module, ref.name, before.uses | {kind})
 
     def load(self) -> Any:
         """Interpret the pickle that starts at the stream's current position."""
@@ -308,24 +336,27 @@ class SafeUnpickler:
                 args = pop()
                 cls = pop()
                 args = tuple(args) if isinstance(args, tuple | list) else (args,)
-                self._called(cls, args)
+                self._called(cls, args, new=True)
                 stack.append(self.call(cls, args, None))
             elif op == "NEWOBJ_EX":
                 kwargs = pop()
                 args = pop()
                 cls = pop()
-                self._called(cls, tuple(args), kwargs if isinstance(kwargs, dict) else None)
+                self._called(cls, tuple(args), kwargs if isinstance(kwargs, dict) else {"": kwargs}, new=True)
                 stack.append(self.call(cls, tuple(args), kwargs if isinstance(kwargs, dict) else None))
             elif op == "INST":
                 module, _, name = str(arg).partition(" ")
                 ref, args = self._global(module, name), tuple(pop_mark())
                 self._called(ref, args)
+                self._use(ref, "call")  # INST: pickle's _instantiate probes the class, then calls it
                 stack.append(self.call(ref, args, None))
             elif op == "OBJ":
                 items = pop_mark()
                 if not items:
                     raise self._error("OBJ without a class")
                 self._called(items[0], tuple(items[1:]))
+                if isinstance(items[0], GlobalRef):
+                    self._use(items[0], "call")
                 stack.append(self.call(items[0], tuple(items[1:]), None))
             elif op == "BUILD":
                 state = pop()
@@ -352,6 +383,7 @@ class SafeUnpickler:
         if isinstance(target, list):
             target.extend(items)
         elif isinstance(target, PickleObject):
+            self._instance_use(target, "items")
             target.list_items.extend(items)
         else:
             raise self._error(f"APPENDS onto a {type(target).__name__}")
@@ -363,16 +395,21 @@ class SafeUnpickler:
         if isinstance(target, dict):
             target.update(pairs)
         elif isinstance(target, PickleObject):
+            self._instance_use(target, "items")
             target.dict_items.extend(pairs)
         else:
             raise self._error(f"SETITEMS onto a {type(target).__name__}")
 
+    def _instance_use(self, instance: PickleObject, kind: str) -> None:
+        root = instance_class(instance)
+        if root is not None:
+            self._use(root, kind)
+
     def _build(self, target: Any, state: Any) -> None:
-        if isinstance(target, PickleObject) and isinstance(target.factory, GlobalRef) and not _plain_state(state):
-            built = target.factory
-            if built.qualname in _REBUILD_HELPERS and target.args and isinstance(target.args[0], GlobalRef):
-                built = target.args[0]  # copyreg._reconstructor(cls, ...): the instance is cls's
-            self._mark(built, (state,))  # BUILD of such a state only means something to a __setstate__
+        if isinstance(target, GlobalRef):
+            self._use(target, "patched")  # BUILD sets the attributes of the module or class itself
+        elif isinstance(target, PickleObject):
+            self._instance_use(target, "state" if _plain_state(state) else "setstate")
         if isinstance(target, PickleObject):
             target.state = state if target.state is None else (target.state, state)
         elif isinstance(target, dict) and isinstance(state, dict):
@@ -389,19 +426,99 @@ def _plain_state(state: Any) -> bool:
     return pairs and all(part is None or isinstance(part, dict) for part in state)
 
 
-def _reconstructor_is_plain(args: tuple[Any, ...]) -> bool:
-    """``copyreg._reconstructor(cls, object, None)`` is ``object.__new__(cls)``; another base runs that base's
-    ``__new__``/``__init__`` on the state."""
-    return len(args) == 3 and args[1] == GlobalRef("builtins", "object") and args[2] is None
+def _plain_value(value: Any) -> bool:
+    return value is None or isinstance(value, str | int | float | bool)
 
 
-_REBUILD_HELPERS: dict[str, Callable[[tuple[Any, ...]], bool]] = {
-    "copyreg._reconstructor": _reconstructor_is_plain,
-    "copyreg.__newobj__": lambda args: len(args) <= 1,  # protocol 2's NEWOBJ spelled as REDUCE: cls(*args[1:])
-    "copyreg.__newobj_ex__": lambda args: len(args) == 3 and not args[1] and not args[2],
+def _call_kind(args: tuple[Any, ...], kwargs: dict[Any, Any] | None, new: bool) -> str:
+    if kwargs:
+        return "call"
+    if not args:
+        return "new" if new else "call"
+    return "value" if len(args) == 1 and _plain_value(args[0]) else "call"
+
+
+def instance_class(value: Any, depth: int = 8) -> GlobalRef | None:
+    """The global whose instance ``value`` (an inert ``PickleObject``) stands for, if any."""
+    while isinstance(value, PickleObject) and depth > 0:
+        factory = value.factory
+        if isinstance(factory, GlobalRef):
+            if factory.qualname in _INSTANCE_OF_FIRST_ARGUMENT and value.args and isinstance(value.args[0], GlobalRef):
+                return value.args[0]  # copyreg._reconstructor(cls, ...): the instance is cls's
+            return factory
+        value, depth = factory, depth - 1
+    return None
+
+
+def _reconstructor(machine: SafeUnpickler, args: tuple[Any, ...], _kwargs: dict[Any, Any] | None) -> None:
+    """``copyreg._reconstructor(cls, base, state)``: ``object.__new__(cls)`` when ``base`` is ``object`` and
+    ``state`` None; otherwise ``base.__new__(cls, state)`` and ``base.__init__(obj, state)`` run."""
+    cls = args[0] if args else None
+    base = args[1] if len(args) > 1 else None
+    plain = len(args) == 3 and base == GlobalRef("builtins", "object") and args[2] is None
+    if isinstance(cls, GlobalRef):
+        machine._use(cls, "new" if plain else "call")
+    if isinstance(base, GlobalRef):
+        machine._use(base, "call")
+    for arg in args[2:]:
+        if isinstance(arg, GlobalRef):
+            machine._use(arg, "handed")
+
+
+def _newobj(machine: SafeUnpickler, args: tuple[Any, ...], kwargs: dict[Any, Any] | None) -> None:
+    """``copyreg.__newobj__(cls, *args)``, protocol 2's ``NEWOBJ`` spelled as a ``REDUCE``."""
+    if args and isinstance(args[0], GlobalRef):
+        machine._use(args[0], _call_kind(args[1:], kwargs, new=True))
+    for arg in args[1:]:
+        if isinstance(arg, GlobalRef):
+            machine._use(arg, "handed")
+
+
+def _newobj_ex(machine: SafeUnpickler, args: tuple[Any, ...], _kwargs: dict[Any, Any] | None) -> None:
+    """``copyreg.__newobj_ex__(cls, args, kwargs)``."""
+    inner = tuple(args[1]) if len(args) > 1 and isinstance(args[1], tuple | list) else ()
+    inner_kwargs = args[2] if len(args) > 2 and isinstance(args[2], dict) else None
+    if args and isinstance(args[0], GlobalRef):
+        odd = len(args) != 3 or (len(args) > 2 and not isinstance(args[2], dict | type(None)))
+        machine._use(args[0], "call" if odd else _call_kind(inner, inner_kwargs, new=True))
+    for arg in (*inner, *(inner_kwargs or {}).values()):
+        if isinstance(arg, GlobalRef):
+            machine._use(arg, "handed")
+
+
+def _rebuild_from_type(machine: SafeUnpickler, args: tuple[Any, ...], _kwargs: dict[Any, Any] | None) -> None:
+    """``_rebuild_from_type_v2(func, new_type, args, state)`` calls ``func(*args)``, makes the result an instance
+    of ``new_type`` (``as_subclass``) and hands ``state`` to that type's ``__setstate__`` if it has its own."""
+    inner = args[2] if len(args) > 2 else ()
+    machine._called(args[0] if args else None, tuple(inner) if isinstance(inner, tuple | list) else (inner,))
+    if isinstance(args[0] if args else None, GlobalRef) and not inner:
+        machine._use(args[0], "call")  # func() runs it even without arguments
+    for arg in args[1:2]:
+        if isinstance(arg, GlobalRef):
+            machine._use(arg, "call")
+    for arg in args[3:]:
+        if isinstance(arg, GlobalRef):
+            machine._use(arg, "handed")
+
+
+def _first_argument_called(machine: SafeUnpickler, args: tuple[Any, ...], _kwargs: dict[Any, Any] | None) -> None:
+    """``_rebuild_wrapper_subclass(cls, ...)`` makes a ``cls`` through its tensor subclass machinery."""
+    for index, arg in enumerate(args):
+        if isinstance(arg, GlobalRef):
+            machine._use(arg, "call" if index == 0 else "handed")
+
+
+_HELPERS: dict[str, Callable[[SafeUnpickler, tuple[Any, ...], dict[Any, Any] | None], None]] = {
+    "copyreg._reconstructor": _reconstructor,
+    "copyreg.__newobj__": _newobj,
+    "copyreg.__newobj_ex__": _newobj_ex,
+    "torch._tensor._rebuild_from_type_v2": _rebuild_from_type,
+    "torch._utils._rebuild_from_type_v2": _rebuild_from_type,
+    "torch._utils._rebuild_wrapper_subclass": _first_argument_called,
 }
-"""Allowed helpers that call the class they are handed (their first argument): whether a call only makes a bare
-instance, which is then rebuilt from plain state."""
+"""Callables (allowed ones, or torch's own rebuilds) that call, or make instances of, the globals they are handed:
+how each uses its arguments. Every other callable's global arguments are ``handed``."""
+_INSTANCE_OF_FIRST_ARGUMENT = frozenset({"copyreg._reconstructor", "copyreg.__newobj__", "copyreg.__newobj_ex__"})
 
 
 def _literal(arg: Any) -> Any:

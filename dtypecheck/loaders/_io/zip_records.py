@@ -7,11 +7,16 @@ judged ``zipfile``'s bytes would judge bytes torch never runs. So the entries ``
 (``torch._C.PyTorchFileReader``, the one ``torch.load`` uses) returns for every record (``torch_view``), and any
 disagreement is a ``zip-differential`` ``fail`` (``differential_findings``). Entries torch would inflate are
 inflated here too, within ``MAX_INFLATED_BYTES`` (``read_entry``).
+
+Names are matched as miniz matches them: ``get_record("data.pkl")`` finds ``archive/DATA.PKL`` or ``Data.pkl``
+(miniz compares names ASCII-case-insensitively), so both readers' names are folded (``record_key``) before any
+lookup, and two names that differ only in case are one name listed twice (``last_copies``).
 """
 
 from __future__ import annotations
 
 import mmap
+import os
 import struct
 import zipfile
 import zlib
@@ -48,10 +53,20 @@ class ZipEntry:
         return self.method == zipfile.ZIP_STORED and self.compressed_size == self.size
 
 
+def record_key(name: str) -> str:
+    """A record name as torch's reader looks it up: miniz's ``mz_zip_reader_locate_file`` without
+    ``MZ_ZIP_FLAG_CASE_SENSITIVE`` lower-cases ASCII letters (only those) on both sides."""
+    return name.translate(_ASCII_LOWER)
+
+
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
 def read_zip_entries(buffer: mmap.mmap, start: int, length: int, where: str) -> dict[str, list[ZipEntry]]:
-    """Names -> data ranges of a zip held in ``buffer[start:start+length]`` as Python's ``zipfile`` lists them,
-    each range checked to lie inside, in the central directory's order. A name listed twice has two ranges (torch
-    reads one of them, see ``last_copies``)."""
+    """Names (folded as torch's reader matches them, ``record_key``) -> data ranges of a zip held in
+    ``buffer[start:start+length]`` as Python's ``zipfile`` lists them, each range checked to lie inside, in the
+    central directory's order. A name listed twice (in any case) has two ranges (torch reads one of them, see
+    ``last_copies``)."""
     try:
         _check_entry_count(Window(buffer, start, length), where)
         with zipfile.ZipFile(Window(buffer, start, length)) as archive:
@@ -85,7 +100,7 @@ def read_zip_entries(buffer: mmap.mmap, start: int, length: int, where: str) -> 
         if data_at + info.compress_size > length:
             raise InputError(f"{where}: zip entry {info.filename!r} runs past the end of the file (truncated?)")
         entry = ZipEntry(start + data_at, info.file_size, info.compress_size, info.compress_type)
-        entries.setdefault(info.filename, []).append(entry)
+        entries.setdefault(record_key(info.filename), []).append(entry)
     return entries
 
 
@@ -150,7 +165,8 @@ class TorchView:
     """The archive as ``torch.load``'s reader sees it."""
 
     records: dict[str, tuple[int, int]]
-    """Record name (under the archive's folder, which torch strips) -> (absolute data offset, size as read)."""
+    """Record name (under the archive's folder, which torch strips; folded by ``record_key``) -> (absolute data
+    offset, size as read) of the record torch's lookup of that name returns."""
     reader: Any = field(repr=False, compare=False)
 
     def pickle(self) -> bytes | None:
@@ -177,11 +193,17 @@ def torch_view(buffer: mmap.mmap, start: int, length: int) -> TorchView | None:
     owner = _FILES.get(id(buffer))
     whole_file = owner is not None and start == 0 and length == owner.size
     try:  # a whole file by its path (torch reads it in C++), a byte range of one through a Window
-        reader = reader_class(str(owner.path) if whole_file and owner is not None else Window(buffer, start, length))
+        # a path as bytes: a name that is not UTF-8 (a str with surrogates) would send pybind11 to the file-like
+        # overload, which calls .tell() on it
+        reader = reader_class(
+            os.fsencode(owner.path) if whole_file and owner is not None else Window(buffer, start, length)
+        )
         names = reader.get_all_records()
         if len(names) > MAX_ZIP_ENTRIES:
             return None
-        records = {name: (start + reader.get_record_offset(name), reader.get_record_size(name)) for name in names}
+        records = {
+            record_key(name): (start + reader.get_record_offset(name), reader.get_record_size(name)) for name in names
+        }
     except (RuntimeError, ValueError, OSError, OverflowError, MemoryError):
         return None
     return TorchView(records, reader)

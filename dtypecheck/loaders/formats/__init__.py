@@ -73,7 +73,8 @@ def _zip(s: Sniffed) -> bool:
 
 
 def _torchscript(s: Sniffed) -> bool:
-    """A zip whose archive folder holds ``constants.pkl`` and a ``code/`` tree, as ``torch.jit.save`` writes."""
+    """A zip whose archive folder holds ``constants.pkl``: ``torch.load`` hands such an archive to
+    ``torch.jit.load`` (``_is_torchscript_zip``: that exact name among the records, with or without a ``code/``)."""
     if not _zip(s):
         return False
     try:
@@ -81,9 +82,7 @@ def _torchscript(s: Sniffed) -> bool:
             names = archive.namelist()
     except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError, EOFError, KeyError, IndexError):
         return False  # the torch-zip loader reports what is wrong with it
-    return any(n.count("/") == 1 and n.endswith("/constants.pkl") for n in names) and any(
-        n.count("/") >= 2 and n.split("/")[1] == "code" for n in names
-    )
+    return any(n.count("/") == 1 and n.endswith("/constants.pkl") for n in names)
 
 
 def _legacy_torch(s: Sniffed) -> bool:

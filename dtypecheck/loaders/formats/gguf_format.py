@@ -161,6 +161,10 @@ class GgufCheckpoint(FileCheckpoint):
             infos.append(_TensorInfo(name, tuple(reversed(dims)), ggml_type, offset))
         data_start = -(-reader.pos // alignment) * alignment
         self._records = [self._record(info, data_start) for info in infos]
+        from dtypecheck.loaders._io.pickle_files import polyglot_findings
+
+        # GGUF metadata strings can hold a whole tar, which torch.load of this file opens before anything else.
+        self.findings.extend(polyglot_findings(self._map.buffer, self._map.size, self.source, self.format))
 
     def _record(self, info: _TensorInfo, data_start: int) -> TensorRecord:
         numel = 1

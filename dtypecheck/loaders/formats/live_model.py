@@ -10,29 +10,38 @@ This runs the user's file on purpose (it is their script, not a downloaded check
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from dtypecheck.loaders._io.mapped import EMPTY_SOURCE, LiveSource
 from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord
-from dtypecheck.usercode import load_factory
+from dtypecheck.usercode import call_user, load_factory
 
 
 def open_live_model(target: str) -> Checkpoint:
     """Run ``file.py``, call its factory, and scan the model it built."""
-    return LiveModelCheckpoint(target, load_factory(target).model)
+    made = load_factory(target)
+    return LiveModelCheckpoint(target, made.model, made.file)
 
 
 class LiveModelCheckpoint:
     format = "live-model"
 
-    def __init__(self, source: str, model: Any) -> None:
+    def __init__(self, source: str, model: Any, user_file: Path | None = None) -> None:
         self.source = source
         self.findings: list[Finding] = []
         self._model = model
+        # The module's own methods are the user's code too (a ``parameters()`` that raises): listed once, now.
+        model_of = self._model
+        file = user_file or Path(source.rpartition(":")[0])
+        self._named: list[tuple[str, Any]] = call_user(
+            lambda: [*model_of.named_parameters(), *model_of.named_buffers()],
+            f"{file}: the model's named_parameters()/named_buffers()",
+            file,
+        )
 
     def records(self) -> Iterator[TensorRecord]:
-        named = [*self._model.named_parameters(), *self._model.named_buffers()]
-        for name, tensor in named:
+        for name, tensor in self._named:
             dtype = str(tensor.dtype).removeprefix("torch.")
             shape = tuple(tensor.shape)
             nbytes = tensor.numel() * tensor.element_size()
@@ -44,3 +53,4 @@ class LiveModelCheckpoint:
 
     def close(self) -> None:
         self._model = None
+        self._named = []

@@ -79,10 +79,16 @@ class SafetensorsCheckpoint:
             self._entries.append(self._check_entry(name, entry, data_start, data_size))
         self._check_layout(data_start, data_size)
         self._map = FileMap(self.path) if size > 8 + length else None
-        # torch.load of this file would run whatever pickle its first bytes spell: judge that too.
+        if self._map is not None:
+            try:
+                self._map.refuse_sparse()
+            except InputError:
+                self._map.close()
+                raise
+        # torch.load of this file under another name reads it as a zip, a tar or a pickle: judge that too.
         probe = self._map if self._map is not None else FileMap(self.path)
         try:
-            self.findings.extend(polyglot_findings(probe.buffer, probe.size, self.source))
+            self.findings.extend(polyglot_findings(probe.buffer, probe.size, self.source, self.format))
         finally:
             if probe is not self._map:
                 probe.close()

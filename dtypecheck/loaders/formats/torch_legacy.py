@@ -56,7 +56,11 @@ class LegacyTorchCheckpoint(FileCheckpoint):
             raise InputError(f"{where}: big-endian checkpoints are not supported")
         storages: dict[str, StorageRef] = {}
 
-        def persistent_load(pid: Any) -> StorageRef:
+        def persistent_load(pid: Any) -> Any:
+            if isinstance(pid, tuple) and len(pid) == 4 and pid[0] == "module":
+                # A whole pickled nn.Module names each module class as ('module', cls, source file, source):
+                # torch's _legacy_load returns the class (it only compares the saved source with the current one).
+                return pid[1]
             storage = storage_from_pid(pid)
             storages.setdefault(storage.key, storage)
             return storage
@@ -77,6 +81,12 @@ class LegacyTorchCheckpoint(FileCheckpoint):
             raise InputError(f"{where}: storage {sorted(missing)[0]} is missing from the file")
         self._records = [self._record(name, ref) for name, ref in self._tensors]  # bounds checked before any read
         check_total_work(self._records, self._map.size, where)
+        from dtypecheck.loaders._io.pickle_files import polyglot_findings
+
+        # torch.load tries tarfile.open before it reads this stream: a file that is also a tar runs the tar's.
+        self.findings = worst_first(
+            [*self.findings, *polyglot_findings(self._map.buffer, self._map.size, where, self.format)]
+        )
 
     def _locate(self, keys: list[str], storages: dict[str, StorageRef], position: int) -> dict[str, tuple[int, int]]:
         buffer, size = self._map.buffer, self._map.size

@@ -37,6 +37,7 @@ from dtypecheck.loaders._io.zip_records import (
     last_copies,
     read_entry,
     read_zip_entries,
+    record_key,
     torch_view,
 )
 from dtypecheck.loaders.base import Finding, TensorRecord, TensorSource
@@ -47,7 +48,8 @@ EXPANSION_LIMIT = 64
 
 def archive_prefix(entries: dict[str, list[ZipEntry]], where: str) -> str:
     """The archive's folder, as torch reads it: the first entry's top folder, which every entry must be under
-    (torch refuses an archive with a second top-level folder)."""
+    (torch refuses an archive with a second top-level folder). Names are folded (``record_key``), as torch's
+    lookups of ``data.pkl`` and ``data/<key>`` fold them."""
     first = next(iter(entries), "")
     prefix = first.split("/", 1)[0] + "/" if "/" in first else ""
     if not prefix or prefix + "data.pkl" not in entries:
@@ -111,7 +113,7 @@ class TorchArchive:
 
     def _storage(self, pid: object) -> StorageRef:
         storage = storage_from_pid(pid)
-        entry = self.entries.get(f"{self.prefix}data/{storage.key}")
+        entry = self.entries.get(record_key(f"{self.prefix}data/{storage.key}"))
         if entry is None:
             raise InputError(f"{self.where}: storage data/{storage.key} is missing from the archive")
         if not entry.stored:
@@ -119,7 +121,7 @@ class TorchArchive:
         return storage
 
     def _record(self, name: str, ref: TensorRef) -> TensorRecord:
-        entry = self.entries[f"{self.prefix}data/{ref.storage.key}"]
+        entry = self.entries[record_key(f"{self.prefix}data/{ref.storage.key}")]
         return make_record(name, ref, self.buffer, entry.offset, entry.size, self.where, self.file_size)
 
     def records(self) -> Iterator[TensorRecord]:

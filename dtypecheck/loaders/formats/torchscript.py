@@ -6,8 +6,10 @@ any torch zip; nothing in ``code/`` is compiled or run. Tensors of ``data.pkl`` 
 names them (``fc.weight``); constants are ``constants.0``, ``constants.1``...
 
 TorchScript's own globals (the ``__torch__.*`` classes of its code, ``torch.jit._pickle.build_intlist`` and its
-kin) are part of every archive; instead of one finding each, the archive gets one ``contains-code`` finding, since
-``torch.jit.load`` compiles and runs that code. Any other global is reported as in every pickle.
+kin) are part of every archive; instead of one finding each, the archive gets one ``contains-code`` ``fail``, since
+``torch.jit.load`` (and ``torch.load``, which hands it any zip holding ``constants.pkl``) compiles that code and
+runs it while loading (a ``__setstate__`` runs as the module is unpickled: ``torch.from_file`` creates files, for
+one). Any other global is reported as in every pickle.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from dtypecheck.loaders._io.zip_records import (
     last_copies,
     read_entry,
     read_zip_entries,
+    record_key,
     torch_view,
 )
 from dtypecheck.loaders.base import Finding, TensorRecord
@@ -89,7 +92,7 @@ class TorchScriptCheckpoint(FileCheckpoint):
                 records.append(make_record(name_prefix + name, ref, buffer, storage.offset, storage.size, where, size))
         code_files = sum(1 for name in entries if name.startswith(prefix + "code/") and name.endswith(".py"))
         own = [ref for ref in globals_seen if not is_torchscript_global(ref)]
-        findings.append(Finding("contains-code", "warn", CODE_ADVICE.format(files=code_files)))
+        findings.append(Finding("contains-code", "fail", CODE_ADVICE.format(files=code_files)))
         self.findings = worst_first([*global_findings(own), *findings])
         self._records = records
 
@@ -111,7 +114,7 @@ class _StorageLookup:
         return storage
 
     def entry(self, storage: StorageRef) -> ZipEntry:
-        entry = self._entries.get(self._folder + storage.key)
+        entry = self._entries.get(record_key(self._folder + storage.key))
         if entry is None:
             raise InputError(f"{self._where}: storage {self._folder}{storage.key} is missing from the archive")
         if not entry.stored:

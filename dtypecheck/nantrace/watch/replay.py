@@ -14,6 +14,7 @@ from dtypecheck.nantrace.ops import tensors_in
 from dtypecheck.nantrace.report import Event, NanTraceReport, ScaleCollapse, SkippedStep, WatchSummary
 from dtypecheck.nantrace.tracer import TraceOptions, Tracer
 from dtypecheck.nantrace.training import untraced
+from dtypecheck.nantrace.watch.held import NOT_WATCHED
 from dtypecheck.nantrace.watch.state import (
     BufferSnapshot,
     ModelCall,
@@ -88,6 +89,12 @@ LOSS_OUTSIDE = (
 )
 
 
+def _said(exc: BaseException) -> str:
+    """``OverflowError: (34, 'Numerical result out of range')``: the type and the first line of the message."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
 def keep_grad(call: ModelCall, position: int, grad: torch.Tensor) -> None:
     held = call.grads.get(position)
     call.grads[position] = grad if held is None else held + grad
@@ -132,7 +139,7 @@ def _depends_on(later: torch.Tensor, earlier: torch.Tensor) -> bool:
     return False
 
 
-Detected = Literal["loss", "gradients", "optimizer_step", "scale_collapse"]
+Detected = Literal["loss", "gradients", "optimizer_step", "scale_collapse", "held_tensors"]
 
 
 class StepReplay:
@@ -167,6 +174,7 @@ class StepReplay:
     _fallback_pending: bool
     _update_done: bool
     _found: NanTraceReport | None
+    held_nonfinite: tuple[str, ...]
 
     # -- replays -----------------------------------------------------------------------------------------------
     def _new_tracer(self) -> Tracer:
@@ -200,6 +208,9 @@ class StepReplay:
         now = RngState.take()
         self._busy = True
         tracer = self._new_tracer()
+        # The step's loss was finite: the model outputs backward starts from are not it (a NaN a loss ignores,
+        # such as a masked position's, goes on into the gradients and the parameters, as in a full trace).
+        tracer.training.backward_from_loss = self.detected != "gradients"
         buffers_exact = self._buffers.put_back()
         try:
             self._rng.put_back()
@@ -209,6 +220,12 @@ class StepReplay:
                 tracer.__enter__()
                 try:
                     outside = [replay_call(call) for call in self._calls]
+                except Exception as exc:  # noqa: BLE001  (the replay must never break the run it watches)
+                    tracer.__exit__(None, None, None)
+                    for parameter, grad in zip(parameters, original, strict=True):
+                        parameter.grad = grad  # the step goes on with the gradients it computed itself
+                    self._give_up(f"the replay raised {_said(exc)}", replayed=True)
+                    return
                 except BaseException:
                     tracer.__exit__(None, None, None)
                     raise
@@ -279,8 +296,10 @@ class StepReplay:
             self._give_up("the NaN was born in the optimizer step, and the optimizer snapshot is off")
             return
         written = [p for group in optimizer.param_groups for p in group["params"]]
-        written += [v for p in written for v in optimizer.state.get(p, {}).values() if isinstance(v, torch.Tensor)]
+        states = [optimizer.state.get(p, {}) for p in written]
+        written += [v for state in states for v in state.values() if isinstance(v, torch.Tensor)]
         result = [t.detach().clone() for t in written]
+        plain = [(state, key, value) for state in states for key, value in state.items()]
         if not self._optimizers.put_back(optimizer):
             self._give_up("no snapshot of this optimizer was taken before its update")
             return
@@ -294,6 +313,16 @@ class StepReplay:
         try:
             with post_hooks_apart(), tracer:
                 optimizer.step(*args[1:], **kwargs)  # the hook is given the optimizer as args[0]
+        except Exception as exc:  # noqa: BLE001  (the replay must never break the run it watches)
+            # The run goes on from what its own update wrote, not from a half-done replay.
+            with torch.no_grad():
+                for tensor, value in zip(written, result, strict=True):
+                    tensor.copy_(value)
+            for state, key, value in plain:
+                if not isinstance(value, torch.Tensor):
+                    state[key] = value  # a Python step counter: as the run's own update left it
+            self._give_up(f"the replayed update raised {_said(exc)}", replayed=True)
+            return
         finally:
             now.put_back()
             self._busy = False
@@ -360,15 +389,21 @@ class StepReplay:
             traced_from_step=self.traced_from,
             snapshot_bytes=self.snapshot_bytes,
             optimizer_snapshot=self.optimizer_snapshot,
+            held_nonfinite=self.held_nonfinite,
         )
 
     def notes(self) -> tuple[str, ...]:
         if self.detected is None:
             skipped = f"; GradScaler skipped {len(self.skipped)} (notes)" if self.skipped else ""
-            checked = f"watch mode: {self.step - 1} step(s) checked (loss, gradients, update), none non-finite"
-            return (checked + skipped,)
+            checked = (
+                f"watch mode: {self.step - 1} step(s) checked (loss, gradients, update, and every module's "
+                "parameters and buffers), none non-finite"
+            )
+            return (f"watch mode: {NOT_WATCHED}", checked + skipped)
         if self.detected == "scale_collapse":
             said = f"watch mode: GradScaler's scale collapsed at step {self.detected_step}"
+        elif self.detected == "held_tensors":
+            said = f"watch mode: a tensor the run keeps went non-finite before step {self.detected_step}"
         else:
             said = f"watch mode: step {self.detected_step}'s {self.detected.replace('_', ' ')} went non-finite"
         if self.replayed_step is not None and self.exact:
@@ -383,7 +418,7 @@ class StepReplay:
     def report(self, **extra: Any) -> NanTraceReport:
         found = self._found
         base = found if found is not None else NanTraceReport(status="clean", first=None, warnings=(), ops=0, steps=0)
-        nonfinite = base.first is not None or self.scale_collapse is not None
+        nonfinite = base.first is not None or self.scale_collapse is not None or self.detected == "held_tensors"
         report = dataclasses.replace(
             base,
             status="nonfinite" if nonfinite else base.status,

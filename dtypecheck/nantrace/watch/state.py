@@ -232,8 +232,12 @@ class OptimizerSnapshot:
         self._buffers: dict[int, torch.Tensor] = {}
         self._nbytes = 0
         self._layouts: dict[int, _Layout] = {}
-        self._taken: dict[int, list[Any]] = {}
-        """By optimizer: the plain values of its state before the update, in the layout's ``plain`` order."""
+        self._taken: dict[int, tuple[_Layout, list[Any]]] = {}
+        """By optimizer: the layout the snapshot was taken in, and the plain values of its state before the update
+        in its ``plain`` order. Its own layout, not the latest: the check after a first update builds a new one
+        (the state grew), whose buffers for the new state tensors were never filled, and putting those back wrote
+        uninitialised memory into the states (issue 30.4: a NaN "input" in ``lerp_`` instead of the inf born in
+        ``addcdiv_``, answers that changed from run to run, an OverflowError in Adam's ``beta1 ** step``)."""
 
     def _buffer_for(self, tensor: torch.Tensor) -> torch.Tensor:
         import torch
@@ -287,16 +291,16 @@ class OptimizerSnapshot:
         with torch.no_grad():
             for source, buffer in zip(layout.sources, layout.buffers, strict=True):
                 torch._foreach_copy_(buffer, source)
-        self._taken[id(optimizer)] = [copy.deepcopy(state[key]) for state, key in layout.plain]
+        self._taken[id(optimizer)] = (layout, [copy.deepcopy(state[key]) for state, key in layout.plain])
 
     def put_back(self, optimizer: Any) -> bool:
         """Restore the optimizer to its state before the update; False when no snapshot of it was taken."""
         import torch
 
-        values = self._taken.get(id(optimizer))
-        layout = self._layouts.get(id(optimizer))
-        if values is None or layout is None:
+        taken = self._taken.get(id(optimizer))
+        if taken is None:
             return False
+        layout, values = taken
         with torch.no_grad():
             for source, buffer in zip(layout.sources, layout.buffers, strict=True):
                 torch._foreach_copy_(source, buffer)

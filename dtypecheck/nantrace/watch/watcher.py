@@ -26,6 +26,7 @@ from dtypecheck.nantrace.ops import tensors_in
 from dtypecheck.nantrace.report import NanTraceReport, ScaleCollapse, SkippedStep
 from dtypecheck.nantrace.tracer import StopTracing, TraceOptions, Tracer
 from dtypecheck.nantrace.training import scale_of, scaler_found_inf
+from dtypecheck.nantrace.watch.held import HeldModules
 from dtypecheck.nantrace.watch.replay import Detected, StepReplay, keep_grad
 from dtypecheck.nantrace.watch.state import (
     BufferSnapshot,
@@ -100,6 +101,12 @@ class Watcher(StepReplay):
         self.skipped: list[SkippedStep] = []
         self._streak: list[SkippedStep] = []
         self.scale_collapse: ScaleCollapse | None = None
+        self._held = HeldModules()
+        self._updated: dict[int, frozenset[int]] = {}
+        """By optimizer: the ``id`` of every parameter it updates (checked after its update, not as held)."""
+        self._skip: frozenset[int] = frozenset()
+        """All of them: one set, rebuilt only when an optimizer is first seen."""
+        self.held_nonfinite: tuple[str, ...] = ()
         self._handles: list[Any] = []
         self._module_handles: list[Any] = []
         self._restore: list[tuple[Any, str, Any]] = []
@@ -116,6 +123,7 @@ class Watcher(StepReplay):
             register_module_forward_hook(self._exit, always_call=True),
         ]
         self._patch(torch.autograd, "backward", self._wrap_backward)
+        self._held.install(self._patch, self._model)
         self._patch(torch.optim.Optimizer, "__init__", self._wrap_optimizer_init)
         self._handles.append(optimizer_module.register_optimizer_step_pre_hook(self._before_update))
         self._handles.append(optimizer_module.register_optimizer_step_post_hook(self._after_update))
@@ -128,6 +136,8 @@ class Watcher(StepReplay):
         try:
             if not self._busy and not exc_info[0]:
                 self.poll()
+                if not self.done:
+                    self._check_held()
             if self._tracer is not None:  # the block ended inside (or just after) a replayed step
                 self._end_replay()
             if self._fallback is not None:
@@ -212,7 +222,10 @@ class Watcher(StepReplay):
             return
         if self._learning and not any(module is r for r in self._roots):
             self._roots.append(module)
+            self._held.add(module)
         if not self._calls:
+            if self._check_held():
+                return
             self._rng = RngState.take()
             self._buffers.clear()
             self._snapshotted.clear()
@@ -279,6 +292,9 @@ class Watcher(StepReplay):
         self._backward_open = False
         if not self._landmark():
             return
+        if id(optimizer) not in self._updated:
+            self._updated[id(optimizer)] = frozenset(id(p) for g in optimizer.param_groups for p in g["params"])
+            self._skip = frozenset().union(*self._updated.values())
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         if read_flags([*self._loss_flags, all_finite(grads)]):
             if self.optimizer_snapshot:
@@ -345,6 +361,24 @@ class Watcher(StepReplay):
             self._end_replay(consequence="scale_collapse")
         if self._found is None:
             self._finish(None)  # the collapse is the finding, with or without its producer
+
+    # -- what the run keeps ------------------------------------------------------------------------------------
+    def _check_held(self) -> bool:
+        """As a step begins (and when the block ends): every module's parameters and buffers that no optimizer
+        updates are still finite. What went non-finite between two steps (an EMA update, outside the model calls,
+        the loss and the update) cannot be replayed; it is reported, and the following steps are traced fully."""
+        skip = self._skip
+        if read_flags(self._held.flags(skip)):
+            return False
+        self.held_nonfinite = tuple(self._held.nonfinite_names(skip))
+        self._detect("held_tensors")
+        last = f"step {self.step - 1}'s update" if self.step > 1 else "watching began"
+        self._give_up(
+            f"{', '.join(self.held_nonfinite) or 'a held tensor'} went non-finite between {last} and step "
+            f"{self.step}'s first model call: outside the model calls, the loss and the update, which are all "
+            "watch mode can replay (run without --watch to name the op)"
+        )
+        return True
 
     # -- steps -------------------------------------------------------------------------------------------------
     def _step_ended(self) -> None:

@@ -1,4 +1,8 @@
-"""Which dtypes a scan can judge casts to: one rule, shared by ``--target`` and the config file's ``targets``."""
+"""Which dtypes a scan can judge casts to: one rule, shared by ``--target`` and the config file's ``targets``.
+
+On the ground floor (dtypes and errors only), so that both the config's validation and the scan read it without
+one core reaching into the other.
+"""
 
 from __future__ import annotations
 

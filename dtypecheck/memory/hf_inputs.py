@@ -1,0 +1,160 @@
+"""The inputs a transformers model built from a ``config.json`` is fed, from its own ``forward`` signature and its
+config: token ids, bounding boxes, pixel values at the config's image size, audio features of the shape its
+feature extractor makes, decoder ids of an encoder-decoder, and labels its head computes its own loss from."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+LM_HEADS = ("CausalLM", "MaskedLM", "Seq2SeqLM", "SpeechSeq2Seq")
+"""Heads whose labels are token ids of the text's shape."""
+CLASSIFIER_HEADS = ("ImageClassification", "AudioClassification", "SequenceClassification")
+"""Heads whose labels are one class (or, for a regression, one float per output) per sample."""
+
+
+def _sources(config: Any) -> list[Any]:
+    subs = ("vision_config", "audio_config", "encoder_config", "text_config", "encoder")
+    return [config, *(s for s in (getattr(config, name, None) for name in subs) if s is not None)]
+
+
+def size_of(config: Any, name: str, default: int) -> int:
+    """A size from the config or its vision/audio/text sub-configs (the first of a pair)."""
+    return sizes_of(config, name, (default,))[0]
+
+
+def sizes_of(config: Any, name: str, default: tuple[int, ...]) -> tuple[int, ...]:
+    """A size (or a pair such as ``image_size`` (height, width)) from the config or its sub-configs."""
+    for source in _sources(config):
+        value = getattr(source, name, None)
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, int) and value > 0:
+            return (value,)
+        if isinstance(value, list | tuple) and value and all(isinstance(v, int) and v > 0 for v in value):
+            return tuple(int(v) for v in value)
+        if isinstance(value, dict):  # {"height": 224, "width": 224}
+            pair = tuple(value.get(k) for k in ("height", "width"))
+            if all(isinstance(v, int) and v > 0 for v in pair):
+                return tuple(int(v) for v in pair)  # type: ignore[arg-type]
+    return default
+
+
+@functools.cache
+def _feature_shape(model_type: str, samples: int, bins: int | None) -> tuple[str, tuple[int, ...]] | None:
+    """(input name, shape per sample) that ``model_type``'s feature extractor makes of ``samples`` of silence,
+    with its feature size set to the config's ``bins``; None when it has none that runs here."""
+    import numpy as np
+    import transformers
+    from transformers.models.auto import feature_extraction_auto
+
+    names: dict[str, str] = getattr(feature_extraction_auto, "FEATURE_EXTRACTOR_MAPPING_NAMES")  # noqa: B009
+    name = names.get(model_type)
+    cls = getattr(transformers, name, None) if isinstance(name, str) else None
+    if cls is None:
+        return None
+    try:
+        kwargs: dict[str, Any] = {}
+        if bins is not None and "feature_size" in inspect.signature(cls.__init__).parameters:
+            kwargs["feature_size"] = bins
+        extractor = cls(**kwargs)
+        rate = int(getattr(extractor, "sampling_rate", 16000))
+        made = extractor(np.zeros(samples, dtype=np.float32), sampling_rate=rate, return_tensors="np")
+    except Exception:  # noqa: BLE001  (an extractor that needs files or packages this machine lacks)
+        return None
+    main = getattr(extractor, "model_input_names", None) or ["input_features"]
+    for key in (main[0], "input_features", "input_values"):
+        value = made.get(key) if hasattr(made, "get") else None
+        if value is not None and getattr(value, "ndim", 0) >= 2:
+            return key, tuple(int(v) for v in value.shape[1:])
+    return None
+
+
+def hf_inputs(
+    model: torch.nn.Module, config: Any, head: str, batch: int, seq: int, *, train: bool, labels: bool, real: bool
+) -> dict[str, Any]:
+    """Keyword inputs for ``model.forward``: ``seq`` tokens of text; images of the config's size; audio as its
+    feature extractor shapes about ``seq`` frames of it (Whisper's 30 s window whatever ``seq``)."""
+    import torch
+
+    parameters = inspect.signature(model.forward).parameters
+    accepted = set(parameters)
+    required = {
+        n for n, p in parameters.items() if p.default is p.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+    }
+    vocab = size_of(config, "vocab_size", 2)
+    make = torch.randn if real else torch.zeros
+
+    def ids(*shape: int, high: int = vocab) -> torch.Tensor:
+        if real:
+            return torch.randint(0, max(high, 1), shape)
+        return torch.zeros(shape, dtype=torch.long)
+
+    main = getattr(model, "main_input_name", "input_ids")
+    kwargs: dict[str, Any] = {}
+    if "input_ids" in accepted and (main == "input_ids" or "input_ids" in required or "pixel_values" in accepted):
+        kwargs["input_ids"] = ids(batch, seq)
+    if "bbox" in accepted and "input_ids" in kwargs:
+        kwargs["bbox"] = torch.zeros(batch, seq, 4, dtype=torch.long)  # one (x0, y0, x1, y1) box per token
+    if "pixel_values" in accepted:
+        side = sizes_of(config, "image_size", (224,))
+        height, width = (side[0], side[-1])
+        channels = size_of(config, "num_channels", 3)
+        kwargs["pixel_values"] = make(batch, channels, height, width)
+    if main in ("input_features", "input_values") or {"input_features", "input_values"} & required:
+        _audio(kwargs, config, main, batch, seq, make)
+    if not kwargs and main in accepted:
+        kwargs[main] = ids(batch, seq)
+    decoder = head in ("Seq2SeqLM", "SpeechSeq2Seq") or bool(getattr(config, "is_encoder_decoder", False))
+    if decoder and "decoder_input_ids" in accepted:
+        kwargs["decoder_input_ids"] = ids(batch, seq)  # given, not derived from labels (some configs cannot)
+    if not train and "use_cache" in accepted:
+        # The KV cache is counted for --context tokens, not for the pass. A training step runs as its users run it:
+        # ``use_cache=False`` there changes what the trace sees (+2.7% on Llama) and not what the real step holds.
+        kwargs["use_cache"] = False
+    if labels and train and "labels" in accepted:
+        label = _labels(config, head, batch, seq, kwargs, ids)
+        if label is not None:
+            kwargs["labels"] = label
+    return kwargs
+
+
+def _audio(kwargs: dict[str, Any], config: Any, main: str, batch: int, seq: int, make: Any) -> None:
+    """Audio input: the feature extractor's own shape of about ``seq`` frames, else (bins, 2 x source positions)
+    spectrogram features or ``seq`` strides of raw samples."""
+    stride = math.prod(getattr(config, "conv_stride", None) or (1,))
+    hop = 160  # 10 ms at 16 kHz, the common spectrogram hop
+    samples = seq * (stride if main == "input_values" else hop)
+    bins = size_of(config, "num_mel_bins", 0) or None
+    model_type = str(getattr(config, "model_type", ""))
+    found = _feature_shape(model_type, samples, bins)
+    if found is not None:
+        name, shape = found
+        kwargs[name if name in ("input_features", "input_values") else main] = make(batch, *shape)
+    elif main == "input_features":
+        frames = 2 * size_of(config, "max_source_positions", seq)
+        kwargs["input_features"] = make(batch, bins or 80, frames)
+    else:
+        kwargs["input_values"] = make(batch, seq * stride)
+
+
+def _labels(config: Any, head: str, batch: int, seq: int, kwargs: dict[str, Any], ids: Any) -> Any:
+    """Labels the head computes its own loss from, or None for a head whose labels this does not know (the
+    default loss is then taken of its output)."""
+    import torch
+
+    if head in ("CausalLM", "MaskedLM") and "input_ids" in kwargs:
+        return kwargs["input_ids"]  # ``labels = input_ids``, as language-model training feeds them
+    if head in LM_HEADS:
+        return ids(batch, seq)
+    if head in CLASSIFIER_HEADS:
+        classes = int(getattr(config, "num_labels", 2) or 2)
+        if getattr(config, "problem_type", None) == "regression" or (classes == 1 and head == "SequenceClassification"):
+            return torch.zeros(batch, classes)  # a regression head: one float target per output
+        return ids(batch, high=classes)
+    return None

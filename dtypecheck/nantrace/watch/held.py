@@ -1,0 +1,104 @@
+"""What the run keeps from step to step outside the three per-step checks: every live ``nn.Module``'s parameters
+and buffers (the model's buffers, an EMA or ``AveragedModel`` copy, a teacher), less what an optimizer updates
+(checked after its update already).
+
+A NaN written into an EMA copy between two steps (issue 30.3) is in none of the loss, the gradients or the update,
+so watch mode used to pass it. Modules are found as they are made (``nn.Module.__init__``) or copied
+(``copy.deepcopy`` goes through ``__setstate__``) while watching, and the model watch mode is given. Modules made
+before watching began are not searched for (the process may hold others' modules, a diverged one among them).
+Tensors kept outside any module or optimizer (a plain dict of EMA tensors) are not watched; the report says so.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from dtypecheck.nantrace.watch.state import all_finite, finite_values
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+NOT_WATCHED = (
+    "tensors kept outside every module and optimizer (a plain list or dict of tensors), and modules made before "
+    "watching began other than the model, are not watched"
+)
+
+
+class HeldModules:
+    """The live modules; ``flags(skip)`` checks their tensors (those in ``skip`` aside) without a host sync."""
+
+    def __init__(self) -> None:
+        self._modules: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+        self._made = 0
+        """Modules made or copied since watching began: the cached tensor list is rebuilt when it changes."""
+        self._built_at = -1
+        self._skip_ids: frozenset[int] = frozenset()
+        self._writable: list[torch.Tensor] = []
+        self._saved: list[torch.Tensor] = []
+
+    def install(self, patch: Callable[[Any, str, Callable[[Any], Any]], None], model: nn.Module | None) -> None:
+        """Hold ``model`` and every module made or copied from now on (``patch(owner, name, make)``)."""
+        from torch import nn
+
+        held = self
+
+        def wrap(original: Any) -> Any:
+            def method(module: Any, *args: Any, **kwargs: Any) -> Any:
+                result = original(module, *args, **kwargs)
+                held._modules.add(module)
+                held._made += 1
+                return result
+
+            return method
+
+        patch(nn.Module, "__init__", wrap)
+        patch(nn.Module, "__setstate__", wrap)
+        if model is not None:
+            self._modules.add(model)
+        self._made += 1
+
+    def add(self, module: nn.Module) -> None:
+        """Hold a module found otherwise (one the watch sees called outermost)."""
+        if module not in self._modules:
+            self._modules.add(module)
+            self._made += 1
+
+    def flags(self, skip: frozenset[int]) -> list[torch.Tensor | None]:
+        """On-device flags that every held tensor is finite (one read-back for them all, with ``read_flags``)."""
+        if self._built_at != self._made or skip is not self._skip_ids:
+            self._build(skip)
+        return [all_finite(self._writable), finite_values(self._saved)]
+
+    def _build(self, skip: frozenset[int]) -> None:
+        self._built_at, self._skip_ids = self._made, skip
+        seen: set[int] = set(skip)
+        self._writable, self._saved = [], []
+        for module in list(self._modules):
+            for tensor in (*module._parameters.values(), *module._buffers.values()):
+                if tensor is None or id(tensor) in seen or not tensor.is_floating_point() or not tensor.numel():
+                    continue
+                seen.add(id(tensor))
+                # all_finite multiplies by one in place (a version bump): never on a tensor autograd may have
+                # saved, which one that requires grad may be (a frozen teacher's weight used with grad on).
+                (self._saved if tensor.requires_grad else self._writable).append(tensor)
+
+    def nonfinite_names(self, skip: frozenset[int]) -> list[str]:
+        """``Class.dotted.name`` of each non-finite held tensor, outermost modules first (only once found)."""
+        import torch
+
+        modules = list(self._modules)
+        inner = {id(child) for module in modules for child in module.modules() if child is not module}
+        names: list[str] = []
+        seen: set[int] = set(skip)
+        for top in (m for m in modules if id(m) not in inner):
+            for name, tensor in (*top.named_parameters(), *top.named_buffers()):
+                if id(tensor) in seen or not tensor.is_floating_point():
+                    continue
+                seen.add(id(tensor))
+                with torch.no_grad():
+                    if not bool(tensor.isfinite().all()):
+                        names.append(f"{type(top).__name__}.{name}")
+        return names

@@ -1,0 +1,56 @@
+"""A fixed sample of 40 transformers model types, of every family (decoders, encoders, encoder-decoders, vision,
+audio, multimodal), built from their config class's defaults shrunk to a tiny size (as
+``benchmarks/memory_config_sweep.py --size tiny`` does) and estimated for float32 inference and an AdamW
+training step: each within 5% of PyTorch's MemTracker on one real step of the same model (issue 28.1).
+
+The whole sample runs in one test, one process, at 1 block and 32 tokens, to stay fast."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+
+SAMPLE = (
+    # decoders
+    "gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "falcon", "gpt_neox", "opt", "bloom",
+    "olmo", "starcoder2", "cohere", "mixtral",
+    # encoders
+    "bert", "roberta", "albert", "distilbert", "electra", "deberta-v2", "layoutlm", "modernbert",
+    # encoder-decoders
+    "t5", "bart", "pegasus", "marian",
+    # vision
+    "vit", "deit", "swin", "convnext", "resnet", "dinov2",
+    # audio
+    "whisper", "speech_to_text", "hubert",
+    # multimodal
+    "clip", "blip", "siglip", "mgp-str",
+)  # fmt: skip
+TOLERANCE = 0.05
+
+
+def test_the_sample_covers_forty_types_of_every_family():
+    assert len(SAMPLE) == len(set(SAMPLE)) == 40
+
+
+def test_a_fixed_sample_of_types_is_within_5_percent_of_memtracker(tmp_path):
+    from benchmarks.memory_config_sweep import shrunk
+    from dtypecheck.dtypes import lookup
+    from dtypecheck.memory import EstimateOptions, estimate_memory
+
+    transformers.logging.set_verbosity_error()
+    options = EstimateOptions(dtypes=(lookup("float32"),))
+    errors: dict[str, list[float]] = {}
+    for model_type in SAMPLE:
+        folder = tmp_path / model_type
+        folder.mkdir()
+        shrunk(transformers.CONFIG_MAPPING[model_type]()).to_json_file(str(folder / "config.json"))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            report = estimate_memory(str(folder), options, seq_len=32, measure=True)
+        assert [m.mode for m in report.measurements] == ["inference", "training"], model_type
+        errors[model_type] = [m.error for m in report.measurements]
+    worst = {t: e for t, e in errors.items() if max(abs(v) for v in e) > TOLERANCE}
+    assert not worst, worst

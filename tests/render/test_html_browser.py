@@ -1,0 +1,99 @@
+"""Each HTML report opened in a real browser (headless Chromium): the DOM after its script ran holds the run's key
+facts (checked against the JSON of the same run), the page asks for nothing outside itself, and a screenshot of it
+is kept in the test's folder (``docs/screenshots.py`` makes the ones in ``docs/``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from dtypecheck.render.cells import fmt_bytes
+from tests.render import _browser
+from tests.render._html_dom import Element, parse, table_rows
+from tests.render.test_html import HOSTILE
+
+pytestmark = pytest.mark.skipif(
+    _browser.chromium() is None,
+    reason="headless Chromium is not installed: `make test` installs Debian's chromium package as root "
+    "(apt-get install chromium); without root or apt it cannot, and only this browser test is skipped",
+)
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _open(run_html: str, folder: Path, name: str) -> tuple[Element, _browser.Opened, Path]:
+    page = folder / f"{name}.html"
+    page.write_text(run_html, encoding="utf-8")
+    shot = folder / f"{name}.png"
+    opened = _browser.open_page(page, screenshot=shot)
+    assert opened.requests == [], f"{name} asked for {opened.requests}"
+    assert shot.read_bytes()[:8] == PNG_SIGNATURE
+    assert shot.stat().st_size > 10_000  # a drawn page, not a blank one
+    return parse(opened.dom), opened, shot
+
+
+def test_scan_report_in_the_browser(html_runs, tmp_path: Path) -> None:
+    run = html_runs["scan-model"]
+    dom, _opened, _shot = _open(run.html, tmp_path, "scan-model")
+    for verdict in run.document["summary"]["verdicts"]:
+        (card,) = [d for d in dom.find_all("div") if d.attrs.get("data-target") == verdict["target"]]
+        assert card.find_all("span", data_level=verdict["level"]), verdict["target"]
+    assert dom.by_id("tensor-count").clean_text() == str(run.document["summary"]["tensors"]) == "3"
+    summary = run.document["summary"]
+    assert (
+        dom.by_id("level-counts").clean_text()
+        == f"{summary['ok']} ok · {summary['warn']} warn · {summary['fail']} fail"
+    )
+    (box,) = dom.find_all("div", data_filter_for="tensors")
+    assert "hidden" not in box.attrs  # the page's script ran (the CSP lets inline script run, nothing else)
+    assert box.attrs.get("data-bound") == "1"
+
+
+def test_a_hostile_tensor_name_stays_text_in_the_browser(tmp_path: Path, cli) -> None:
+    checkpoint = tmp_path / "m.safetensors"
+    save_file({HOSTILE: torch.tensor([1.0, float("inf")])}, str(checkpoint))
+    result = cli("scan-model", str(checkpoint), "--format", "html", "-q")
+    assert result.exit_code == 1
+    dom, _opened, _shot = _open(result.stdout, tmp_path, "hostile")
+    assert dom.find_all("title")[0].clean_text() == "dtypecheck scan-model"  # the name's script did not run
+    assert len(dom.find_all("script")) == 1
+    assert dom.find_all("img") == []
+    (row,) = dom.by_id("tensors").find_all("tr", data_level="fail")
+    assert row.attrs["data-name"] == HOSTILE
+
+
+def test_nantrace_report_in_the_browser(html_runs, tmp_path: Path) -> None:
+    run = html_runs["nan-trace"]
+    dom, _opened, _shot = _open(run.html, tmp_path, "nan-trace")
+    first = run.document["first"]
+    assert dom.by_id("status-value").clean_text() == run.document["status"]
+    assert dom.by_id("first-op").clean_text() == first["op"]
+    assert dom.by_id("culprit-line").clean_text() == f"{first['location']['file']}:{first['location']['line']}"
+    (marked,) = dom.by_id("source").find_all("span", class_="culprit")
+    assert marked.attrs["data-line"] == str(first["location"]["line"])
+
+
+def test_memory_report_in_the_browser(html_runs, tmp_path: Path) -> None:
+    run = html_runs["estimate-memory"]
+    dom, _opened, _shot = _open(run.html, tmp_path, "estimate-memory")
+    rows = table_rows(dom.by_id("estimates"))
+    assert [row[-2] for row in rows] == [fmt_bytes(e["bytes"]["total"]) for e in run.document["estimates"]]
+
+
+def test_info_report_in_the_browser(html_runs, tmp_path: Path) -> None:
+    run = html_runs["info"]
+    dom, _opened, _shot = _open(run.html, tmp_path, "info")
+    sections = [s.attrs["id"] for s in dom.find_all("section") if s.attrs.get("class") == "dtype"]
+    assert sections == [f"dtype-{d['name']}" for d in run.document["dtypes"]]
+    assert dom.by_id("dtype-float16").find_all("span", class_="max")[0].clean_text() == "65504"
+
+
+def test_the_request_check_sees_a_page_that_reaches_out(tmp_path: Path) -> None:
+    # Without this, an empty request list could also mean the network log is not read right.
+    page = tmp_path / "reaching.html"
+    page.write_text('<html><body><img src="http://127.0.0.1:9/x.png"><p>hi</p></body></html>', encoding="utf-8")
+    opened = _browser.open_page(page)
+    assert opened.requests == ["http://127.0.0.1:9/x.png"]
