@@ -337,12 +337,12 @@ def test_config_comes_from_the_working_folder_never_from_the_checkpoints(
     assert not (two / "base.json").exists()
     both = cli("scan-model", str(b), str(a), "--format", "github", "-q")
     assert both.exit_code == 0  # warnings only
+    # one warning each: the 3 values of 1e-10 lost even after scaling (float8 is judged scaled, docs/contract.md)
     assert [(line.split(",")[0], line.rsplit(" ", 1)[1]) for line in both.stdout.splitlines()] == [
         (f"::warning file={b}", "float8_e5m2"),
-        (f"::warning file={b}", "float8_e5m2"),
-        (f"::warning file={a}", "float8_e5m2"),
         (f"::warning file={a}", "float8_e5m2"),
     ]
+    assert all("DTC105 scaled-underflow" in line for line in both.stdout.splitlines())
 
 
 def test_checkpoint_keys_and_what_is_searched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
