@@ -2,7 +2,8 @@
 
 A fenced block whose first line is a comment naming a file (``# train.py: ...``, ``# pyproject.toml``) is written
 to that file. A ``console`` block holds ``$ command`` lines, each followed by the output the document shows for it
-(stdout, then stderr); ``...`` on a line of its own stands for any lines. ``$ dtypecheck ARGS`` runs the command
+(stdout, then stderr); ``...`` on a line of its own stands for any lines, and a line ending in `` ...`` for any line
+that starts with the text before it. ``$ dtypecheck ARGS`` runs the command
 line in this process (``tests.conftest.cli``), ``$ python FILE`` runs a script in a fresh interpreter, and
 ``$ echo $?`` shows the exit code of the command before it.
 """
@@ -43,6 +44,14 @@ def steps(console: str) -> list[Step]:
     return found
 
 
+def _same(want: str, got: str) -> bool:
+    return got.startswith(want[:-3]) if want.endswith(" ...") else want == got
+
+
+def _same_lines(want: list[str], got: list[str]) -> bool:
+    return len(want) == len(got) and all(_same(w, g) for w, g in zip(want, got, strict=True))
+
+
 def matches(expected: list[str], actual: list[str]) -> bool:
     """``actual`` is ``expected``, line by line (trailing spaces aside), ``...`` standing for any lines."""
     want = [line.rstrip() for line in expected]
@@ -52,7 +61,7 @@ def matches(expected: list[str], actual: list[str]) -> bool:
     while got and not got[-1]:
         got.pop()
     if "..." not in want:
-        return want == got
+        return _same_lines(want, got)
     segments: list[list[str]] = [[]]
     for line in want:
         if line == "...":
@@ -60,11 +69,15 @@ def matches(expected: list[str], actual: list[str]) -> bool:
         else:
             segments[-1].append(line)
     first, *middle, last = segments
-    if got[: len(first)] != first or (last and got[-len(last) :] != last) or len(got) < len(first) + len(last):
+    if len(got) < len(first) + len(last) or not _same_lines(first, got[: len(first)]):
+        return False
+    if last and not _same_lines(last, got[len(got) - len(last) :]):
         return False
     rest = got[len(first) : len(got) - len(last)]
     for segment in middle:
-        at = next((i for i in range(len(rest) - len(segment) + 1) if rest[i : i + len(segment)] == segment), None)
+        at = next(
+            (i for i in range(len(rest) - len(segment) + 1) if _same_lines(segment, rest[i : i + len(segment)])), None
+        )
         if at is None:
             return False
         rest = rest[at + len(segment) :]

@@ -9,7 +9,10 @@ do not count. The advice, first rule that applies:
    rules below for the other tensors (no cast helps those N);
 2. nothing at ``warn`` or ``fail``: "safe to cast" ("nothing to judge: ..." when no tensor is cast to the target:
    an empty checkpoint, or only integers and bookkeeping);
-3. only ``warn``: "cast; X% of values flush to zero" (or "N values become subnormal");
+3. no ``fail`` on a float8/fp4 target, the scaled verdict first (how those formats are used): "cast with
+   per-tensor scaling; S% of values flush to zero after per-tensor scaling (U% unscaled)";
+   only ``warn`` on another target: "cast; X% of values flush to zero" (or "N values become subnormal"); counts
+   below what harms (``policy.HARM_FRACTION``) leave it at "safe to cast" and are named after it;
 4. ``fail`` on a float8/fp4 target (judged per tensor scaled to the target's max, as fp8 is used): "needs per-tensor
    scaling";
 5. ``fail`` in at most ``KEEP_AT_MOST`` of the tensors (and at most a tenth of them): "cast, keep these N tensors in
@@ -75,32 +78,52 @@ def verdict(target: str, tensors: Sequence[TensorScan]) -> Verdict:
         fraction_flushed=underflow / values if values else 0.0,
         tensors=by_level,
         worst=worst_tensor,
-        advice=_advice(target, [t for t, _ in judged], levels, underflow, subnormal, values),
+        advice=_advice(target, [t for t, _ in judged], levels),
         scaled_underflow=sum(scaled) if scaled else None,
     )
 
 
-def _advice(
-    target: str, judged: Sequence[TensorScan], levels: dict[str, Level], underflow: int, subnormal: int, values: int
-) -> str:
+def _advice(target: str, judged: Sequence[TensorScan], levels: dict[str, Level]) -> str:
     broken = {t.name for t in judged if _own_level(t) == "fail"}
     if broken:
         rest = [t for t in judged if t.name not in broken]
-        then = _cast_advice(target, rest, {t.name: levels[t.name] for t in rest}, underflow, subnormal, values)
+        then = _cast_advice(target, rest, {t.name: levels[t.name] for t in rest})
         return f"fix first: {len(broken)} tensor(s) already hold NaN/inf; then {then}"
-    return _cast_advice(target, judged, levels, underflow, subnormal, values)
+    return _cast_advice(target, judged, levels)
 
 
-def _cast_advice(
-    target: str, judged: Sequence[TensorScan], levels: dict[str, Level], underflow: int, subnormal: int, values: int
-) -> str:
+def _share(count: int, values: int) -> str:
+    return f"{100 * count / values:.2g}%" if values else "0%"
+
+
+def _cast_advice(target: str, judged: Sequence[TensorScan], levels: dict[str, Level]) -> str:
+    """The advice over ``judged`` (the tensors it is about: without those already broken), from their counts."""
+    casts = [t.casts[target] for t in judged]
+    underflow = sum(c.underflow or 0 for c in casts)
+    subnormal = sum(c.subnormal or 0 for c in casts)
+    values = sum(_values(t) for t in judged)
+    scaled_casts = [c.scaled_underflow or 0 for c in casts if isinstance(c, Float8CastCounts)]
+    scaled = sum(scaled_casts) if scaled_casts else None
     failing = [name for name, level in levels.items() if level == "fail"]
     if not judged:
         return "nothing to judge: no tensor of the checkpoint is cast to this target"
-    if not failing:
+    if not failing and scaled is not None:
+        if not scaled and not underflow:
+            return "safe to cast with per-tensor scaling"
+        unscaled = f" ({_share(underflow, values)} unscaled)" if underflow else ""
+        if not scaled:
+            return f"cast with per-tensor scaling; nothing flushes to zero after scaling{unscaled}"
+        return f"cast with per-tensor scaling; {_share(scaled, values)} of values flush to zero after scaling{unscaled}"
+    if not failing and "warn" in levels.values():
         if underflow:
-            return f"cast; {100 * underflow / values:.2g}% of values flush to zero"
-        return f"cast; {subnormal:,} values become subnormal" if subnormal else "safe to cast"
+            return f"cast; {_share(underflow, values)} of values flush to zero"
+        return f"cast; {subnormal:,} values become subnormal"
+    if not failing:
+        if not underflow and not subnormal:
+            return "safe to cast"
+        below = [f"{subnormal:,} values become subnormal"] if subnormal else []
+        below += [f"{_share(underflow, values)} flush to zero"] if underflow else []
+        return f"safe to cast ({', '.join(below)}: below what harms)"
     if _scaled(target):
         return "needs per-tensor scaling"
     if len(failing) <= min(KEEP_AT_MOST, max(1, len(judged) // 10)):

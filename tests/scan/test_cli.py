@@ -100,8 +100,10 @@ def test_json_document_follows_the_contract(cli, example) -> None:
         "tensors": 7,
         "numel": sum(t["numel"] for t in doc["tensors"]),
         "bytes": sum(t["bytes"] for t in doc["tensors"]),
-        "ok": 2,
-        "warn": 3,
+        # embed.weight (7 of 2048 subnormal in float16) and layers.0.attn.qkv.weight (7 of 3072) stay below the 1%
+        # that harms: ok; only exp_avg_sq (46% flushed) warns
+        "ok": 4,
+        "warn": 1,
         "fail": 2,
         "level": "fail",
         "census": census,

@@ -177,9 +177,9 @@ def test_several_checkpoints_for_pre_commit(cli, project: Path) -> None:
     annotations = cli("scan-model", str(good), str(bad), "--format", "github")
     assert "::error file=" in annotations.stdout
     assert "title=DTC101 nonfinite-values::layer.weight: 1 nan in float32" in annotations.stdout
-    refused = cli("scan-model", str(good), str(bad), "--format", "json")
-    assert refused.exit_code == 2
-    assert refused.stdout == ""
+    merged = cli("scan-model", str(good), str(bad), "--format", "json")
+    assert merged.exit_code == 1
+    assert [c["source"] for c in merged.json()["checkpoints"]] == [str(good), str(bad)]
 
 
 def test_optimizer_state_in_half_precision_is_a_consistency_finding(cli, project: Path) -> None:

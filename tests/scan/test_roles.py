@@ -66,7 +66,9 @@ def _check_against_numpy(report: ScanReport, tensors: dict[str, torch.Tensor]) -
         expected = _fp16_counts(values)
         assert (cast.overflow, cast.underflow, cast.subnormal) == expected, name
         if rows[name].not_judged is None:
-            assert cast.level == ("fail" if expected[0] else "warn" if any(expected) else "ok"), name
+            # a warn harms (docs/contract.md "Levels"): more than 0.1% flushed or 1% subnormal
+            harms = expected[1] > 0.001 * values.numel() or expected[2] > 0.01 * values.numel()
+            assert cast.level == ("fail" if expected[0] else "warn" if harms else "ok"), name
         else:
             assert cast.level == "ok", name
         checked += 1
