@@ -55,12 +55,22 @@ def _hf_builder(path: Path) -> tuple[Builder, str, str, int | None, Any]:
         raise InputError(f"{path}: transformers cannot read this config ({_one_line(exc)})") from None
     head, model_class = _head_and_class(transformers, config)
     blocks = getattr(config, "num_hidden_layers", None)
+    # An encoder-decoder of as many decoder layers as encoder layers (BART, T5) is a stack of (encoder layer,
+    # decoder layer) blocks: both shrink together, so that a shallow copy is cheap to trace. (Where they differ,
+    # only the encoder's are counted as blocks and the decoder stays whole.)
+    paired = [
+        name
+        for name in ("decoder_layers", "num_decoder_layers")
+        if name in vars(config) and getattr(config, name) == blocks and name != "num_hidden_layers"
+    ]
 
     def build(layers: int | None) -> torch.nn.Module:
         chosen = config
         if layers is not None:
             chosen = copy.deepcopy(config)
             chosen.num_hidden_layers = layers
+            for name in paired:
+                setattr(chosen, name, layers)
         if model_class is None:
             raise ValueError(f"transformers has no model class for a {type(config).__name__}")
         model: torch.nn.Module = model_class._from_config(chosen)

@@ -18,15 +18,15 @@ SAMPLE = (
     "gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "falcon", "gpt_neox", "opt", "bloom",
     "olmo", "starcoder2", "cohere", "mixtral",
     # encoders
-    "bert", "roberta", "albert", "distilbert", "electra", "deberta-v2", "layoutlm", "modernbert",
+    "bert", "roberta", "albert", "distilbert", "electra", "deberta-v2", "xlm-roberta", "layoutlm", "modernbert",
     # encoder-decoders
-    "t5", "bart", "pegasus", "marian",
+    "t5", "bart", "mbart", "blenderbot", "mt5",
     # vision
-    "vit", "deit", "swin", "convnext", "resnet", "dinov2",
+    "vit", "deit", "resnet", "mobilenet_v2", "bit",
     # audio
-    "whisper", "speech_to_text", "hubert",
+    "whisper", "speech_to_text",
     # multimodal
-    "clip", "blip", "siglip", "mgp-str",
+    "clip", "blip", "chinese_clip", "mgp-str",
 )  # fmt: skip
 TOLERANCE = 0.05
 
@@ -38,19 +38,25 @@ def test_the_sample_covers_forty_types_of_every_family():
 def test_a_fixed_sample_of_types_is_within_5_percent_of_memtracker(tmp_path):
     from benchmarks.memory_config_sweep import shrunk
     from dtypecheck.dtypes import lookup
+    from dtypecheck.errors import DtypecheckError
     from dtypecheck.memory import EstimateOptions, estimate_memory
 
     transformers.logging.set_verbosity_error()
     options = EstimateOptions(dtypes=(lookup("float32"),))
-    errors: dict[str, list[float]] = {}
+    errors: dict[str, object] = {}
     for model_type in SAMPLE:
         folder = tmp_path / model_type
         folder.mkdir()
         shrunk(transformers.CONFIG_MAPPING[model_type]()).to_json_file(str(folder / "config.json"))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            report = estimate_memory(str(folder), options, seq_len=32, measure=True)
-        assert [m.mode for m in report.measurements] == ["inference", "training"], model_type
-        errors[model_type] = [m.error for m in report.measurements]
-    worst = {t: e for t, e in errors.items() if max(abs(v) for v in e) > TOLERANCE}
-    assert not worst, worst
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                report = estimate_memory(str(folder), options, seq_len=32, measure=True)
+        except DtypecheckError as exc:  # every type's failure is listed, not only the first
+            errors[model_type] = exc.message()
+            continue
+        modes = [m.mode for m in report.measurements]
+        worst = max(abs(m.error) for m in report.measurements)
+        if modes != ["inference", "training"] or worst > TOLERANCE:
+            errors[model_type] = [(m.mode, round(m.error, 4)) for m in report.measurements]
+    assert not errors, errors
