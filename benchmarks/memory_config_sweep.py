@@ -109,6 +109,12 @@ def _reason(exc: BaseException) -> str:
 
 
 def sweep(types: list[str], *, tiny: bool, timeout: int) -> None:
+    import torch
+    import torch._dynamo  # noqa: F401
+
+    from dtypecheck.memory import estimate_memory  # noqa: F401
+    from dtypecheck.memory.tracing import TraceDeadlineError, trace_deadline
+
     def alarm(_signum: int, _frame: object) -> None:
         raise _TimeoutError
 
@@ -121,13 +127,16 @@ def sweep(types: list[str], *, tiny: bool, timeout: int) -> None:
             folder = Path(tmp) / model_type
             folder.mkdir()
             start = time.perf_counter()
-            signal.alarm(timeout)
+            # Traces stop cleanly between two ops at the deadline; the alarm, later, stops anything else (an alarm
+            # that fires inside autograd's engine would end the process).
+            signal.alarm(timeout + 30)
             try:
-                report = estimate_type(model_type, folder, tiny=tiny)
+                with trace_deadline(time.monotonic() + timeout):
+                    report = estimate_type(model_type, folder, tiny=tiny)
                 totals = ", ".join(f"{row.mode} {row.bytes.total:,} B" for row in report.estimates)
                 result = f"ok ({report.model.model_class}, {report.model.parameters:,} parameters; {totals})"
                 ok += 1
-            except _TimeoutError:
+            except (_TimeoutError, TraceDeadlineError):
                 result = f"timeout after {timeout} s"
             except Exception as exc:  # noqa: BLE001  (any failure is this type's row, not the sweep's end)
                 result = _reason(exc)

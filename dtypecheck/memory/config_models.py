@@ -57,6 +57,14 @@ def _hf_builder(path: Path) -> tuple[Builder, str, str, int | None, Any]:
         raise InputError(f"{path}: transformers cannot read this config ({_one_line(exc)})") from None
     head, model_class = _head_and_class(transformers, config)
     blocks = getattr(config, "num_hidden_layers", None)
+    # An encoder-decoder of as many decoder layers as encoder layers (BART, T5) is a stack of (encoder layer,
+    # decoder layer) blocks: both shrink together, so that a shallow copy is cheap to trace. (Where they differ,
+    # only the encoder's are counted as blocks and the decoder stays whole.)
+    paired = [
+        name
+        for name in ("decoder_layers", "num_decoder_layers")
+        if name in vars(config) and getattr(config, name) == blocks and name != "num_hidden_layers"
+    ]
 
     # An encoder-decoder whose decoder has as many blocks as its encoder (T5, Whisper, BART) is made shallower in
     # both: each block then pairs an encoder and a decoder layer, and a shallow trace costs a few layers, not the
