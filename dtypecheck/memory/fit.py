@@ -87,7 +87,9 @@ class _Shapes:
                 raise FitTimeoutError(0)
             self.progress(len(self.cache), len(self.cache) + 1, f"fitting: batch {batch}, seq {seq}")
             shaped = self.subject.reshaped(batch, seq)
-            traces = TraceCache(shaped, self.options.checkpointing, no_progress, total=1)
+            # Traced whole like the estimate's own when it was (--by-module, --plot), so that the shapes compare.
+            whole = self.base is not None and self.base.attribute
+            traces = TraceCache(shaped, self.options.checkpointing, no_progress, total=1, attribute=whole)
             if self.base is not None:
                 traces.shallow = {n: t.reshaped(batch, seq) for n, t in self.base.shallow.items()}
                 if not plain:
