@@ -188,6 +188,8 @@ def modeled_fitting(dimension: _Dimension, usable: int, limit: int, start: int) 
     tried: set[int] = set()
     start = max(1, min(start, limit - degree))
     try:
+        if start == 1 and not fits(1):  # the row's own shape, already traced: nothing fits, nothing to model
+            return 0, "direct"
         while limit > degree + 1 and start not in tried and len(tried) < MODEL_ROUNDS:
             tried.add(start)
             model = dimension.modeled(start, degree)
