@@ -6,9 +6,16 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from dtypecheck.memory import states
-from dtypecheck.memory.estimate import EstimateOptions, Row, _shards
+from dtypecheck.memory.estimate import EstimateOptions, Row, TraceCache, _shards, plan_rows
 from dtypecheck.memory.names import Mode
-from dtypecheck.memory.report import MemoryEstimate, ModuleBreakdown, ModuleMemory, PeakMoment, StepTimeline
+from dtypecheck.memory.report import (
+    MemoryEstimate,
+    MemoryReport,
+    ModuleBreakdown,
+    ModuleMemory,
+    PeakMoment,
+    StepTimeline,
+)
 from dtypecheck.memory.tracing import ActivationProfile
 
 if TYPE_CHECKING:
@@ -171,3 +178,20 @@ def step_timeline(estimate: MemoryEstimate, profile: ActivationProfile, options:
         optimizer_step,
         b.total,
     )
+
+
+def with_breakdowns(subject: Subject, options: EstimateOptions, report: MemoryReport, traces: TraceCache) -> MemoryReport:
+    """``report`` with ``modules`` (``options.by_module``) and ``steps`` (``options.step_timeline``) of every row
+    whose pass was traced whole with attribution."""
+    rows, _ = plan_rows(options)
+    found = []
+    for row, estimate in zip(rows, report.estimates, strict=True):
+        profile = traces.get(row)
+        if isinstance(profile, ActivationProfile) and profile.step is not None:
+            found.append((row, estimate, profile))
+    modules: tuple[ModuleBreakdown, ...] = ()
+    if options.by_module is not None:
+        depth = options.by_module
+        modules = tuple(module_breakdown(subject, options, row, est, p, depth) for row, est, p in found)
+    steps = tuple(step_timeline(est, p, options) for _, est, p in found) if options.step_timeline else ()
+    return dataclasses.replace(report, modules=modules, steps=steps)

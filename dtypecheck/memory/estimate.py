@@ -16,9 +16,7 @@ from dtypecheck.memory.report import (
     MemoryBytes,
     MemoryEstimate,
     MemoryReport,
-    ModuleBreakdown,
     Sharding,
-    StepTimeline,
 )
 from dtypecheck.memory.tracing import (
     ActivationProfile,
@@ -448,17 +446,6 @@ def estimate_with_traces(
     attribute = options.by_module is not None or options.step_timeline
     profiles = TraceCache(subject, options.checkpointing, progress, total=len(rows), attribute=attribute)
     estimates = tuple(estimate_row(subject, row, options, profiles.get(row)) for row in rows)
-    modules: tuple[ModuleBreakdown, ...] = ()
-    steps: tuple[StepTimeline, ...] = ()
-    if attribute:
-        from dtypecheck.memory.breakdown import module_breakdown, step_timeline
-
-        traced = [(row, est, profiles.get(row)) for row, est in zip(rows, estimates, strict=True)]
-        found = [(row, est, p) for row, est, p in traced if isinstance(p, ActivationProfile) and p.step is not None]
-        if options.by_module is not None:
-            modules = tuple(module_breakdown(subject, options, row, est, p, options.by_module) for row, est, p in found)
-        if options.step_timeline:
-            steps = tuple(step_timeline(est, p, options) for _, est, p in found)
     progress(len(rows), len(rows), "done")
     info = subject.model_info()
     if profiles.notes():
@@ -466,5 +453,4 @@ def estimate_with_traces(
     note = profiles.extrapolation_note()
     if note is not None:
         info = dataclasses.replace(info, notes=(*info.notes, note))
-    report = MemoryReport(info, estimates, None, tuple(skipped), modules=modules, steps=steps)
-    return report, profiles
+    return MemoryReport(info, estimates, None, tuple(skipped)), profiles
