@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -88,12 +89,11 @@ def deepspeed_estimates(params: int, largest_layer: int, gpus: int) -> tuple[int
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            from deepspeed.runtime.zero.stage3 import (  # type: ignore[import-untyped]
-                estimate_zero3_model_states_mem_needs,
-            )
-            from deepspeed.runtime.zero.stage_1_and_2 import (  # type: ignore[import-untyped]
-                estimate_zero2_model_states_mem_needs,
-            )
+            # by name: deepspeed is optional (not in requirements-dev.txt) and has no type information
+            stage3 = importlib.import_module("deepspeed.runtime.zero.stage3")
+            stage12 = importlib.import_module("deepspeed.runtime.zero.stage_1_and_2")
+            estimate_zero3_model_states_mem_needs = stage3.estimate_zero3_model_states_mem_needs
+            estimate_zero2_model_states_mem_needs = stage12.estimate_zero2_model_states_mem_needs
     except Exception:  # noqa: BLE001  (deepspeed is optional and may fail to import in many ways)
         return zero2_gpu_bytes(params, gpus), zero3_gpu_bytes(params, largest_layer, gpus), "formulas"
     _, zero2 = estimate_zero2_model_states_mem_needs(params, num_gpus_per_node=gpus, cpu_offload=False)

@@ -145,6 +145,21 @@ def estimate_memory(
             help="Also run one real step (CUDA if present, else CPU) of every float row (pure or amp) and compare."
         ),
     ] = False,
+    by_module: Annotated[
+        bool,
+        typer.Option(
+            help="Break each row down by module: parameters, weight/grad/optimizer bytes, the activation bytes it "
+            "holds at the step's peak, and the peak's op, module and phase (traces the model whole)."
+        ),
+    ] = False,
+    depth: Annotated[int, typer.Option(min=1, help="With --by-module: depth of the dotted module paths.")] = 2,
+    plot: Annotated[
+        Path | None,
+        typer.Option(
+            help="Draw memory over the step (the first training row, else the first) to FILE.png or FILE.html "
+            "(self-contained); with --fit, the device's usable line."
+        ),
+    ] = None,
     fmt: ReportFormatOption = OutputFormat.table,
     output: OutputOption = None,
     quiet: QuietOption = False,
@@ -183,6 +198,8 @@ def estimate_memory(
         fmt=fmt,
         output=output,
         quiet=quiet,
+        by_module=depth if by_module else None,
+        plot=plot,
     )
     return execute_memory(command)
 
@@ -204,6 +221,11 @@ class MemoryCommand:
     fmt: OutputFormat
     output: Path | None
     quiet: bool
+    plot: Path | None = None
+    """``--plot FILE``: .png or .html."""
+
+
+PLOT_SUFFIXES = (".png", ".html")
 
 
 def resolve_memory_options(
@@ -233,11 +255,15 @@ def resolve_memory_options(
     fmt: OutputFormat,
     output: Path | None,
     quiet: bool,
+    by_module: int | None = None,
+    plot: Path | None = None,
 ) -> MemoryCommand:
     """Merge the command line over the project config (``[tool.dtypecheck.estimate-memory]``); runs nothing."""
     from dtypecheck.dtypes import parse_dtype_list
     from dtypecheck.memory.estimate import EstimateOptions
 
+    if plot is not None and plot.suffix.lower() not in PLOT_SUFFIXES:
+        raise UsageError(f"--plot {plot}: the file must end in .png or .html")
     if fmt.findings_only:
         names = format_names(REPORT_FORMATS)
         raise UsageError(f"estimate-memory writes {names}, not {fmt.value} (a memory estimate has no findings)")
@@ -258,6 +284,8 @@ def resolve_memory_options(
             group_size=group_size,
             optimizer_impl=optimizer_impl,
             device=configured_device,
+            by_module=by_module,
+            step_timeline=plot is not None,
         )
     configured_loss = pick(loss, settings, section, "loss", None)
     return MemoryCommand(
@@ -273,6 +301,7 @@ def resolve_memory_options(
         fmt=fmt,
         output=output,
         quiet=quiet,
+        plot=plot,
     )
 
 
@@ -301,6 +330,10 @@ def execute_memory(command: MemoryCommand) -> int:
             fit_timeout=command.fit_timeout,
             measure=command.measure,
         )
+    if command.plot is not None:
+        from dtypecheck.render.memory_plot import write_step_plot
+
+        write_step_plot(report, command.plot)
     emit(report, command.fmt, command.output, quiet=command.quiet)
     return ExitCode.OK
 

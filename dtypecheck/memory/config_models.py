@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass

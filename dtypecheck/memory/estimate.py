@@ -60,6 +60,11 @@ class EstimateOptions:
     group_size: int = 128
     optimizer_impl: OptimizerImpl | None = None
     """None: torch's own default on ``device`` (foreach on CUDA, the for-loop on the CPU)."""
+    by_module: int | None = None
+    """``--by-module``: break each row down by module down to this depth of dotted paths (the model is traced
+    whole, not extrapolated)."""
+    step_timeline: bool = False
+    """``--plot``: keep each row's bytes over the step (traced whole, as ``by_module``)."""
     device: DeviceKind | None = None
     """Where the step runs: it decides the optimizer implementation torch picks by default. None: ``estimate_memory``
     picks CUDA when the fit target is a GPU or this machine has one, else the CPU (the CPU when estimating a
@@ -171,8 +176,12 @@ class TraceCache:
     whether the steps agree from the second block on, and the pass is extrapolated from 2 and 3 blocks. This is
     what keeps a 70B config to seconds."""
 
-    def __init__(self, subject: Subject, checkpointing: bool, progress: ProgressCallback, total: int) -> None:
+    def __init__(
+        self, subject: Subject, checkpointing: bool, progress: ProgressCallback, total: int, attribute: bool = False
+    ) -> None:
         self.subject = subject
+        self.attribute = attribute
+        """Trace whole (no extrapolation) and record which module holds what (``--by-module``, ``--plot``)."""
         self.checkpointing = checkpointing
         self.progress = progress
         self.total = total
@@ -204,7 +213,7 @@ class TraceCache:
     def _profile(self, traceable: Traceable, row: Row, compute: DtypeSpec, amp: bool) -> Profile:
         layers = traceable.layers
         training = row.mode == "training"
-        if not (layers and layers > SHALLOW_LAYERS[-1] and self._shallow_built(SHALLOW_LAYERS)):
+        if self.attribute or not (layers and layers > SHALLOW_LAYERS[-1] and self._shallow_built(SHALLOW_LAYERS)):
             return self._trace(traceable, row, compute, amp)
         if training in self.linear_from:
             start = self.linear_from[training]
@@ -291,6 +300,7 @@ class TraceCache:
                     autocast_dtype=compute.torch_dtype() if amp else None,
                     checkpointing=self.checkpointing,
                     input_dtype=None if amp else weights_dtype,
+                    attribute=self.attribute,
                 )
         except OpTraceError as exc:
             raise InputError(f"{self.subject.source}: cannot trace {self._what(row, compute)}: {exc}") from exc
@@ -433,7 +443,8 @@ def estimate_with_traces(
     """``estimate_subject``, and the traces it took (``--fit`` starts its search from them)."""
     validate(subject, options)
     rows, skipped = plan_rows(options)
-    profiles = TraceCache(subject, options.checkpointing, progress, total=len(rows))
+    attribute = options.by_module is not None or options.step_timeline
+    profiles = TraceCache(subject, options.checkpointing, progress, total=len(rows), attribute=attribute)
     estimates = tuple(estimate_row(subject, row, options, profiles.get(row)) for row in rows)
     progress(len(rows), len(rows), "done")
     info = subject.model_info()

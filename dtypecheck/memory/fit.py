@@ -87,7 +87,9 @@ class _Shapes:
                 raise FitTimeoutError(0)
             self.progress(len(self.cache), len(self.cache) + 1, f"fitting: batch {batch}, seq {seq}")
             shaped = self.subject.reshaped(batch, seq)
-            traces = TraceCache(shaped, self.options.checkpointing, no_progress, total=1)
+            # Traced whole like the estimate's own when it was (--by-module, --plot), so that the shapes compare.
+            whole = self.base is not None and self.base.attribute
+            traces = TraceCache(shaped, self.options.checkpointing, no_progress, total=1, attribute=whole)
             if self.base is not None:
                 traces.shallow = {n: t.reshaped(batch, seq) for n, t in self.base.shallow.items()}
                 if not plain:
@@ -186,6 +188,8 @@ def modeled_fitting(dimension: _Dimension, usable: int, limit: int, start: int) 
     tried: set[int] = set()
     start = max(1, min(start, limit - degree))
     try:
+        if start == 1 and not fits(1):  # the row's own shape, already traced: nothing fits, nothing to model
+            return 0, "direct"
         while limit > degree + 1 and start not in tried and len(tried) < MODEL_ROUNDS:
             tried.add(start)
             model = dimension.modeled(start, degree)

@@ -138,6 +138,74 @@ class Measurement:
 
 
 @dataclass(frozen=True)
+class ModuleMemory:
+    """One module's share of a row (``--by-module``), its submodules below the depth asked included."""
+
+    module: str
+    """Dotted path (``blocks.0``); ``(root)`` for the model's own parameters and ops, ``(outside modules)`` for the
+    batch and what the step computes outside the model (the loss)."""
+    parameters: int
+    weight_bytes: int
+    buffer_bytes: int
+    gradient_bytes: int
+    optimizer_bytes: int
+    """Optimizer states and fp32 master weights."""
+    activation_bytes: int
+    """Activation bytes alive at the step's peak moment that this module's ops created: what it keeps for backward
+    there (plus, at the peak op itself, its temporaries)."""
+
+
+@dataclass(frozen=True)
+class PeakMoment:
+    """The moment of the forward/backward pass that holds the most activation and gradient bytes."""
+
+    op: str
+    module: str | None
+    phase: str
+    """``forward`` or ``backward``."""
+    index: int
+    """Which op of the pass (0-based), of ``ops``."""
+    ops: int
+    activation_bytes: int
+    """Activation bytes alive then: the sum of the modules' ``activation_bytes``."""
+    gradient_bytes: int
+    """Gradient bytes accumulated by then (the whole gradients, before any sharding)."""
+
+
+@dataclass(frozen=True)
+class ModuleBreakdown:
+    """A row broken down by module: the sums of the modules' fields equal the row's ``parameters``, ``buffers``,
+    ``gradients`` and ``optimizer_states + master_weights`` and the peak's ``activation_bytes`` exactly."""
+
+    dtype: str
+    mode: Mode
+    precision: str
+    depth: int
+    modules: tuple[ModuleMemory, ...]
+    peak: PeakMoment
+
+
+@dataclass(frozen=True)
+class StepTimeline:
+    """A row's bytes over the traced pass, for ``--plot`` (at most ``MAX_POINTS`` moments, each a bucket's
+    largest)."""
+
+    dtype: str
+    mode: Mode
+    precision: str
+    resident_bytes: int
+    """What is held throughout: weights, buffers, optimizer states, master weights, gathered blocks, KV cache."""
+    moments: tuple[tuple[int, int, int], ...]
+    """(op index, activation bytes, gradient bytes as held on this device)."""
+    ops: int
+    backward_from: int | None
+    peak_index: int
+    optimizer_step_bytes: int | None
+    """The optimizer step's peak (training), drawn after the pass."""
+    total: int
+
+
+@dataclass(frozen=True)
 class MemoryReport(ShowsAsHtml):
     SCHEMA: ClassVar[str] = "dtypecheck.memory/1"
 
@@ -149,3 +217,7 @@ class MemoryReport(ShowsAsHtml):
     measurements: tuple[Measurement, ...] = ()
     """*(extra)* with ``--measure``: one real step of every row that can run here (``measured`` is the first
     training one)."""
+    modules: tuple[ModuleBreakdown, ...] = ()
+    """*(extra)* with ``--by-module``: each traced row broken down by module."""
+    steps: tuple[StepTimeline, ...] = ()
+    """*(extra)* with ``--plot``: each traced row's bytes over the step."""

@@ -66,6 +66,10 @@ def estimate_memory(
     else:
         subject = open_subject(model, batch_size=batch_size, seq_len=seq_len, loss=loss)
     report, traces = estimate_with_traces(subject, options, progress)
+    if options.by_module is not None or options.step_timeline:
+        from dtypecheck.memory.breakdown import with_breakdowns
+
+        report = with_breakdowns(subject, options, report, traces)
     if budget is not None:
         from dtypecheck.memory.fit import fit_report
 

@@ -64,10 +64,29 @@ class ActivationProfile:
     timeline: tuple[tuple[int, int], ...] = dataclasses.field(default=(), repr=False, compare=False)
     """(activation bytes, gradient bytes) after every op, in order: ``--fit`` models each moment's growth with the
     size from traces at consecutive sizes (``scaling.py``)."""
+    step: StepTrace | None = dataclasses.field(default=None, repr=False, compare=False)
+    """With ``attribute``: which op, module and phase each moment belongs to, and who holds the peak."""
 
     def peak(self, gradient_scale: float = 1.0) -> int:
         """Peak live bytes when each device keeps ``gradient_scale`` of the gradients (1/N under ZeRO-2)."""
         return max((a + int(g * gradient_scale) for a, g in self.frontier), default=0)
+
+
+@dataclass(frozen=True)
+class StepTrace:
+    """Where a traced pass's bytes are: for ``--by-module`` and ``--plot``."""
+
+    ops: tuple[str, ...]
+    """The op of every moment of ``ActivationProfile.timeline``."""
+    modules: tuple[str | None, ...]
+    """The dotted path of the module that ran it (for a backward op, the module whose forward made its node)."""
+    backward_from: int | None
+    """The first moment of the backward pass; None for inference."""
+    peak_index: int
+    """The moment holding the most activation and gradient bytes together."""
+    held_by: tuple[tuple[str | None, int], ...]
+    """Activation bytes alive at ``peak_index``, by the module whose op created them (None: the batch, and ops
+    outside any module such as the loss)."""
 
 
 @dataclass(frozen=True)
@@ -150,19 +169,41 @@ class OpTraceError(InputError):
         super().__init__(f"{op}{where}: {why}")
 
 
+def _claim_nodes(output: Any, module: str, node_modules: dict[int, str], keep: list[Any]) -> None:
+    """Map every autograd node behind ``output`` not yet claimed (by an inner module, which leaves first) to
+    ``module``: the nodes its own forward created."""
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    todo: list[Any] = [t.grad_fn for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in node_modules:
+            continue
+        node_modules[id(node)] = module
+        keep.append(node)  # the id stays this node's while the pass runs
+        todo.extend(next_node for next_node, _ in node.next_functions if next_node is not None)
+
+
 @contextlib.contextmanager
-def module_paths(module: torch.nn.Module, stack: list[str]) -> Iterator[None]:
-    """Keep ``stack`` at the dotted paths of the submodules of ``module`` that are running."""
+def module_paths(
+    module: torch.nn.Module, stack: list[str], node_modules: dict[int, str] | None = None
+) -> Iterator[None]:
+    """Keep ``stack`` at the dotted paths of the submodules of ``module`` that are running; with ``node_modules``,
+    also map the autograd nodes each module's forward creates to its path (for backward ops)."""
     from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
     names = {id(sub): name or type(module).__name__ for name, sub in module.named_modules()}
+    keep: list[Any] = []
 
     def enter(sub: torch.nn.Module, _args: Any) -> None:
         if id(sub) in names:
             stack.append(names[id(sub)])
 
-    def leave(sub: torch.nn.Module, _args: Any, _out: Any) -> None:
+    def leave(sub: torch.nn.Module, _args: Any, out: Any) -> None:
         if id(sub) in names and stack:
+            if node_modules is not None:
+                _claim_nodes(out, stack[-1], node_modules, keep)
             stack.pop()
 
     handles = [register_module_forward_pre_hook(enter), register_module_forward_hook(leave)]
@@ -194,6 +235,16 @@ class LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._timeline: list[tuple[int, int]] = []
         self._external: list[Any] = []
         self._born: dict[int, int] = {}  # id -> the first moment of the timeline that counts it
+        self.attributing = False
+        """Whether to record which module each moment and each storage belongs to (``StepTrace``)."""
+        self.backward_from: int | None = None
+        self._op_names: list[str] = []
+        self._op_modules: list[str | None] = []
+        self._creator: dict[int, str | None] = {}  # storage id -> module that created it
+        self._held: dict[str | None, int] = {}  # module -> activation bytes it created that are alive
+        self._peak_held: tuple[int, int, dict[str | None, int]] = (-1, -1, {})  # (bytes, index, held)
+        self.node_modules: dict[int, str] = {}
+        """id of an autograd node -> the module whose forward created it (nodes kept alive by the graph)."""
 
     def register_external(self, tensor: torch.Tensor) -> None:
         storage = tensor.untyped_storage()
@@ -211,6 +262,19 @@ class LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._born[key] = len(self._timeline)
         self._refs[key] = weakref.ref(storage, functools.partial(self._release, key))
         self.activations += nbytes
+        if self.attributing:
+            owner = self.current_module()
+            self._creator[key] = owner
+            self._held[owner] = self._held.get(owner, 0) + nbytes
+
+    def current_module(self) -> str | None:
+        """The module running now: in forward the innermost one, in backward the one whose node is running."""
+        if self.backward_from is None:
+            return self.modules[-1] if self.modules else None
+        import torch
+
+        node = torch._C._current_autograd_node()
+        return None if node is None else self.node_modules.get(id(node))
 
     def hold_from_start(self, tensor: torch.Tensor) -> None:
         """Count ``tensor`` as alive since the pass began, and until it ends: a loss target made at the loss
@@ -235,6 +299,12 @@ class LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
             self._storages[key] = (nbytes, True)
             self.activations -= nbytes
             self.gradients += nbytes
+            self._forget_creator(key, nbytes)
+
+    def _forget_creator(self, key: int, nbytes: int) -> None:
+        if key in self._creator:
+            owner = self._creator.pop(key)
+            self._held[owner] -= nbytes
 
     def _release(self, key: int, _ref: object) -> None:
         nbytes, is_gradient = self._storages.pop(key, (0, False))
@@ -244,6 +314,7 @@ class LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
             self.gradients -= nbytes
         else:
             self.activations -= nbytes
+            self._forget_creator(key, nbytes)
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
@@ -272,7 +343,23 @@ class LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
                     self.track(value)
         self.ops += 1
         self._timeline.append((self.activations, self.gradients))
+        if self.attributing:
+            self._op_names.append(str(func))
+            self._op_modules.append(self.current_module())
+            if self.activations + self.gradients > self._peak_held[0]:
+                held = {m: b for m, b in self._held.items() if b}
+                self._peak_held = (self.activations + self.gradients, len(self._timeline) - 1, held)
         return out
+
+    def step_trace(self) -> StepTrace:
+        _, index, held = self._peak_held
+        return StepTrace(
+            tuple(self._op_names),
+            tuple(self._op_modules),
+            self.backward_from,
+            max(index, 0),
+            tuple(sorted(held.items(), key=lambda item: (item[0] is not None, item[0] or ""))),
+        )
 
     def profile(self, retained_bytes: int = 0, notes: tuple[str, ...] = ()) -> ActivationProfile:
         frontier: list[tuple[int, int]] = []
@@ -284,7 +371,8 @@ class LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 frontier.append((activations, gradients))
                 best_gradients = gradients
         peak = max((a for a, _ in self._timeline), default=0)
-        return ActivationProfile(peak, tuple(frontier), self.ops, retained_bytes, notes, tuple(self._timeline))
+        step = self.step_trace() if self.attributing else None
+        return ActivationProfile(peak, tuple(frontier), self.ops, retained_bytes, notes, tuple(self._timeline), step)
 
 
 @dataclass
@@ -382,8 +470,10 @@ def trace_pass(
     autocast_dtype: torch.dtype | None,
     checkpointing: bool,
     input_dtype: torch.dtype | None = None,
+    attribute: bool = False,
 ) -> ActivationProfile:
-    """Run one forward (and, when training, backward) pass on fake tensors and return its live-byte profile.
+    """Run one forward (and, when training, backward) pass on fake tensors and return its live-byte profile
+    (with ``attribute``, also which module holds what: its ``step``).
 
     The module's floating parameters must already be in the dtype the pass computes in.
     """
@@ -393,6 +483,7 @@ def trace_pass(
     module = traceable.module
     shadows = Shadows(traceable.fake_mode)
     tracker = LiveBytes(shadows)
+    tracker.attributing = attribute
     for tensor in (*module.parameters(), *module.buffers()):
         tracker.register_external(tensor)
     hooks = []
@@ -405,12 +496,13 @@ def trace_pass(
     grad_mode = torch.enable_grad() if train else torch.no_grad()
     block_list = traceable.blocks() if (checkpointing and train) else []
     try:
+        paths = module_paths(module, tracker.modules, tracker.node_modules if attribute else None)
         with (
             traceable.fake_mode,
             tracker,
             grad_mode,
             checkpointed(block_list),
-            module_paths(module, tracker.modules),
+            paths,
             watching_targets(tracker.hold_from_start),
         ):
             inputs = cast_inputs(traceable.inputs(), input_dtype)
@@ -424,6 +516,7 @@ def trace_pass(
             # in a training loop's ``logits = model(x); loss = loss_fn(logits, y); loss.backward()``.
             output, loss = forward_and_loss(module, inputs, traceable.loss if train else None, autocast)
             if loss is not None:
+                tracker.backward_from = tracker.ops
                 loss.backward()  # type: ignore[no-untyped-call]
             retained = tracker.activations
             del output, loss, inputs

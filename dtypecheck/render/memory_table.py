@@ -9,7 +9,7 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from dtypecheck.memory.report import Measurement, MemoryEstimate, MemoryReport
+from dtypecheck.memory.report import Measurement, MemoryEstimate, MemoryReport, ModuleBreakdown
 from dtypecheck.render.cells import fmt_bytes, fmt_count
 
 BAR_WIDTH = 10
@@ -177,4 +177,34 @@ def render_memory(report: MemoryReport) -> list[RenderableType]:
     if with_bar:
         lines.append(f"; bar: {legend}", style="dim")
     out.append(lines)
+    for breakdown in report.modules:
+        out.extend(render_breakdown(breakdown))
     return out
+
+
+def render_breakdown(breakdown: ModuleBreakdown) -> list[RenderableType]:
+    """One row's bytes by module (``--by-module``), with the peak moment under it."""
+    mode = "train" if breakdown.mode == "training" else "infer"
+    title = Text(f"\nby module (depth {breakdown.depth}): {breakdown.dtype} {mode} {breakdown.precision}", style="bold")
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
+    table.add_column("module", no_wrap=True)
+    for name in ("params", "weights", "grads", "optim", "activ at peak"):
+        table.add_column(name, justify="right", no_wrap=True)
+    training = breakdown.mode == "training"
+    for m in breakdown.modules:
+        table.add_row(
+            m.module,
+            fmt_count(m.parameters),
+            _dash_if_zero(m.weight_bytes + m.buffer_bytes),
+            _dash_if_zero(m.gradient_bytes) if training else "-",
+            _dash_if_zero(m.optimizer_bytes) if training else "-",
+            _dash_if_zero(m.activation_bytes),
+        )
+    p = breakdown.peak
+    where = f" in {p.module}" if p.module else ""
+    peak = Text(
+        f"peak: op {p.index + 1:,} of {p.ops:,}, {p.op}{where} ({p.phase}): {fmt_bytes(p.activation_bytes)} of "
+        f"activations and {fmt_bytes(p.gradient_bytes)} of gradients alive",
+        style="dim",
+    )
+    return [title, table, peak]

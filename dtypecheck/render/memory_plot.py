@@ -1,0 +1,115 @@
+"""``estimate-memory --plot FILE.png|FILE.html``: memory over the estimated step, as PyTorch's memory snapshot
+viewer draws a real run: allocations in op order, forward/backward/optimizer shaded, the peak marked, the device's
+usable memory (``--fit``) as a line. The HTML page is self-contained (the figure inline as SVG, no scripts)."""
+
+from __future__ import annotations
+
+import html
+import io
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dtypecheck.errors import InputError
+from dtypecheck.render import write_atomically
+from dtypecheck.render.cells import fmt_bytes
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from dtypecheck.memory.report import MemoryReport, StepTimeline
+
+GIB = 2**30
+
+
+def plotted(report: MemoryReport) -> StepTimeline:
+    """The row drawn: the first training row (the peak users size a device for), else the first."""
+    if not report.steps:
+        raise InputError("--plot: no pass was traced (a checkpoint has no forward pass)")
+    trained = [s for s in report.steps if s.mode == "training"]
+    return (trained or list(report.steps))[0]
+
+
+def step_figure(report: MemoryReport) -> Figure:
+    from matplotlib.figure import Figure
+
+    step = plotted(report)
+    unit, unit_name = (GIB, "GiB") if step.total >= GIB else (2**20, "MiB")
+    xs = [i for i, _, _ in step.moments]
+    resident = [step.resident_bytes / unit] * len(xs)
+    activations = [(step.resident_bytes + a) / unit for _, a, _ in step.moments]
+    gradients = [(step.resident_bytes + a + g) / unit for _, a, g in step.moments]
+    figure = Figure(figsize=(10, 4.8), dpi=110)
+    axes = figure.add_subplot()
+    axes.fill_between(
+        xs, 0, resident, step="post", color="#4c72b0", alpha=0.85, label="weights, buffers, optimizer", zorder=2
+    )
+    axes.fill_between(
+        xs, resident, activations, step="post", color="#55a868", alpha=0.85, label="activations", zorder=2
+    )
+    axes.fill_between(xs, activations, gradients, step="post", color="#c44e52", alpha=0.85, label="gradients", zorder=2)
+    end = step.ops
+    backward = step.backward_from if step.backward_from is not None else end
+    axes.axvspan(0, backward, color="#dddddd", alpha=0.6, lw=0, zorder=0)
+    axes.text(backward / 2, 0.98, "forward", transform=axes.get_xaxis_transform(), ha="center", va="top")
+    if step.backward_from is not None:
+        axes.axvspan(backward, end, color="#f2e0c9", alpha=0.6, lw=0, zorder=0)
+        axes.text((backward + end) / 2, 0.98, "backward", transform=axes.get_xaxis_transform(), ha="center", va="top")
+    if step.optimizer_step_bytes is not None:
+        width = max(end // 20, 1)
+        axes.bar(
+            end + width / 2, step.optimizer_step_bytes / unit, width=width, color="#8172b2", label="optimizer step"
+        )
+        axes.axvspan(end, end + width, color="#e4def2", alpha=0.6, lw=0, zorder=0)
+        axes.text(end + width / 2, 0.98, "optim", transform=axes.get_xaxis_transform(), ha="center", va="top")
+    peak_y = step.total / unit
+    at = step.peak_index if step.optimizer_step_bytes is None or step.total != step.optimizer_step_bytes else end
+    axes.plot([at], [peak_y], marker="v", color="black", markersize=9, linestyle="none")
+    axes.annotate(f"peak {fmt_bytes(step.total)}", (at, peak_y), textcoords="offset points", xytext=(6, 6))
+    fits = [e.fit for e in report.estimates if e.fit is not None]
+    if fits:
+        usable = fits[0].usable_bytes / unit
+        axes.axhline(
+            usable, color="#dd8452", linestyle="--", label=f"{fits[0].device} usable {fmt_bytes(fits[0].usable_bytes)}"
+        )
+    axes.set_xlim(0, end + (max(end // 20, 1) if step.optimizer_step_bytes is not None else 0))
+    axes.set_ylim(0, max(peak_y, fits[0].usable_bytes / unit if fits else 0) * 1.12)
+    axes.set_xlabel("op of the traced step")
+    axes.set_ylabel(f"bytes alive ({unit_name})")
+    axes.set_title(f"{report.model.source}: {step.dtype} {step.mode} ({step.precision}), estimated", fontsize=10)
+    axes.legend(loc="lower left", fontsize=8, framealpha=0.9)
+    figure.tight_layout()
+    return figure
+
+
+def write_step_plot(report: MemoryReport, path: Path) -> None:
+    """Draw the step to ``path`` (``.png``, or ``.html`` with the figure inline), atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    figure = step_figure(report)
+    buffer = io.BytesIO()
+    if path.suffix.lower() == ".png":
+        figure.savefig(buffer, format="png")
+        _write_bytes(path, buffer.getvalue())
+        return
+    figure.savefig(buffer, format="svg")
+    svg = buffer.getvalue().decode("utf-8")
+    svg = svg[svg.index("<svg") :]  # the XML prolog and doctype do not belong inside HTML
+    title = html.escape(f"dtypecheck estimate-memory: {report.model.source}")
+    head = f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{title}</title></head>\n'
+    page = f"{head}<body>\n{svg}\n</body></html>\n"
+    write_atomically(path, page)
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    import os
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent if str(path.parent) else ".")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        Path(tmp).replace(path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
