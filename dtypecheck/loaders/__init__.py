@@ -73,7 +73,7 @@ def open_file(path: Path) -> Checkpoint:
     found = detect(path)
     if found is not None:
         return found.open(path)
-    from dtypecheck.loaders.formats.safetensors_format import truncated_safetensors_header
+    from dtypecheck.loaders._io.safetensors_head import truncated_safetensors_header
 
     with path.open("rb") as handle:
         head = handle.read(SNIFF_BYTES)

@@ -62,7 +62,7 @@ def file_globals(path: Path) -> PickleReport:
 
 def _other_format(path: Path) -> str | None:
     """``safetensors`` or ``gguf`` when ``path``'s content is one (read as such, not as a pickle stream)."""
-    from dtypecheck.loaders.formats.safetensors_format import looks_like_safetensors
+    from dtypecheck.loaders._io.safetensors_head import looks_like_safetensors
 
     try:
         size = path.stat().st_size

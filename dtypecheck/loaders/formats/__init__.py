@@ -63,7 +63,7 @@ class Format:
 
 
 def _safetensors(s: Sniffed) -> bool:
-    from dtypecheck.loaders.formats.safetensors_format import looks_like_safetensors
+    from dtypecheck.loaders._io.safetensors_head import looks_like_safetensors
 
     return looks_like_safetensors(s.head, s.size)
 

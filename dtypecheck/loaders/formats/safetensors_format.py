@@ -18,26 +18,10 @@ from dtypecheck.dtypes import SAFETENSORS_DTYPES
 from dtypecheck.errors import InputError
 from dtypecheck.loaders._io.mapped import EMPTY_SOURCE, FileMap, MappedSource, itemsize_of
 from dtypecheck.loaders._io.pickle_files import polyglot_findings
+from dtypecheck.loaders._io.safetensors_head import MAX_HEADER_BYTES
 from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord, check_count, check_dims
 
-MAX_HEADER_BYTES = 100_000_000  # the reference reader's limit (``safetensors`` MAX_HEADER_SIZE)
-
 ST_DTYPES = SAFETENSORS_DTYPES  # the codes are facts of each dtype: dtypes.DtypeSpec.safetensors
-
-
-def looks_like_safetensors(head: bytes, file_size: int) -> bool:
-    if len(head) < 9:
-        return False
-    (length,) = struct.unpack("<Q", head[:8])
-    return 0 < length <= min(MAX_HEADER_BYTES, file_size - 8) and head[8:9] == b"{"
-
-
-def truncated_safetensors_header(head: bytes, file_size: int) -> int | None:
-    """The declared header length when ``head`` starts like safetensors but the file ends inside the header."""
-    if len(head) < 9 or head[8:9] != b"{":
-        return None
-    (length,) = struct.unpack("<Q", head[:8])
-    return length if file_size - 8 < length <= MAX_HEADER_BYTES else None
 
 
 @dataclass
