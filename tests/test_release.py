@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from safetensors.numpy import save_file
 
@@ -41,11 +42,24 @@ def test_one_version_a_changelog_entry_and_the_tag_the_snippets_name() -> None:
     assert workflow["env"]["DTYPECHECK_SOURCE"].endswith(f"@{TAG}")
 
 
-def test_the_tag_exists_and_holds_this_version() -> None:
-    tags = _git("tag", "--list", TAG)
-    assert tags == TAG, f"no git tag {TAG}: the README's pre-commit snippet and the CI workflow name it"
-    tagged = _git("show", f"{TAG}:dtypecheck/__init__.py")
+@pytest.fixture(scope="module")
+def released(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A clone of this repository that has the release tag: the tag itself where this checkout has it, else (a
+    clone made without tags, as CI's may be) the tag put on the clone's HEAD, which must then hold this version."""
+    clone = tmp_path_factory.mktemp("release") / "dtypecheck"
+    _git("clone", "-q", "--no-hardlinks", str(ROOT), str(clone))
+    if not _git("tag", "--list", TAG, cwd=clone):
+        if _git("tag", "--list", cwd=ROOT):  # this checkout has tags, but not this one: the release was not tagged
+            raise AssertionError(f"no git tag {TAG}: the docs' pre-commit snippet and the CI workflow name it")
+        _git("tag", TAG, "HEAD", cwd=clone)
+    return clone
+
+
+def test_the_tag_exists_and_holds_this_version(released: Path) -> None:
+    assert _git("tag", "--list", TAG, cwd=released) == TAG
+    tagged = _git("show", f"{TAG}:dtypecheck/__init__.py", cwd=released)
     assert f'__version__ = "{__version__}"' in tagged
+    assert f"## {__version__} (" in _git("show", f"{TAG}:CHANGELOG.md", cwd=released)
 
 
 def _offline_hook_environment(home: Path) -> dict[str, str]:
@@ -64,7 +78,7 @@ def _offline_hook_environment(home: Path) -> dict[str, str]:
     }
 
 
-def test_the_readme_pre_commit_snippet_runs_as_written(tmp_path: Path) -> None:
+def test_the_readme_pre_commit_snippet_runs_as_written(tmp_path: Path, released: Path) -> None:
     import numpy as np
 
     repo = tmp_path / "project"
@@ -72,7 +86,7 @@ def test_the_readme_pre_commit_snippet_runs_as_written(tmp_path: Path) -> None:
     _git("init", "-q", cwd=repo)
     save_file({"w": np.array([1.0, 7e4], dtype=np.float32)}, str(repo / "bad.safetensors"))  # 7e4 > fp16's 65504
     save_file({"w": np.array([1.0, -2.0], dtype=np.float32)}, str(repo / "good.safetensors"))
-    snippet = {**_snippet(), "repo": str(ROOT)}  # "<this repository>": here, this checkout
+    snippet = {**_snippet(), "repo": str(released)}  # "<this repository>": here, a clone of this checkout
     (repo / ".pre-commit-config.yaml").write_text(yaml.safe_dump({"repos": [snippet]}), encoding="utf-8")
     _git("add", "-A", cwd=repo)
     env = _offline_hook_environment(tmp_path)
@@ -94,10 +108,10 @@ def test_the_readme_pre_commit_snippet_runs_as_written(tmp_path: Path) -> None:
     assert re.search(r"\.+Passed$", passed.stdout, re.M)
 
 
-def test_the_workflow_installs_the_tagged_release(tmp_path: Path) -> None:
+def test_the_workflow_installs_the_tagged_release(tmp_path: Path, released: Path) -> None:
     # examples/ci/dtypecheck.yml: pip install "dtypecheck @ git+https://github.com/OWNER/dtypecheck@v0.1.0", with
     # this checkout for the placeholder.
-    requirement = f"dtypecheck @ git+file://localhost{ROOT.as_posix()}@{TAG}"  # (PEP 508 wants a host)
+    requirement = f"dtypecheck @ git+file://localhost{released.as_posix()}@{TAG}"  # (PEP 508 wants a host)
     env = _offline_hook_environment(tmp_path)
     done = subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--target", str(tmp_path / "site"), requirement],
