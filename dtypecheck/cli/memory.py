@@ -150,6 +150,7 @@ def estimate_memory(
         typer.Option(
             help="Break each row down by module: parameters, weight/grad/optimizer bytes, the activation bytes it "
             "holds at the step's peak, and the peak's op, module and phase (traces the model whole)."
+            + default_is("off: totals only")
         ),
     ] = False,
     depth: Annotated[int, typer.Option(min=1, help="With --by-module: depth of the dotted module paths.")] = 2,
@@ -157,7 +158,7 @@ def estimate_memory(
         Path | None,
         typer.Option(
             help="Draw memory over the step (the first training row, else the first) to FILE.png or FILE.html "
-            "(self-contained); with --fit, the device's usable line."
+            "(self-contained); with --fit, the device's usable line." + default_is("no picture")
         ),
     ] = None,
     fmt: ReportFormatOption = OutputFormat.table,

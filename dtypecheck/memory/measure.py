@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 from dtypecheck.errors import ParameterError
 from dtypecheck.memory.names import OptimizerImpl
 from dtypecheck.memory.report import Measurement, MemoryEstimate
-from dtypecheck.training_step import StepLoss, forward_and_loss, to_device
+from dtypecheck.training_step import StepLoss, forward_and_loss, to_device, watching_targets
 
 if TYPE_CHECKING:
     import torch
@@ -89,17 +89,20 @@ def run_step(
         with torch.no_grad():
             forward_and_loss(module, inputs, None, autocast)
         return
-    for micro in range(grad_accum):
-        if micro:
-            if between_micro_batches is not None:
-                between_micro_batches()
-            inputs = to_device(cast_inputs(make_inputs(), input_dtype), device)
-        _output, value = forward_and_loss(module, inputs, loss, autocast)
-        assert value is not None
-        value.backward()  # type: ignore[no-untyped-call]
-        del _output, value
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    targets: list[torch.Tensor] = []  # a default loss's target is held as the batch that brings it is
+    with watching_targets(targets.append):
+        for micro in range(grad_accum):
+            if micro:
+                if between_micro_batches is not None:
+                    between_micro_batches()
+                inputs = to_device(cast_inputs(make_inputs(), input_dtype), device)
+                targets.clear()
+            _output, value = forward_and_loss(module, inputs, loss, autocast)
+            assert value is not None
+            value.backward()  # type: ignore[no-untyped-call]
+            del _output, value
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
 
 
 def measured_peak(
