@@ -25,7 +25,7 @@ from dtypecheck.scan.report import (
     nonfinite,
     summarise,
 )
-from dtypecheck.scan.roles import RoleRule
+from dtypecheck.scan.roles import ROLE_RULES, RoleRule
 
 HARM_FRACTION: Final[Mapping[Check, float]] = {"underflow": 1e-3, "subnormal": 1e-2, "scaled_underflow": 1e-3}
 """What a ``warn`` means (docs/contract.md "Levels"): a cast check of level warn counts only when more than this
@@ -34,6 +34,10 @@ those formats are used), or more than 1% left subnormal. A few hundred subnormal
 nothing, and every healthy checkpoint has them; the counts are reported all the same. A project's own
 ``max-underflow-fraction`` / ``max-subnormal-fraction`` for a target replaces this rule for it (0: every value
 counts). Overflow and NaN/inf always fail."""
+
+
+INFINITE_SENTINELS = frozenset(r.not_judged for r in ROLE_RULES if r.infinite_sentinel and r.not_judged)
+"""The roles (by the ``not_judged`` reason a tensor carries) whose one-element values are ±inf by design."""
 
 
 def with_role(tensor: TensorScan, rule: RoleRule | None) -> TensorScan:
@@ -63,6 +67,9 @@ def _judge(tensor: TensorScan, policy: ScanPolicy) -> TensorScan:
     notes: list[str] = []
     passed: list[str] = []
     own = level_of_counts({"nonfinite": nonfinite(tensor)})
+    if own != "ok" and not tensor.nan and tensor.not_judged in INFINITE_SENTINELS:
+        own = "ok"  # reported in its counts, not judged: ±inf is how that state says "no score yet"
+        notes.append("±inf is this trainer state's value for a score not yet set")
     if own != "ok":
         rule = policy.ignored(tensor.name, "nonfinite")
         if rule is not None:

@@ -50,6 +50,8 @@ class RoleRule:
     """Where such a tensor lies and what shape and dtype it has, in the README's words."""
     model_buffer: bool = False
     """A buffer of the model itself (kept by ``--weights-only``), though bookkeeping."""
+    infinite_sentinel: bool = False
+    """Whether ±inf (never NaN) is a value this role holds by design: a score not yet set."""
 
 
 class Layout(Protocol):
@@ -99,6 +101,7 @@ TRAINER = RoleRule(
     "bookkeeping",
     "Lightning's callback and loop state (scores, progress) is not cast with the model",
     "a one-element value under Lightning's top-level `callbacks` or `loops`",
+    infinite_sentinel=True,  # ModelCheckpoint's kth_value and EarlyStopping's best_score start at ±inf
 )
 PROGRESS = RoleRule(
     "progress counter",

@@ -3,7 +3,9 @@ fails closed on globals: whole modules pickled in both formats, Trainer/peft/Lig
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -11,10 +13,6 @@ from tests.conftest import CliResult
 from tests.security import corpus
 from tests.security.gate import benign
 from tests.security.harness import run_cli
-
-# The ModelCheckpoint callback's state holds kth_value = tensor(inf), 0-dim: judged as a weight today (a role
-# question for issue 27's class 4, not a global one). Its globals must still all pass.
-ROLE_FALSE_ALARM = {"lightning-swa-model-checkpoint"}
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +40,6 @@ def test_benign_files_pass_the_default_gate(inputs: list[corpus.Hostile], cli: C
         result = cli(*hostile.args, "--format", "json")
         levels = _globals(result)
         assert "fail" not in levels.values(), (hostile.name, levels)
-        if hostile.name in ROLE_FALSE_ALARM:
-            continue
         assert result.exit_code == 0, (hostile.name, result.stderr, result.json()["findings"])
         # only the vetted framework classes warn
         warned = {name for name, level in levels.items() if level == "warn"}
@@ -82,3 +78,34 @@ def test_trainer_training_args_are_vetted_warnings(inputs: list[corpus.Hostile],
 
 def test_benign_class_is_registered() -> None:
     assert benign.KLASS in corpus.GATE_CLASSES
+
+
+@pytest.mark.parametrize(
+    ("value", "exit_code"),
+    [(float("inf"), 0), (float("-inf"), 0), (float("nan"), 1)],
+    ids=["inf", "-inf", "nan"],
+)
+def test_a_callback_score_at_inf_is_its_sentinel_but_nan_and_weights_are_judged(
+    tmp_path: Path, cli: Callable[..., CliResult], value: float, exit_code: int
+) -> None:
+    """ModelCheckpoint's ``kth_value`` starts at inf (mode min), EarlyStopping's ``best_score`` at ±inf: a
+    one-element score under Lightning's top-level ``callbacks`` at ±inf passes, NaN does not, nor does an inf in a
+    tensor of more than one element there."""
+    from pathlib import Path
+
+    import torch
+
+    folder = Path(str(tmp_path))
+    score = {"state_dict": {"w": torch.ones(4)}, "callbacks": {"ModelCheckpoint{}": {"kth_value": torch.tensor(value)}}}
+    torch.save(score, folder / "score.ckpt")
+    result = cli("scan-model", str(folder / "score.ckpt"), "--format", "json")
+    assert result.exit_code == exit_code, result.stdout[-2000:]
+    (judged,) = [t for t in result.json()["tensors"] if t["name"].endswith("kth_value")]
+    assert (judged["posinf"], judged["neginf"], judged["nan"]) == (
+        value == float("inf"),
+        value == float("-inf"),
+        math.isnan(value),
+    )
+    wide = {"state_dict": {"w": torch.ones(4)}, "callbacks": {"SWA": {"kth_value": torch.full((2,), value)}}}
+    torch.save(wide, folder / "wide.ckpt")
+    assert cli("scan-model", str(folder / "wide.ckpt")).exit_code == 1
