@@ -12,7 +12,8 @@ the payload needs), and prints per class:
 - **live**: payloads whose canary the proof creates, and **live passed**: those the default gate let through with
   exit 0 (must be 0); **missed**: other inputs that must be flagged (exit 1) and were not;
 - **ran**: canaries created by the scans themselves (code executed; must be 0);
-- **hangs** (past ``--timeout``), **tracebacks** (dtypecheck's own), **crashes** (killed by a signal);
+- **hangs** (past ``--timeout``), **tracebacks** (dtypecheck's own: a user factory that raises shows its own
+  frames above the ``error:`` line, as the README says, and that is held), **crashes** (killed by a signal);
 - **false alarms**: benign inputs (``benign=True``) that did not get their expected exit code;
 - **peak RSS**: the largest maximum resident set size of the class's runs.
 
@@ -40,7 +41,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.security import corpus  # noqa: E402  (the corpus lives with the tests that use it)
-from tests.security.harness import code_under_test, environment, handled, prove_live, run_hostile  # noqa: E402
+from tests.security.harness import (  # noqa: E402
+    code_under_test,
+    environment,
+    handled,
+    own_traceback,
+    prove_live,
+    run_hostile,
+)
 
 ALL_CLASSES = (*corpus.CLASSES, *corpus.GATE_CLASSES)
 
@@ -165,9 +173,13 @@ def run(folder: Path, classes: tuple[str, ...], timeout: float) -> dict[str, Tal
             tally.hangs += 1
             tally.note("hangs", hostile.name)
             continue
-        tally.held += handled(outcome.code, outcome.stderr, hostile.expect)
+        last = outcome.stderr.strip().splitlines()[-1:] or [""]
+        users_own = not own_traceback(outcome.stderr) and last[0].startswith("error: ")  # the user's code raised
+        tally.held += handled(outcome.code, outcome.stderr, hostile.expect) or (
+            users_own and outcome.code in hostile.expect
+        )
         tally.crashes += outcome.code < 0
-        if "Traceback" in outcome.stderr:
+        if own_traceback(outcome.stderr):
             tally.tracebacks += 1
             tally.note("tracebacks", hostile.name)
         if hostile.name in ran:

@@ -149,6 +149,14 @@ def one_error_line(stderr: str) -> bool:
     return len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in stderr
 
 
+def own_traceback(stderr: str) -> bool:
+    """Whether ``stderr`` holds a traceback through dtypecheck's own code (the traceback of the user's own code that
+    raised, which a ``file.py:factory`` error shows above its ``error:`` line, is not dtypecheck's)."""
+    package = str(Path(code_under_test()) / "dtypecheck")
+    frames = [line for line in stderr.splitlines() if line.lstrip().startswith('File "')]
+    return "Traceback" in stderr and (not frames or any(package in line or "/dtypecheck/" in line for line in frames))
+
+
 def handled(returncode: int, stderr: str, expect: frozenset[int]) -> bool:
     """The contract for a hostile input: an allowed exit code, no traceback, and for errors exactly one line."""
     if returncode not in expect or "Traceback" in stderr:
