@@ -173,8 +173,8 @@ def run(folder: Path, classes: tuple[str, ...], timeout: float) -> dict[str, Tal
             tally.hangs += 1
             tally.note("hangs", hostile.name)
             continue
-        last = outcome.stderr.strip().splitlines()[-1:] or [""]
-        users_own = not own_traceback(outcome.stderr) and last[0].startswith("error: ")  # the user's code raised
+        final = (outcome.stderr.strip().splitlines() or [""])[-1]
+        users_own = not own_traceback(outcome.stderr) and final.startswith("error: ")  # the user's code raised
         tally.held += handled(outcome.code, outcome.stderr, hostile.expect) or (
             users_own and outcome.code in hostile.expect
         )
