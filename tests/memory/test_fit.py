@@ -361,8 +361,9 @@ def _referee(total, usable: int, low: int) -> int:
 def _options(mode: str):
     from dtypecheck.dtypes import lookup
     from dtypecheck.memory import EstimateOptions
+    from dtypecheck.memory.names import Mode
 
-    return EstimateOptions(dtypes=(lookup("fp32"),), modes=(mode,))
+    return EstimateOptions(dtypes=(lookup("fp32"),), modes=(Mode(mode),))
 
 
 @pytest.mark.parametrize(
