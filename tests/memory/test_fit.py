@@ -412,3 +412,34 @@ def test_the_sequence_answer_equals_a_bisection_by_plain_estimates(tmp_path):
         return estimate_memory(config, held, seq_len=seq).estimates[0].bytes.total
 
     assert fit.max_seq_len == _referee(total, budget, 32)
+
+
+def test_the_search_traces_each_block_count_at_each_shape_once(tmp_path, monkeypatch):
+    import json
+
+    from dtypecheck.memory import estimate_memory
+    from dtypecheck.memory.estimate import TraceCache
+    from tests.memory._fixtures import DECODER
+
+    # Six blocks: extrapolated from shallow copies (1, 2 and the check at 3 blocks). The search models the batch
+    # from the row's own shape and a probe at batch 2 (1 and 2 blocks), the sequence from probes at 33 and 34
+    # tokens, and checks each answer with plain estimates at N and N + 1 (3 block counts each): nothing more, and
+    # nothing twice.
+    folder = tmp_path / "deep"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({**DECODER, "num_hidden_layers": 6}), "utf-8")
+    traced: list[tuple[object, ...]] = []
+    trace_once = TraceCache._trace_once
+
+    def counted(self, traceable, row, compute, amp):
+        traced.append((id(traceable.module), traceable.batch_size, traceable.seq_len, row.mode))
+        return trace_once(self, traceable, row, compute, amp)
+
+    monkeypatch.setattr(TraceCache, "_trace_once", counted)
+    report = estimate_memory(str(folder), _options("training"), seq_len=32, fit="16MiB", reserve="0", fit_timeout=None)
+    fit = report.estimates[0].fit
+    assert fit is not None
+    assert fit.max_batch_size_bound is None
+    assert fit.max_seq_len_bound is None
+    assert len(traced) == len(set(traced))
+    assert len(traced) == 3 + (2 + 3 + 3) + (2 + 2 + 3 + 3)
