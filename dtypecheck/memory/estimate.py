@@ -192,6 +192,9 @@ class TraceCache:
         per block, None when they were not."""
         self.extrapolated_from: dict[bool, int] = {}
         """Per pass kind (training or not) extrapolated: the smaller block count it was extrapolated from."""
+        self.memo: dict[tuple[object, ...], ActivationProfile] = {}
+        """Every trace taken, by module, shape and pass: ``--fit`` shares one among the caches of all its shapes,
+        so that a probe and a plain estimate at the same shape trace each block count once."""
 
     @property
     def extrapolated(self) -> bool:
@@ -284,6 +287,14 @@ class TraceCache:
         return tuple(dict.fromkeys(found))
 
     def _trace(self, traceable: Traceable, row: Row, compute: DtypeSpec, amp: bool) -> ActivationProfile:
+        # The module itself is in the key (not its id): the memo keeps it alive, so no other module takes its place.
+        shape = (traceable.batch_size, traceable.seq_len)
+        key = (traceable.module, *shape, compute.bits, amp, row.mode, self.checkpointing, self.attribute)
+        if key not in self.memo:
+            self.memo[key] = self._trace_once(traceable, row, compute, amp)
+        return self.memo[key]
+
+    def _trace_once(self, traceable: Traceable, row: Row, compute: DtypeSpec, amp: bool) -> ActivationProfile:
         import torch
 
         from dtypecheck.memory.fakes import cast_module, quiet_fake_tensor_log

@@ -20,7 +20,7 @@ from dtypecheck.memory.estimate import EstimateOptions, Row, TraceCache, _comput
 from dtypecheck.memory.names import Mode
 from dtypecheck.memory.report import Fit, MemoryEstimate, MemoryReport
 from dtypecheck.memory.scaling import scale
-from dtypecheck.memory.tracing import Profile, TraceDeadlineError, trace_deadline
+from dtypecheck.memory.tracing import ExtrapolatedProfile, Profile, TraceDeadlineError, trace_deadline
 from dtypecheck.progress import ProgressCallback, no_progress
 
 if TYPE_CHECKING:
@@ -71,6 +71,10 @@ class _Shapes:
         self.deadline = deadline
         self.base = base
         self.cache: dict[tuple[int | None, int | None, bool], TraceCache] = {}
+        self.memo = base.memo if base is not None else {}
+        """Every block count's trace at every shape, shared by the caches of all shapes and both kinds."""
+        self.traced = 0
+        """Traces taken by the search (what its time goes on)."""
         if base is not None:
             self.cache[(subject.batch_size, subject.seq_len, True)] = base
 
@@ -90,6 +94,7 @@ class _Shapes:
             # Traced whole like the estimate's own when it was (--by-module, --plot), so that the shapes compare.
             whole = self.base is not None and self.base.attribute
             traces = TraceCache(shaped, self.options.checkpointing, no_progress, total=1, attribute=whole)
+            traces.memo = self.memo
             if self.base is not None:
                 traces.shallow = {n: t.reshaped(batch, seq) for n, t in self.base.shallow.items()}
                 if not plain:
@@ -99,11 +104,20 @@ class _Shapes:
 
     def profile(self, row: Row, batch: int | None, seq: int | None, *, plain: bool = True) -> Profile | None:
         traces = self._traces(batch, seq, plain=plain)
+        before = len(self.memo)
         with trace_deadline(self.deadline):
             try:
-                return traces.get(row)
+                profile = traces.get(row)
             except TraceDeadlineError:
                 raise FitTimeoutError(0) from None
+            finally:
+                self.traced += len(self.memo) - before
+        if self.base is not None:
+            # A block count first built at this shape (a later start checked) is the same module at every shape.
+            own = (self.subject.batch_size, self.subject.seq_len)
+            for count, shallow in traces.shallow.items():
+                self.base.shallow.setdefault(count, shallow.reshaped(*own))
+        return profile
 
     def estimate(self, row: Row, batch: int | None, seq: int | None, profile: Profile | None, *, kv: bool) -> int:
         """The row's total at (batch, seq) with the pass ``profile``; ``kv``: a decoder's inference holds the KV
@@ -129,13 +143,14 @@ class _Shapes:
 
         def modeled(start: int, degree: int) -> Callable[[int], int] | None:
             scaled = None
-            # Probes first; where a plain trace among them extrapolated from other block counts, all plain.
+            # Probes first; where a plain trace among them extrapolated from other block counts, all plain (a
+            # plain trace cannot mend probes that agree on their block counts: it traces the same ones).
             for plain in (False, True):
                 profiles = [self.profile(row, *shape(start + i), plain=plain) for i in range(degree + 1)]
                 if any(p is None for p in profiles):
                     return None
                 scaled = scale([p for p in profiles if p is not None], start)
-                if scaled is not None:
+                if scaled is not None or len({_extrapolated_from(p) for p in profiles}) == 1:
                     break
             if scaled is None:
                 return None
@@ -144,6 +159,11 @@ class _Shapes:
             return lambda x: self.estimate(row, *shape(x), scaled.at(x), kv=along_seq)
 
         return _Dimension(real, modeled, 2 if along_seq else 1)
+
+
+def _extrapolated_from(profile: Profile | None) -> int | None:
+    """The smaller block count a deep model's pass was extrapolated from; None for a pass traced whole."""
+    return profile.base if isinstance(profile, ExtrapolatedProfile) else None
 
 
 def _constant(_x: int) -> int:
@@ -186,8 +206,10 @@ def modeled_fitting(dimension: _Dimension, usable: int, limit: int, start: int) 
         return ok
 
     tried: set[int] = set()
-    start = max(1, min(start, limit - degree))
     try:
+        if start >= limit and fits(limit):  # the row's own shape is already at the limit (a config's last position)
+            return limit, "direct"
+        start = max(1, min(start, limit - degree))
         if start == 1 and not fits(1):  # the row's own shape, already traced: nothing fits, nothing to model
             return 0, "direct"
         while limit > degree + 1 and start not in tried and len(tried) < MODEL_ROUNDS:

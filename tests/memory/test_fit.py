@@ -290,3 +290,156 @@ def test_a_graph_that_changes_with_the_batch_is_refitted_near_the_answer(cli, tm
     assert (fit["max_batch_size"], fit["max_batch_size_bound"], fit["search"]) == (66, None, "linear")
     # 36,864 B: exactly 40 rows, on the first piece.
     assert cli(*args, "--fit", "36864").json()["estimates"][0]["fit"]["max_batch_size"] == 40
+
+
+# --- the referee: each --fit answer equals an independent bisection by plain estimates -----------------------
+
+REFEREED = """
+import torch
+from torch import nn
+
+
+class BatchAttention(nn.Module):
+    # Every row attends to every row: a batch x batch score matrix, so the bytes grow with the square of the batch.
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(32, 32, bias=False)
+
+    def forward(self, x):
+        h = self.proj(x)
+        return torch.softmax(h @ h.T, dim=-1) @ h
+
+
+class Padded(nn.Module):
+    # The batch is padded to a multiple of 8 rows before the projection: the bytes are a staircase in the batch.
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(64, 64, bias=False)
+
+    def forward(self, x):
+        pad = -x.shape[0] % 8
+        return self.proj(torch.cat([x, x.new_zeros(pad, x.shape[1])]))
+
+
+class Stepped(nn.Module):
+    # The graph changes with the batch: one more temporary of the output's size from 41 rows on.
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(64, 64, bias=False)
+
+    def forward(self, x):
+        y = self.proj(x)
+        return y * 2 if x.shape[0] > 40 else y
+
+
+def batch_attention():
+    return BatchAttention(), torch.randn(2, 32)
+
+
+def padded():
+    return Padded(), torch.randn(3, 64)
+
+
+def stepped():
+    return Stepped(), torch.randn(4, 64)
+"""
+
+
+def _referee(total, usable: int, low: int) -> int:
+    """The largest x with ``total(x) <= usable``, by doubling from ``low`` (which fits) and then bisecting: plain
+    estimates only, no model."""
+    assert total(low) <= usable
+    high = 2 * low
+    while total(high) <= usable:
+        low, high = high, 2 * high
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if total(middle) <= usable else (low, middle)
+    return low
+
+
+def _options(mode: str):
+    from dtypecheck.dtypes import lookup
+    from dtypecheck.memory import EstimateOptions
+    from dtypecheck.memory.names import Mode
+
+    return EstimateOptions(dtypes=(lookup("fp32"),), modes=(Mode(mode),))
+
+
+@pytest.mark.parametrize(
+    ("factory", "mode", "budget"),
+    [
+        ("batch_attention", "inference", 2**20),  # quadratic in the batch: no straight line through two traces holds
+        ("padded", "training", 300_000),  # a staircase: the bytes grow 8 rows at a time
+        ("stepped", "inference", 100_000),  # the graph changes past the batch the first traces saw
+    ],
+)
+def test_the_batch_answer_equals_a_bisection_by_plain_estimates(tmp_path, factory, mode, budget):
+    from dtypecheck.memory import estimate_memory
+
+    path = tmp_path / "refereed.py"
+    path.write_text(REFEREED, encoding="utf-8")
+    target = f"{path}:{factory}"
+    options = _options(mode)
+    fit = estimate_memory(target, options, fit=str(budget), reserve="0", fit_timeout=None).estimates[0].fit
+    assert fit is not None
+    assert fit.max_batch_size_bound is None
+
+    def total(batch: int) -> int:
+        return estimate_memory(target, options, batch_size=batch).estimates[0].bytes.total
+
+    assert fit.max_batch_size == _referee(total, budget, 1)
+    assert fit.max_batch_size > 8  # far enough from the traced batch for a model to have been needed
+
+
+def test_the_sequence_answer_equals_a_bisection_by_plain_estimates(tmp_path):
+    import dataclasses
+
+    from dtypecheck.memory import estimate_memory
+
+    # The decoder's attention makes a sequence x sequence score matrix per head: quadratic in the sequence. Its
+    # inference at a sequence holds the KV cache of that many tokens, as the plain estimate with --context counts it.
+    config = str(write_decoder_config(tmp_path))
+    options = _options("inference")
+    budget = 2**20
+    report = estimate_memory(config, options, seq_len=32, fit=str(budget), reserve="0", fit_timeout=None)
+    fit = report.estimates[0].fit
+    assert fit is not None
+    assert (fit.max_seq_len_bound, fit.search.split("/")[1]) == (None, "quadratic")
+
+    def total(seq: int) -> int:
+        held = dataclasses.replace(options, context=seq)
+        return estimate_memory(config, held, seq_len=seq).estimates[0].bytes.total
+
+    assert fit.max_seq_len == _referee(total, budget, 32)
+
+
+def test_the_search_traces_each_block_count_at_each_shape_once(tmp_path, monkeypatch):
+    import json
+
+    from dtypecheck.memory import estimate_memory
+    from dtypecheck.memory.estimate import TraceCache
+    from tests.memory._fixtures import DECODER
+
+    # Six blocks: extrapolated from shallow copies (1, 2 and the check at 3 blocks). The search models the batch
+    # from the row's own shape and a probe at batch 2 (1 and 2 blocks), the sequence from probes at 33 and 34
+    # tokens, and checks each answer with plain estimates at N and N + 1 (3 block counts each): nothing more, and
+    # nothing twice.
+    folder = tmp_path / "deep"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({**DECODER, "num_hidden_layers": 6}), "utf-8")
+    traced: list[tuple[object, ...]] = []
+    trace_once = TraceCache._trace_once
+
+    def counted(self, traceable, row, compute, amp):
+        traced.append((id(traceable.module), traceable.batch_size, traceable.seq_len, row.mode))
+        return trace_once(self, traceable, row, compute, amp)
+
+    monkeypatch.setattr(TraceCache, "_trace_once", counted)
+    report = estimate_memory(str(folder), _options("training"), seq_len=32, fit="16MiB", reserve="0", fit_timeout=None)
+    fit = report.estimates[0].fit
+    assert fit is not None
+    assert fit.max_batch_size_bound is None
+    assert fit.max_seq_len_bound is None
+    assert len(traced) == len(set(traced))
+    assert len(traced) == 3 + (2 + 3 + 3) + (2 + 2 + 3 + 3)
