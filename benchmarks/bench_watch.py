@@ -105,6 +105,7 @@ def overhead(
     compare: str | None = None,
     *,
     loop: bool = True,
+    whole: bool = True,
 ) -> None:
     encoder = folder / "train_encoder.py"
     encoder.write_text(WORKLOAD, encoding="utf-8")
@@ -114,7 +115,7 @@ def overhead(
         "transformer, 4 steps": ([str(encoder)], ["4"]),
         f"small model, {small_steps} steps": ([str(small)], [str(small_steps), "0"]),
     }
-    for name, (script, argv) in workloads.items():
+    for name, (script, argv) in workloads.items() if whole else ():
         plain, watched, traced, other = [], [], [], []
         for _ in range(repeats):
             plain.append(_timed([sys.executable, *script, *argv], threads)[1])
@@ -212,12 +213,20 @@ def main() -> None:
     parser.add_argument("--full", action="store_true", help="overhead: also time a full trace")
     parser.add_argument("--compare", metavar="SRC", default=None, help="overhead --full: also trace with checkout SRC")
     parser.add_argument("--no-loop", action="store_true", help="overhead: skip the loop-only measurement")
+    parser.add_argument("--loop-only", action="store_true", help="overhead: only the small model's loop (issue 30.5)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as name:
         folder = Path(name)
         if args.what == "overhead":
             overhead(
-                folder, args.repeats, args.small_steps, args.threads, args.full, args.compare, loop=not args.no_loop
+                folder,
+                args.repeats,
+                args.small_steps,
+                args.threads,
+                args.full,
+                args.compare,
+                loop=not args.no_loop,
+                whole=not args.loop_only,
             )
         elif args.what == "late":
             late(folder)
