@@ -131,6 +131,7 @@ def build(*, wait_s: float = 600) -> Path:
         work = folder / f"build-{os.getpid()}"
         try:
             if not library.exists():  # built between our look and the marker
+                work.mkdir(exist_ok=True)
                 compile_extension(_NAME, [str(_SOURCE)], build_directory=str(work), extra_cflags=["-O3"])
                 _library(work).replace(library)  # atomic: a reader never sees half a library
         finally:

@@ -72,11 +72,19 @@ def _fused_all_finite(tensors: list[torch.Tensor]) -> Flag:
                 lo, hi = torch.aminmax(torch._C._nn.flatten_dense_tensors(group))
                 flags.append(torch.stack((lo, hi)).isfinite().all())
             except (RuntimeError, NotImplementedError, TypeError):
-                # A tensor subclass (DTensor), a float8 format or a backend without them: one max-norm per tensor.
-                flags.append(torch.stack([t.detach().abs().amax().isfinite() for t in group]).all())
+                # A tensor subclass (DTensor), a float8 format or a backend without them: one max-norm per tensor,
+                # float8 widened first (float32 holds its every value, inf and NaN too; CPU has no float8 amax).
+                flags.append(torch.stack([_widened(t).abs().amax().isfinite() for t in group]).all())
     if not flags:
         return None
     return flags[0] if len(flags) == 1 else torch.stack([f.to("cpu").reshape(()) for f in flags]).all()
+
+
+def _widened(tensor: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    detached = tensor.detach()
+    return detached.to(torch.float32) if detached.element_size() == 1 else detached
 
 
 def read_flags(flags: list[Flag]) -> bool:
