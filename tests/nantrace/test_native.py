@@ -139,3 +139,18 @@ def test_watch_reports_are_the_same_with_and_without_the_cpp_checks(
         assert with_cpp[key] == without[key], key
     expected = {"forward": "loss", "backward": "gradients", "optimizer": "optimizer_step", "7": "held_tensors"}
     assert with_cpp["watch"]["detected"] == expected.get(argv[0])
+
+
+def test_the_buffer_walk_finds_what_module_buffers_does() -> None:
+    shared = torch.nn.BatchNorm1d(3)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(3, 3), shared, torch.nn.Sequential(shared, torch.nn.BatchNorm1d(3)), torch.nn.Identity()
+    )
+    mask = torch.ones(2)
+    model.register_buffer("mask", mask)
+    model.register_buffer("absent", None)
+    model[2].register_buffer("alias", mask)  # the same tensor under two names: once, as torch counts it
+    walked = state._buffers_of(model)
+    expected = list(model.buffers())
+    assert len(walked) == len(expected) == 1 + 3 + 3  # mask, the shared norm's three, the second norm's three
+    assert all(a is b for a, b in zip(walked, expected, strict=True))

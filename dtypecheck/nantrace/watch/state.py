@@ -197,6 +197,27 @@ def call_of(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     return ModelCall(module, args, dict(kwargs), [(t, t._version) for t in arguments], AutocastState.take())
 
 
+def _buffers_of(module: nn.Module) -> list[torch.Tensor]:
+    """``list(module.buffers())``, in its order (pre-order, each module and buffer once), without building the
+    dotted names that ``named_modules`` makes on the way: a third of watch mode's per-step cost in the model calls."""
+    modules: set[int] = set()
+    seen: set[int] = set()
+    found: list[torch.Tensor] = []
+
+    def walk(current: nn.Module) -> None:
+        modules.add(id(current))
+        for buffer in current._buffers.values():
+            if buffer is not None and id(buffer) not in seen:
+                seen.add(id(buffer))
+                found.append(buffer)
+        for child in current._modules.values():
+            if child is not None and id(child) not in modules:
+                walk(child)
+
+    walk(module)
+    return found
+
+
 class BufferSnapshot:
     """The buffers of the watched models as a step began. Only buffers that the first step changed are copied
     (batch-norm statistics, counters): a causal mask is never written, and copying it each step would cost for
@@ -212,7 +233,7 @@ class BufferSnapshot:
         self._saved = []
 
     def take(self, module: nn.Module) -> None:
-        for buffer in module.buffers():
+        for buffer in _buffers_of(module):
             copy = buffer.detach().clone() if not self._learned or id(buffer) in self._changing else None
             self._saved.append((buffer, copy, buffer._version))
 
