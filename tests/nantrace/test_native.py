@@ -79,6 +79,7 @@ def test_what_the_module_cannot_read_is_left_to_torch(module: ModuleType) -> Non
     assert module.all_finite([torch.randn(3), transposed]) == -1
     assert state.read_flags([state.all_finite([torch.randn(3), transposed])]) is False
     assert module.all_finite([torch.empty(3, device="meta")]) == -1
+    assert module.all_finite([torch._efficientzerotensor(4)]) == -1  # no buffer behind it to read
     # Integers and bools are finite; an empty list has nothing non-finite.
     assert module.all_finite([torch.arange(5), torch.ones(2, dtype=torch.bool)]) == 1
     assert module.all_finite([]) == 1

@@ -11,9 +11,12 @@
 namespace {
 
 // Whether a CPU tensor is one this module reads directly: dense, contiguous, plain storage (no subclass).
+// Zero tensors (autograd's unmaterialised zeros) and nested tensors have no plain buffer to read.
 bool readable(const at::Tensor& t) {
-  return t.defined() && t.device().is_cpu() && t.layout() == c10::kStrided && t.is_contiguous() &&
-         !t.key_set().has(c10::DispatchKey::Python) && t.has_storage();
+  if (!t.defined() || !t.device().is_cpu() || t.layout() != c10::kStrided || t.is_nested()) return false;
+  const auto keys = t.key_set();
+  if (keys.has(c10::DispatchKey::Python) || keys.has(c10::DispatchKey::ZeroTensor) || !t.has_storage()) return false;
+  return t.is_contiguous() && (t.numel() == 0 || t.const_data_ptr() != nullptr);
 }
 
 template <typename Bits>
