@@ -6,6 +6,10 @@ values, and watch mode's reports are compared field by field with the C++ checks
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -155,3 +159,29 @@ def test_the_buffer_walk_finds_what_module_buffers_does() -> None:
     expected = list(model.buffers())
     assert len(walked) == len(expected) == 1 + 3 + 3  # mask, the shared norm's three, the second norm's three
     assert all(a is b for a, b in zip(walked, expected, strict=True))
+
+
+def test_a_first_use_without_the_module_starts_one_background_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: list[list[str]] = []
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(native, "compiler_available", lambda: True)
+    monkeypatch.setattr(subprocess, "Popen", lambda argv, **_: started.append(argv))
+    native._load_once.cache_clear()
+    try:
+        assert native.load() is None  # this run: the pure-Python checks
+        assert started == [[sys.executable, "-m", "dtypecheck.nantrace.native", "--quiet"]]
+        marker = native.build_folder() / "building"
+        marker.touch()  # the build is under way: a second process starts none
+        native._start_background_build(native.build_folder())
+        assert len(started) == 1
+        old = time.time() - 3600
+        os.utime(marker, (old, old))  # a build that died an hour ago: started again
+        native._start_background_build(native.build_folder())
+        assert len(started) == 2
+        monkeypatch.setattr(native, "compiler_available", lambda: False)
+        native._start_background_build(native.build_folder())
+        assert len(started) == 2  # nothing to build with
+    finally:
+        native._load_once.cache_clear()
