@@ -268,8 +268,9 @@ class BufferSnapshot:
 
 class OptimizerSnapshot:
     """An optimizer's parameters and state tensors before its update, in buffers allocated once and refilled
-    with one ``_foreach_copy_`` per (device, dtype) each step. The state an optimizer creates at its first step is
-    noted as absent; plain values in its state (a Python step counter) are copied as they are."""
+    each step with one C++ call per (device, dtype) (``native.copy_all``; ``_foreach_copy_`` without it). The
+    state an optimizer creates at its first step is noted as absent; plain values in its state (a Python step
+    counter) are copied as they are."""
 
     def __init__(self, *, copies: bool = True) -> None:
         self.copies = copies
