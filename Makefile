@@ -10,6 +10,7 @@ $(STAMP): pyproject.toml requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	$(BIN)/python -m dtypecheck.nantrace.native  # watch mode's C++ checks (~25 s once; a note and Python without g++)
 	touch $(STAMP)
 
 demo: $(STAMP)

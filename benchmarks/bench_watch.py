@@ -15,8 +15,11 @@ back, and medians are compared, since the machine's cores are shared):
     .venv/bin/python benchmarks/bench_watch.py late
     .venv/bin/python benchmarks/bench_watch.py memory
 
-``overhead --full --compare SRC`` also times the full trace with another dtypecheck checkout first on the path
-(the commit before a change), alternating with this one: before and after side by side on the same cores.
+``overhead --compare SRC`` also times watch mode (and with ``--full`` the full trace) with another dtypecheck
+checkout first on the path (the commit before a change), alternating with this one: before and after side by side
+on the same cores. ``--loop-only`` times only the small model's loop (issue 30.5's figures):
+
+    .venv/bin/python benchmarks/bench_watch.py overhead --loop-only --full --compare /tmp/base --repeats 5
 """
 
 from __future__ import annotations
@@ -105,6 +108,7 @@ def overhead(
     compare: str | None = None,
     *,
     loop: bool = True,
+    whole: bool = True,
 ) -> None:
     encoder = folder / "train_encoder.py"
     encoder.write_text(WORKLOAD, encoding="utf-8")
@@ -114,7 +118,7 @@ def overhead(
         "transformer, 4 steps": ([str(encoder)], ["4"]),
         f"small model, {small_steps} steps": ([str(small)], [str(small_steps), "0"]),
     }
-    for name, (script, argv) in workloads.items():
+    for name, (script, argv) in workloads.items() if whole else ():
         plain, watched, traced, other = [], [], [], []
         for _ in range(repeats):
             plain.append(_timed([sys.executable, *script, *argv], threads)[1])
@@ -136,17 +140,27 @@ def overhead(
     if not loop:
         return
     # The loop alone: what a run of 40,000 steps pays per step, start-up (importing dtypecheck) left out.
-    plain_loop, watched_loop, traced_loop, other_loop = [], [], [], []
+    plain_loop, watched_loop, traced_loop, other_loop, other_watched = [], [], [], [], []
     traced_argv = _nantrace(str(small), "--", str(small_steps), "0")
+    watched_argv = _nantrace("--watch", str(small), "--", str(small_steps), "0")
     for _ in range(repeats):
         plain_loop.append(_loop_seconds([sys.executable, str(small), str(small_steps), "0"], threads))
-        watched_loop.append(_loop_seconds(_nantrace("--watch", str(small), "--", str(small_steps), "0"), threads))
+        watched_loop.append(_loop_seconds(watched_argv, threads))
+        if compare is not None:
+            other_watched.append(_loop_seconds(watched_argv, threads, compare))
         if full:
             traced_loop.append(_loop_seconds(traced_argv, threads))
         if full and compare is not None:
             other_loop.append(_loop_seconds(traced_argv, threads, compare))
-    print(f"small model loop CPU seconds: plain {plain_loop}, watched {watched_loop}")
+    print(
+        f"small model loop CPU seconds: plain {plain_loop}, watched {watched_loop}"
+        + (f", traced {traced_loop}" if traced_loop else "")
+        + (f", watched with {compare} {other_watched}" if other_watched else "")
+        + (f", traced with {compare} {other_loop}" if other_loop else "")
+    )
     _ratio(f"small model, {small_steps} steps (loop only)", plain_loop, watched_loop, "watched")
+    if other_watched:
+        _ratio(f"small model, {small_steps} steps (loop only)", plain_loop, other_watched, f"watched with {compare}")
     if traced_loop:
         _ratio(f"small model, {small_steps} steps (loop only)", plain_loop, traced_loop, "fully traced")
     if other_loop:
@@ -212,12 +226,20 @@ def main() -> None:
     parser.add_argument("--full", action="store_true", help="overhead: also time a full trace")
     parser.add_argument("--compare", metavar="SRC", default=None, help="overhead --full: also trace with checkout SRC")
     parser.add_argument("--no-loop", action="store_true", help="overhead: skip the loop-only measurement")
+    parser.add_argument("--loop-only", action="store_true", help="overhead: only the small model's loop (issue 30.5)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as name:
         folder = Path(name)
         if args.what == "overhead":
             overhead(
-                folder, args.repeats, args.small_steps, args.threads, args.full, args.compare, loop=not args.no_loop
+                folder,
+                args.repeats,
+                args.small_steps,
+                args.threads,
+                args.full,
+                args.compare,
+                loop=not args.no_loop,
+                whole=not args.loop_only,
             )
         elif args.what == "late":
             late(folder)

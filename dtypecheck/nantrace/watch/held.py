@@ -15,7 +15,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from dtypecheck.nantrace.watch.state import all_finite, finite_values
+from dtypecheck.nantrace.watch.state import Flag, all_finite, finite_values
 
 if TYPE_CHECKING:
     import torch
@@ -66,7 +66,7 @@ class HeldModules:
             self._modules.add(module)
             self._made += 1
 
-    def flags(self, skip: frozenset[int]) -> list[torch.Tensor | None]:
+    def flags(self, skip: frozenset[int]) -> list[Flag]:
         """On-device flags that every held tensor is finite (one read-back for them all, with ``read_flags``)."""
         if self._built_at != self._made or skip is not self._skip_ids:
             self._build(skip)

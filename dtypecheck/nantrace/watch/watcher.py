@@ -30,6 +30,7 @@ from dtypecheck.nantrace.watch.held import HeldModules
 from dtypecheck.nantrace.watch.replay import Detected, StepReplay, keep_grad
 from dtypecheck.nantrace.watch.state import (
     BufferSnapshot,
+    Flag,
     ModelCall,
     OptimizerSnapshot,
     RngState,
@@ -40,7 +41,6 @@ from dtypecheck.nantrace.watch.state import (
 )
 
 if TYPE_CHECKING:
-    import torch
     from torch import nn
 
 
@@ -81,7 +81,7 @@ class Watcher(StepReplay):
         self._buffers = BufferSnapshot()
         self._optimizers = OptimizerSnapshot(copies=optimizer_snapshot)
         self._snapshotted: set[int] = set()
-        self._loss_flags: list[torch.Tensor | None] = []
+        self._loss_flags: list[Flag] = []
         self._tracer: Tracer | None = None
         self._offset = 0
         self._fallback: Tracer | None = None

@@ -1,0 +1,77 @@
+// Watch mode's per-step checks in one call each: no per-tensor dispatch, no in-place write.
+#include <ATen/core/Tensor.h>
+#include <c10/util/Half.h>
+#include <c10/util/BFloat16.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+// Whether a CPU tensor is one this module reads directly: dense, contiguous, plain storage (no subclass).
+// Zero tensors (autograd's unmaterialised zeros) and nested tensors have no plain buffer to read.
+bool readable(const at::Tensor& t) {
+  if (!t.defined() || !t.device().is_cpu() || t.layout() != c10::kStrided || t.is_nested()) return false;
+  const auto keys = t.key_set();
+  if (keys.has(c10::DispatchKey::Python) || keys.has(c10::DispatchKey::ZeroTensor) || !t.has_storage()) return false;
+  return t.is_contiguous() && (t.numel() == 0 || t.const_data_ptr() != nullptr);
+}
+
+template <typename Bits>
+bool bits_finite(const void* data, int64_t n, Bits exponent) {
+  const Bits* p = static_cast<const Bits*>(data);
+  Bits any = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    // A value is non-finite exactly when its exponent bits are all ones (inf and every NaN).
+    any |= static_cast<Bits>((p[i] & exponent) == exponent);
+  }
+  return any == 0;
+}
+
+// 1: every floating value finite; 0: one is not; -1: a tensor this module cannot read (the caller checks them all
+// with torch instead). Integer and bool tensors are finite.
+int all_finite(const std::vector<at::Tensor>& tensors) {
+  for (const auto& t : tensors) {
+    if (!readable(t)) return -1;
+  }
+  for (const auto& t : tensors) {
+    const int64_t n = t.numel();
+    if (n == 0 || !at::isFloatingType(t.scalar_type())) continue;
+    const void* data = t.const_data_ptr();
+    bool finite;
+    switch (t.scalar_type()) {
+      case at::kFloat: finite = bits_finite<uint32_t>(data, n, 0x7F800000u); break;
+      case at::kDouble: finite = bits_finite<uint64_t>(data, n, 0x7FF0000000000000ull); break;
+      case at::kHalf: finite = bits_finite<uint16_t>(data, n, 0x7C00u); break;
+      case at::kBFloat16: finite = bits_finite<uint16_t>(data, n, 0x7F80u); break;
+      default: return -1;  // float8 formats and the like: torch knows them
+    }
+    if (!finite) return 0;
+  }
+  return 1;
+}
+
+// Copy each source into its destination (same shape and dtype, both readable); false, copying nothing, when one
+// pair is not (the caller copies with torch instead).
+bool copy_all(const std::vector<at::Tensor>& destinations, const std::vector<at::Tensor>& sources) {
+  if (destinations.size() != sources.size()) return false;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const auto& d = destinations[i];
+    const auto& s = sources[i];
+    if (!readable(d) || !readable(s) || d.scalar_type() != s.scalar_type() || d.sizes() != s.sizes()) return false;
+  }
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const size_t bytes = sources[i].nbytes();
+    if (bytes) std::memcpy(destinations[i].mutable_data_ptr(), sources[i].const_data_ptr(), bytes);
+  }
+  return true;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("all_finite", &all_finite);
+  m.def("copy_all", &copy_all);
+}
