@@ -637,3 +637,39 @@ def test_watch_says_a_nan_the_loss_ignored_was_written_into_a_parameter(nantrace
     assert {k: replayed[k] for k in SAME} == {k: first[k] for k in SAME}
     assert replayed["location"] == first["location"]
     assert (watched["watch"]["detected"], watched["watch"]["exact"]) == ("gradients", True)
+
+
+LIBRARY_MODULE = """
+import sys
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+torch.nn.init.constant_(model[0].weight, 1.0)
+optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+bad = int(sys.argv[1])
+for step in range(1, 8):
+    x = (torch.rand(6, 4) + 1.0) * (1e38 if step == bad else 1.0)
+    out = model(x)  # call
+    loss = out.pow(2).mean()
+    loss.backward()
+    optimizer.step()  # update
+    optimizer.zero_grad()
+print("done")
+"""
+
+
+def test_an_overflow_inside_a_library_module_is_named_at_the_line_that_called_the_model(nantrace: NanTrace) -> None:
+    """Issue 30.4: torch's own modules have no line of the user's below the model call; the replay, run from the
+    optimizer's hook, was named at the line that stepped the optimizer (``# update``) where a full trace names
+    the model's call (``# call``). Four inputs in [1e38, 2e38) times weights near 1 sum past float32's 3.4e38 in
+    every one of the 6 x 8 outputs of ``addmm`` in module ``0``."""
+    path, text = nantrace.write("library.py", LIBRARY_MODULE)
+    full, watched = _both(nantrace, path, "5")
+    first, replayed = full["first"], watched["first"]
+    assert (first["kind"], first["op"], first["module"], first["step"]) == ("inf", "aten.addmm.default", "0", 5)
+    assert (first["counts"]["posinf"], first["cause"]) == (6 * 8, "range_overflow")
+    assert first["location"]["line"] == line_of(text, "call")
+    assert {k: replayed[k] for k in SAME} == {k: first[k] for k in SAME}
+    assert replayed["location"] == first["location"]
+    assert (watched["watch"]["detected"], watched["watch"]["exact"]) == ("loss", True)

@@ -10,6 +10,7 @@ import dataclasses
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
+from dtypecheck.nantrace.frames import stand_in
 from dtypecheck.nantrace.ops import tensors_in
 from dtypecheck.nantrace.report import Event, NanTraceReport, ScaleCollapse, SkippedStep, WatchSummary
 from dtypecheck.nantrace.tracer import TraceOptions, Tracer
@@ -24,6 +25,8 @@ from dtypecheck.nantrace.watch.state import (
     read_flags,
     same_values,
 )
+from dtypecheck.nantrace.watch.workers import WorkerReplay
+from dtypecheck.nantrace.workers import merge_workers
 
 if TYPE_CHECKING:
     import torch
@@ -82,6 +85,13 @@ def post_hooks_apart() -> Iterator[None]:
         optimizer_module._global_optimizer_post_hooks = running
 
 
+BORN_IN_THE_DATA = (
+    "the model's inputs were already non-finite when it was called: the value was born before the call (in the "
+    "data, or code between loading it and the model), which watch mode does not re-run; the model's first op "
+    "that read it is reported (run without --watch to name the line that made it)"
+)
+
+
 LOSS_OUTSIDE = (
     "the step's loss went non-finite while every replayed model output was finite: it was born in the loss "
     "computed outside the model calls, which watch mode does not re-run; the first non-finite value inside them is "
@@ -106,6 +116,7 @@ def replay_call(call: ModelCall) -> bool:
     True when the outputs came out finite but a gradient sent into them was not: born outside the model."""
     import torch
 
+    where = call.where  # noqa: F841  (read by the tracer's frame walk: ``frames.stand_in`` below)
     with call.autocast.applied():
         output = _inner(call.module)(*call.args, **call.kwargs)
     tensors = list(tensors_in(output))
@@ -121,6 +132,9 @@ def replay_call(call: ModelCall) -> bool:
     if roots:
         torch.autograd.backward([t for t, _ in roots], [g for _, g in roots])
     return False
+
+
+stand_in(replay_call.__code__, "where")
 
 
 def _depends_on(later: torch.Tensor, earlier: torch.Tensor) -> bool:
@@ -175,6 +189,8 @@ class StepReplay:
     _update_done: bool
     _found: NanTraceReport | None
     held_nonfinite: tuple[str, ...]
+    _workers: WorkerReplay
+    arguments_nonfinite: bool
 
     # -- replays -----------------------------------------------------------------------------------------------
     def _new_tracer(self) -> Tracer:
@@ -277,6 +293,8 @@ class StepReplay:
         if not same and not distributed:
             for parameter, old in zip(parameters, original, strict=True):
                 parameter.grad = old  # the run goes on with the gradients it computed itself
+        arguments = [t for call in self._calls for t, _ in call.versions if t.is_floating_point()]
+        self.arguments_nonfinite = not read_flags([finite_values(arguments)])
         replayed = [p.grad for p in parameters if p.grad is not None]
         if any(outside):
             failed_replay = BORN_OUTSIDE
@@ -340,11 +358,13 @@ class StepReplay:
         assert tracer is not None
         if entered:
             tracer.__exit__(None, None, None)
-        report = tracer.report()
+        report = self._with_workers(tracer.report(), tracer)
         if report.first is None:
             self.exact = False
             self._give_up(CAME_OUT_FINITE, replayed=True)
             return
+        if self.arguments_nonfinite and report.first.worker is None and self.exact:
+            self.exact, self.reason = False, BORN_IN_THE_DATA
         if consequence is not None:
             first = dataclasses.replace(report.first, consequence=consequence)  # type: ignore[arg-type]
             report = dataclasses.replace(report, first=first, events=(first, *report.events[1:]))
@@ -368,8 +388,17 @@ class StepReplay:
         tracer, self._fallback = self._fallback, None
         assert tracer is not None
         tracer.__exit__(None, None, None)
-        report = tracer.report()
+        report = self._with_workers(tracer.report(), tracer)
         self._finish(shifted(report, self._offset) if report.first is not None else None, traced=report)
+
+    def _with_workers(self, report: NanTraceReport, tracer: Tracer) -> NanTraceReport:
+        """The replayed step's producer, when it is data a DataLoader worker made non-finite, named at the worker
+        (its batch re-made traced there, ``watch.workers``), as a full trace names it."""
+        found = self._workers.collected()
+        if report.first is None or not found:
+            return report
+        events = merge_workers(report.events, found, untraced=tracer.judge.untraced_inputs)
+        return dataclasses.replace(report, first=events[0], events=events)
 
     def _finish(self, found: NanTraceReport | None, *, traced: NanTraceReport | None = None) -> None:
         self._found = found if found is not None else traced
