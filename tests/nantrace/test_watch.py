@@ -304,7 +304,10 @@ def test_trace_api_watch_true() -> None:
     assert report.first.cause == "input"
     assert report.first.module == "0"
     assert report.watch is not None
-    assert (report.watch.detected, report.watch.replayed_step, report.watch.exact) == ("loss", 3, True)
+    # A full trace names the line that wrote the NaN into the batch; the replay re-runs the model call only.
+    assert (report.watch.detected, report.watch.replayed_step, report.watch.exact) == ("loss", 3, False)
+    assert report.watch.reason is not None
+    assert report.watch.reason.startswith("the model's inputs were already non-finite when it was called")
     # Without on_found the block runs to its end, as trace() does: five steps were completed.
     assert report.steps == 5
     with pytest.raises(ValueError, match="watch=True and keep_going=True"):  # noqa: SIM117

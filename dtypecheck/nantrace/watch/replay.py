@@ -115,10 +115,14 @@ def replay_call(call: ModelCall) -> bool:
 
     True when the outputs came out finite but a gradient sent into them was not: born outside the model."""
     import torch
+    from torch.utils._pytree import tree_map
 
     where = call.where  # noqa: F841  (read by the tracer's frame walk: ``frames.stand_in`` below)
+    # An argument computed by an earlier call (a block run under activation checkpointing, then the head) belongs to
+    # the step's own graph, which its backward has freed: each call is replayed apart, backward from its outputs.
+    args, kwargs = tree_map(_cut, (call.args, call.kwargs))
     with call.autocast.applied():
-        output = _inner(call.module)(*call.args, **call.kwargs)
+        output = _inner(call.module)(*args, **kwargs)
     tensors = list(tensors_in(output))
     with untraced():
         finite_out = read_flags([finite_values(tensors)])
@@ -135,6 +139,12 @@ def replay_call(call: ModelCall) -> bool:
 
 
 stand_in(replay_call.__code__, "where")
+
+
+def _cut(value: Any) -> Any:
+    import torch
+
+    return value.detach() if isinstance(value, torch.Tensor) and value.grad_fn is not None else value
 
 
 def _depends_on(later: torch.Tensor, earlier: torch.Tensor) -> bool:
@@ -195,6 +205,8 @@ class StepReplay:
     # -- replays -----------------------------------------------------------------------------------------------
     def _new_tracer(self) -> Tracer:
         model = self._model if self._model is not None else (self._roots[0] if self._roots else None)
+        # torch.compile's wrapper: a full trace runs the module it wraps, and names from there.
+        model = getattr(model, "_orig_mod", model)
         names = None if model is None else {id(m): n for n, m in model.named_modules()}
         tracer = Tracer(dataclasses.replace(self.options, stop_run=False, keep_going=False), module_names=names)
         # The update's writes are named after the model's parameters even when no forward runs in the replay.
@@ -293,7 +305,8 @@ class StepReplay:
         if not same and not distributed:
             for parameter, old in zip(parameters, original, strict=True):
                 parameter.grad = old  # the run goes on with the gradients it computed itself
-        arguments = [t for call in self._calls for t, _ in call.versions if t.is_floating_point()]
+        # Data, not an earlier call's output (those have a grad_fn: their values were born in the replay too).
+        arguments = [t for c in self._calls for t, _ in c.versions if t.is_floating_point() and t.grad_fn is None]
         self.arguments_nonfinite = not read_flags([finite_values(arguments)])
         replayed = [p.grad for p in parameters if p.grad is not None]
         if any(outside):
@@ -447,7 +460,9 @@ class StepReplay:
     def report(self, **extra: Any) -> NanTraceReport:
         found = self._found
         base = found if found is not None else NanTraceReport(status="clean", first=None, warnings=(), ops=0, steps=0)
-        nonfinite = base.first is not None or self.scale_collapse is not None or self.detected == "held_tensors"
+        # A check that failed is a finding even when no replay or later traced step could name its producer: the
+        # run had a non-finite loss, gradient or update, and the reason says why it is unnamed.
+        nonfinite = base.first is not None or self.scale_collapse is not None or self.detected is not None
         report = dataclasses.replace(
             base,
             status="nonfinite" if nonfinite else base.status,

@@ -47,6 +47,14 @@ if TYPE_CHECKING:
     from torch import nn
 
 
+def _in_backward() -> bool:
+    """A module called while backward runs: activation checkpointing recomputing a forward, not a model call."""
+    import torch
+
+    current = getattr(torch._C, "_current_autograd_node", None)
+    return current is not None and current() is not None
+
+
 class Watcher(StepReplay):
     """``with Watcher(options) as w:`` watches the block; ``w.report()`` afterwards.
 
@@ -229,7 +237,7 @@ class Watcher(StepReplay):
         if self._busy:
             return
         self._depth += 1
-        if self._depth != 1 or not self._landmark() or not torch.is_grad_enabled():
+        if self._depth != 1 or not self._landmark() or not torch.is_grad_enabled() or _in_backward():
             return
         if self._learning and not any(module is r for r in self._roots):
             self._roots.append(module)
