@@ -93,15 +93,15 @@ PLANTED = [
     Planted("test_consequences", "DROPPED", watched=False, reason=NOT_WATCHED),
     # The script dies of the NaN before backward(), where watch mode's first check is: its own exception, exit 3.
     *(Planted("test_exceptions", "DIES_OF_IT", key=k, died=True) for k in ("assert", "bce", "index", "multinomial")),
-    # GradScaler's collapse: the replay of the last skipped step names GELU's cube in backward where the full
-    # trace names it in forward (same op, module, step, line); not yet explained.
+    # GradScaler's collapse: the last skipped step replayed, its first producer failed as a full trace's skip
+    # does (GELU's cube in forward, whose inf tanh masks). Not exact: GradScaler.step unscaled the step's
+    # gradients in place before it skipped, the replay's are still scaled, so the two are not bit-equal.
     Planted(
         "test_training_shapes",
         "GPT2",
         args=("gpt2.json", "overflow"),
         options=("--max-skipped-steps", "3"),
-        differs=frozenset({"phase"}),
-        reason="",
+        reason="the replayed gradients differ from the step's",
     ),
 ]
 
@@ -156,7 +156,7 @@ def test_the_fields_agree_on_most_scripts() -> None:
     """The figure the issue asks for: of the compared scripts' fields, how many may differ."""
     compared = [p for p in PLANTED if p.watched and p.named and not p.died]
     allowed = sum(len(p.differs) for p in compared)
-    assert (len(PLANTED), len(compared), len(compared) * len(FIELDS), allowed) == (22, 12, 132, 38)
+    assert (len(PLANTED), len(compared), len(compared) * len(FIELDS), allowed) == (22, 12, 132, 37)
 
 
 COMPARED_ELSEWHERE = {

@@ -27,7 +27,7 @@ from dtypecheck.nantrace.frames import FrameFinder
 from dtypecheck.nantrace.ops import tensors_in
 from dtypecheck.nantrace.report import NanTraceReport, ScaleCollapse, SkippedStep
 from dtypecheck.nantrace.tracer import StopTracing, TraceOptions, Tracer
-from dtypecheck.nantrace.training import scale_of, scaler_found_inf
+from dtypecheck.nantrace.training import scale_of, scaler_found_inf, untraced
 from dtypecheck.nantrace.watch.held import HeldModules
 from dtypecheck.nantrace.watch.replay import Detected, StepReplay, keep_grad
 from dtypecheck.nantrace.watch.state import (
@@ -376,7 +376,16 @@ class Watcher(StepReplay):
         )
         self._detect("scale_collapse")
         self._replay_calls()
-        if self._tracer is not None:
+        tracer = self._tracer
+        if tracer is not None:
+            # As a full trace's GradScaler skip does: every open producer of the step is the skipped step's, and
+            # the collapse fails the first of them (GELU's cube, whose inf tanh then masks), not the first value
+            # left unmasked once the replay ends (the cube's gradient in backward).
+            with untraced():
+                tracer.flush()
+                first = tracer.judge.skip_step()
+                if first is not None:
+                    tracer.judge.fail(tracer.judge.producer_index(first), "scale_collapse")
             self._end_replay(consequence="scale_collapse")
         if self._found is None:
             self._finish(None)  # the collapse is the finding, with or without its producer
