@@ -461,8 +461,10 @@ class StepReplay:
         found = self._found
         base = found if found is not None else NanTraceReport(status="clean", first=None, warnings=(), ops=0, steps=0)
         # A check that failed is a finding even when no replay or later traced step could name its producer: the
-        # run had a non-finite loss, gradient or update, and the reason says why it is unnamed.
-        nonfinite = base.first is not None or self.scale_collapse is not None or self.detected is not None
+        # run had a non-finite loss, gradient or update, and the reason says why it is unnamed. Not a value that
+        # arrived through DDP's all-reduce: the rank of its birth reports it (this rank's report stays clean).
+        detected = self.detected is not None and self.reason != ARRIVED
+        nonfinite = base.first is not None or self.scale_collapse is not None or detected
         report = dataclasses.replace(
             base,
             status="nonfinite" if nonfinite else base.status,
