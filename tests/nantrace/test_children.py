@@ -179,8 +179,7 @@ def test_a_nan_made_in_a_worker_is_named_at_the_workers_line(
         ("fork", "neginf", False),
         ("fork", "neginf", True),
         ("spawn", "neginf", True),
-        ("fork", "getitem", True),
-        ("fork", "collate", True),
+        ("fork", "getitem", True),  # collate_fn's batches take the same path (fetch) under watch mode
     ],
 )
 def test_a_value_made_in_a_worker_is_named_at_the_workers_line_in_both_modes(
