@@ -32,14 +32,21 @@ def majority_float_dtype(module: nn.Module) -> torch.dtype | None:
     """The floating dtype holding most of a module's parameter elements (None without float parameters)."""
     counts: dict[torch.dtype, int] = {}
     for parameter in module.parameters():
-        if parameter.is_floating_point():
+        if parameter.is_floating_point() and not _lazy(parameter):
             counts[parameter.dtype] = counts.get(parameter.dtype, 0) + parameter.numel()
     return max(counts, key=lambda d: counts[d]) if counts else None
 
 
+def _lazy(parameter: torch.Tensor) -> bool:
+    """A lazy module's parameter before its first call (``LazyLinear``): no shape yet, and ``numel()`` raises."""
+    from torch.nn.parameter import is_lazy
+
+    return is_lazy(parameter)
+
+
 def module_dtype(module: nn.Module) -> torch.dtype | None:
     """The dtype of a module's own parameters (its children's when it has none of its own)."""
-    own = [p for p in module.parameters(recurse=False) if p.is_floating_point()]
+    own = [p for p in module.parameters(recurse=False) if p.is_floating_point() and not _lazy(p)]
     if own:
         counts: dict[torch.dtype, int] = {}
         for parameter in own:

@@ -13,6 +13,19 @@ from dtypecheck.nantrace.report import Location
 FrameKey = tuple[CodeType, int]
 """(code object, line number): enough to rebuild a ``Location`` later, and cheap to take per op."""
 
+_STAND_INS: dict[CodeType, str] = {}
+"""Frames of dtypecheck's own that re-run the user's calls (watch mode's replay of a model call): by code object,
+the name of the local that holds the ``FrameKey`` of the user's line that made the call the first time."""
+
+_USER, _INTERNAL, _RUNNER, _STAND_IN = 0, 1, 2, 3
+
+
+def stand_in(code: CodeType, local: str) -> None:
+    """Ops called below a frame running ``code`` are the user's line that its local ``local`` (a ``FrameKey``
+    or None) names: a replay calls the user's model from a hook, whose own caller line is not where the model
+    was called. Register before the ``FrameFinder`` that should honour it is made."""
+    _STAND_INS[code] = local
+
 
 def _internal_roots() -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(torch and dtypecheck, the standard library): the frames that are never the user's."""
@@ -33,6 +46,8 @@ class FrameFinder:
     def __init__(self) -> None:
         self._ours, self._stdlib = _internal_roots()
         self._internal: dict[CodeType, bool] = {}
+        self._walk: dict[CodeType, int] = {}
+        """By code object: user's, internal, the runner's or a stand-in's (the walk's one lookup per frame)."""
         # Frames above the runner are the command line (typer, click): never the user's line. Reaching it
         # means the op was called by dtypecheck itself (factory mode calling a library model directly).
         self._runner = str(Path(__file__).resolve().parent / "runner.py")
@@ -48,19 +63,33 @@ class FrameFinder:
             self._internal[code] = verdict
         return verdict
 
+    def _kind(self, code: CodeType) -> int:
+        if not self.is_internal(code):
+            kind = _USER
+        elif code in _STAND_INS:
+            kind = _STAND_IN
+        else:
+            kind = _RUNNER if code.co_filename == self._runner else _INTERNAL
+        self._walk[code] = kind
+        return kind
+
     def user_frame(self, depth: int = 1) -> FrameKey | None:
         frame: FrameType | None = sys._getframe(depth + 1)
-        internal = self._internal
+        walk = self._walk
         while frame is not None:
             code = frame.f_code
-            verdict = internal.get(code)
-            if verdict is None:
-                verdict = self.is_internal(code)
-            if not verdict:
+            kind = walk.get(code)
+            if kind is None:
+                kind = self._kind(code)
+            if kind == _INTERNAL:
+                frame = frame.f_back
+                continue
+            if kind == _USER:
                 return code, frame.f_lineno
-            if code.co_filename == self._runner:
+            if kind == _RUNNER:
                 return None
-            frame = frame.f_back
+            held: FrameKey | None = frame.f_locals.get(_STAND_INS[code])
+            return held
         return None
 
 

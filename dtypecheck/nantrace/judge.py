@@ -85,6 +85,11 @@ class Judge:
         self.taint = Taint()
         self.scaled_backward = False
         """A GradScaler scales the loss: gradients near the dtype's max are its doing, not a climb."""
+        self.untraced_inputs: set[int] = set()
+        """``op_index`` of each producer that read a non-finite value no traced op produced (data that arrived from
+        a DataLoader worker, a constant made before tracing, or what such a value passed through): when a worker
+        found where that data went non-finite, its producer is the root (``workers.merge_workers``)."""
+        self._read_untraced = False
         self._warned: set[tuple[str, str | None]] = set()
         self._checks = list(op_checks())
 
@@ -105,8 +110,10 @@ class Judge:
                 known = self.taint.known(checked.tensor)
                 if known is not None and known[2] is not None:
                     origins.append(known[2])
-                elif known is None and checked.has_nan:
-                    external.append(checked.tensor)
+                else:
+                    self._read_untraced = True
+                    if known is None and checked.has_nan:
+                        external.append(checked.tensor)
                 nan_in |= checked.has_nan
                 inf_in |= checked.has_inf
         if not self.taint.storages and not look:
@@ -135,6 +142,8 @@ class Judge:
                 inf_in |= known[1]
                 if known[2] is not None:
                     origins.append(known[2])
+                elif known[0] or known[1]:
+                    self._read_untraced = True
         return nan_in, inf_in, external, origins
 
     def _arrived(self, record: OpRecord) -> bool:
@@ -217,6 +226,7 @@ class Judge:
             return
         out_nan = any(c.has_nan for c in record.checked)
         out_inf = any(c.has_inf for c in record.checked)
+        self._read_untraced = False
         nan_in, inf_in, external_nan, origins = self._inputs_state(record, look=True)
         kind: EventKind | None = None
         nonfinite_input = False
@@ -239,6 +249,8 @@ class Judge:
         if kind is not None:
             event = self._event(record, kind, nonfinite_input)
             origin = self.taint.add(event, tuple(dict.fromkeys(origins)))
+            if self._read_untraced and not origins:
+                self.untraced_inputs.add(event.op_index)
             for tensor in external_nan:
                 known = self.taint.known(tensor)
                 self.taint.mark(tensor, True, known is not None and known[1], origin)

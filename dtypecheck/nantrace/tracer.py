@@ -433,7 +433,8 @@ class Tracer:
     ) -> NanTraceReport:
         """The result; ``failure`` is the exception that ended the traced code, explained when it is a dtype
         mismatch that tracing saw happen."""
-        events = merge_workers(tuple(sorted(self.judge.events, key=lambda e: e.op_index)), self.workers.collected())
+        events = tuple(sorted(self.judge.events, key=lambda e: e.op_index))
+        events = merge_workers(events, self.workers.collected(), untraced=self.judge.untraced_inputs)
         dominant = self.flow.dominant
         dtype_error = None
         if failure is not None:

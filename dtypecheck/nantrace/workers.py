@@ -30,24 +30,24 @@ if TYPE_CHECKING:
 _FETCHERS = ("_MapDatasetFetcher", "_IterableDatasetFetcher")
 
 
-def _nonfinite(batch: Any) -> bool:
+def nonfinite_batch(batch: Any) -> bool:
     import torch
 
     return any(t.is_floating_point() and not bool(torch.isfinite(t).all()) for t in tensors_in(batch))
 
 
-class WorkerWatch:
-    """Wraps the DataLoader's fetchers while tracing; ``collected()`` is what the workers found."""
+class FetchWatch:
+    """Wraps the DataLoader's fetchers (``fetch``: what to do around each batch a worker makes); ``collected()``
+    is what the workers handed over. ``WorkerWatch`` traces the workers fully, watch mode's ``WorkerReplay``
+    checks each batch and traces only the making of a non-finite one again."""
 
     def __init__(
         self,
-        tracer: TracerHooks,
         *,
         worker_init: Callable[[Any, Path, int], Any] | None = None,
         folder: Path | None = None,
         origin: int | None = None,
     ) -> None:
-        self.tracer = tracer
         self._worker_init = worker_init
         """Builds a spawned worker's ``worker_init_fn`` (``tracer.TracedWorkerInit``), None: spawned ones untraced."""
         self.folder = folder or Path(tempfile.gettempdir()) / f"dtypecheck-nantrace-{os.getpid()}-{id(self)}"
@@ -55,7 +55,9 @@ class WorkerWatch:
         """The traced process: it collects; any other process (a worker) hands over."""
         self._restore: list[tuple[Any, str, Any]] = []
         self._fetches = 0
-        self._sent = 0
+
+    def fetch(self, fetcher: Any, index: Any, original: Callable[[Any, Any], Any]) -> Any:
+        raise NotImplementedError
 
     def install(self) -> None:
         try:
@@ -70,9 +72,7 @@ class WorkerWatch:
             original = fetcher.fetch
 
             def traced_fetch(self: Any, index: Any, _original: Any = original) -> Any:
-                batch = _original(self, index)
-                watch.fetched(batch)
-                return batch
+                return watch.fetch(self, index, _original)
 
             self._restore.append((fetcher, "fetch", original))
             fetcher.fetch = traced_fetch
@@ -101,30 +101,25 @@ class WorkerWatch:
             setattr(owner, name, original)
         self._restore.clear()
 
-    def fetched(self, batch: Any) -> None:
-        """In a worker: judge what making ``batch`` ran; hand its first producer over when the batch is not finite."""
-        if os.getpid() == self._origin or self.tracer.stopped:
-            return
+    def place(self) -> tuple[int, int] | None:
+        """In a worker: (its id, the place of the batch it is making now); None in the traced process."""
+        if os.getpid() == self._origin:
+            return None
         from torch.utils.data import get_worker_info
-
-        from dtypecheck.nantrace.training import untraced
 
         info = get_worker_info()
         if info is None:
-            return
+            return None
         place = self._fetches * info.num_workers + info.id  # batches go to the workers in turn
         self._fetches += 1
-        with untraced():
-            self.tracer.judge_now()
-            producers = self.tracer.judge.taint.producers
-            found, self._sent = producers[self._sent :], len(producers)
-            if not found or not _nonfinite(batch):
-                return
-            event = dataclasses.replace(found[0].event, worker=info.id, batch=place)
+        return info.id, place
+
+    def hand_over(self, event: Event, worker: int, place: int) -> None:
+        """In a worker: the event for the traced process, which reads the folder when its report is made."""
         self.folder.mkdir(exist_ok=True)
-        target = self.folder / f"{place:09d}-{info.id}.pickle"
+        target = self.folder / f"{place:09d}-{worker}.pickle"
         partial = target.with_suffix(".partial")
-        partial.write_bytes(pickle.dumps(event))
+        partial.write_bytes(pickle.dumps(dataclasses.replace(event, worker=worker, batch=place)))
         partial.replace(target)
 
     def collected(self) -> list[Event]:
@@ -139,16 +134,63 @@ class WorkerWatch:
         return events
 
 
+class WorkerWatch(FetchWatch):
+    """A full trace's workers: a forked one runs on under the tracer it inherited; after each batch it judges."""
+
+    def __init__(
+        self,
+        tracer: TracerHooks,
+        *,
+        worker_init: Callable[[Any, Path, int], Any] | None = None,
+        folder: Path | None = None,
+        origin: int | None = None,
+    ) -> None:
+        super().__init__(worker_init=worker_init, folder=folder, origin=origin)
+        self.tracer = tracer
+        self._sent = 0
+
+    def fetch(self, fetcher: Any, index: Any, original: Callable[[Any, Any], Any]) -> Any:
+        batch = original(fetcher, index)
+        self.fetched(batch)
+        return batch
+
+    def fetched(self, batch: Any) -> None:
+        """In a worker: judge what making ``batch`` ran; hand its first producer over when the batch is not finite."""
+        if os.getpid() == self._origin or self.tracer.stopped:
+            return
+        from dtypecheck.nantrace.training import untraced
+
+        where = self.place()
+        if where is None:
+            return
+        with untraced():
+            self.tracer.judge_now()
+            producers = self.tracer.judge.taint.producers
+            found, self._sent = producers[self._sent :], len(producers)
+            if not found or not nonfinite_batch(batch):
+                return
+            self.hand_over(found[0].event, *where)
+
+
 def _default_start_method() -> str | None:
     import multiprocessing
 
     return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_context().get_start_method()
 
 
-def merge_workers(events: tuple[Event, ...], found: list[Event]) -> tuple[Event, ...]:
+def merge_workers(
+    events: tuple[Event, ...], found: list[Event], *, untraced: set[int] | frozenset[int] = frozenset()
+) -> tuple[Event, ...]:
     """The main process's first producer, when it is data that arrived (``input``) and a worker found where that
-    data went non-finite, becomes the worker's event; the consuming line is kept as its ``arrival``."""
-    if not events or not found or events[0].cause != "input" or events[0].phase == "backward":
+    data went non-finite, becomes the worker's event; the consuming line is kept as its ``arrival``.
+
+    So does a producer in the ``untraced`` set (``Judge.untraced_inputs``): one that read an infinity no traced op
+    made. A ``-inf`` from the worker is not yet a NaN: the main process's ``addmm`` makes NaN of it (``inf - inf``),
+    a new NaN there by the rules, whose root is still the worker's line."""
+    if not events or not found:
+        return events
+    arrived_data = events[0].cause == "input" and events[0].phase != "backward"
+    if not arrived_data and events[0].op_index not in untraced:
         return events
     arrived, born = events[0], found[0]
     merged = dataclasses.replace(

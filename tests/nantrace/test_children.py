@@ -116,6 +116,8 @@ class Data(Dataset):
         x = torch.full((3,), float(i))
         if i == 5 and sys.argv[2] == "getitem":
             x = torch.log(x - 10)  # getitem
+        if i == 5 and sys.argv[2] == "neginf":
+            x = torch.log(x - 5)  # neginf
         return x
 
 
@@ -128,6 +130,7 @@ def collate(items):
 
 def main():
     loader = DataLoader(Data(), batch_size=2, num_workers=2, multiprocessing_context=sys.argv[1], collate_fn=collate)
+    torch.manual_seed(0)
     model = torch.nn.Linear(3, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     for x in loader:
@@ -168,3 +171,41 @@ def test_a_nan_made_in_a_worker_is_named_at_the_workers_line(
     assert first["cause"] == "invalid_math"
     # batch 2 is consumed in step 3, batch 3 in step 4 (one optimizer step per batch)
     assert (first["step"], first["consequence"]) == (batch + 1, "loss")
+
+
+@pytest.mark.parametrize(
+    ("method", "where", "watch"),
+    [
+        ("fork", "neginf", False),
+        ("fork", "neginf", True),
+        ("spawn", "neginf", True),
+        ("fork", "getitem", True),  # collate_fn's batches take the same path (fetch) under watch mode
+    ],
+)
+def test_a_value_made_in_a_worker_is_named_at_the_workers_line_in_both_modes(
+    nantrace: NanTrace, method: str, where: str, watch: bool
+) -> None:
+    """Issue 30.4: a ``-inf`` made in a worker was named at the main process's ``addmm`` (which makes NaN of it,
+    ``inf - inf``), worker and batch null, in both modes; under ``--watch`` a NaN from the same line was too.
+
+    ``log(5 - 5)`` is ``-inf`` in all 3 features of item 5, which is in batch 2 (items 4, 5), worker 0's second;
+    it is consumed in step 3 (one optimizer step per batch) and reaches the loss."""
+    script, text = nantrace.write("worker_nan.py", WORKER_NAN)
+    done = nantrace.process(*(["--watch"] if watch else []), str(script), "--format", "json", "--", method, where)
+    assert done.returncode == 1, done.stderr
+    doc = json.loads(done.stdout)
+    first = doc["first"]
+    kind, op, worker, batch = {
+        "neginf": ("inf", "aten.log.default", 0, 2),
+        "getitem": ("nan", "aten.log.default", 0, 2),
+        "collate": ("nan", "aten.div.Tensor", 1, 3),
+    }[where]
+    assert (first["kind"], first["op"], first["worker"], first["batch"]) == (kind, op, worker, batch)
+    assert (first["phase"], first["module"]) == ("other", None)
+    assert first["location"]["line"] == line_of(text, where)
+    assert first["arrival"]["line"] == line_of(text, "consumed")
+    assert (first["step"], first["consequence"]) == (batch + 1, "loss")
+    if where == "neginf":
+        assert (first["counts"]["neginf"], first["counts"]["nan"]) == (3, 0)
+    if watch:
+        assert (doc["watch"]["detected_step"], doc["watch"]["exact"]) == (batch + 1, True)

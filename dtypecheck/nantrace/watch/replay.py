@@ -10,6 +10,7 @@ import dataclasses
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
+from dtypecheck.nantrace.frames import stand_in
 from dtypecheck.nantrace.ops import tensors_in
 from dtypecheck.nantrace.report import Event, NanTraceReport, ScaleCollapse, SkippedStep, WatchSummary
 from dtypecheck.nantrace.tracer import TraceOptions, Tracer
@@ -24,6 +25,8 @@ from dtypecheck.nantrace.watch.state import (
     read_flags,
     same_values,
 )
+from dtypecheck.nantrace.watch.workers import WorkerReplay
+from dtypecheck.nantrace.workers import merge_workers
 
 if TYPE_CHECKING:
     import torch
@@ -82,6 +85,13 @@ def post_hooks_apart() -> Iterator[None]:
         optimizer_module._global_optimizer_post_hooks = running
 
 
+BORN_IN_THE_DATA = (
+    "the model's inputs were already non-finite when it was called: the value was born before the call (in the "
+    "data, or code between loading it and the model), which watch mode does not re-run; the model's first op "
+    "that read it is reported (run without --watch to name the line that made it)"
+)
+
+
 LOSS_OUTSIDE = (
     "the step's loss went non-finite while every replayed model output was finite: it was born in the loss "
     "computed outside the model calls, which watch mode does not re-run; the first non-finite value inside them is "
@@ -105,9 +115,14 @@ def replay_call(call: ModelCall) -> bool:
 
     True when the outputs came out finite but a gradient sent into them was not: born outside the model."""
     import torch
+    from torch.utils._pytree import tree_map
 
+    where = call.where  # noqa: F841  (read by the tracer's frame walk: ``frames.stand_in`` below)
+    # An argument computed by an earlier call (a block run under activation checkpointing, then the head) belongs to
+    # the step's own graph, which its backward has freed: each call is replayed apart, backward from its outputs.
+    args, kwargs = tree_map(_cut, (call.args, call.kwargs))
     with call.autocast.applied():
-        output = _inner(call.module)(*call.args, **call.kwargs)
+        output = _inner(call.module)(*args, **kwargs)
     tensors = list(tensors_in(output))
     with untraced():
         finite_out = read_flags([finite_values(tensors)])
@@ -121,6 +136,15 @@ def replay_call(call: ModelCall) -> bool:
     if roots:
         torch.autograd.backward([t for t, _ in roots], [g for _, g in roots])
     return False
+
+
+stand_in(replay_call.__code__, "where")
+
+
+def _cut(value: Any) -> Any:
+    import torch
+
+    return value.detach() if isinstance(value, torch.Tensor) and value.grad_fn is not None else value
 
 
 def _depends_on(later: torch.Tensor, earlier: torch.Tensor) -> bool:
@@ -175,10 +199,14 @@ class StepReplay:
     _update_done: bool
     _found: NanTraceReport | None
     held_nonfinite: tuple[str, ...]
+    _workers: WorkerReplay
+    arguments_nonfinite: bool
 
     # -- replays -----------------------------------------------------------------------------------------------
     def _new_tracer(self) -> Tracer:
         model = self._model if self._model is not None else (self._roots[0] if self._roots else None)
+        # torch.compile's wrapper: a full trace runs the module it wraps, and names from there.
+        model = getattr(model, "_orig_mod", model)
         names = None if model is None else {id(m): n for n, m in model.named_modules()}
         tracer = Tracer(dataclasses.replace(self.options, stop_run=False, keep_going=False), module_names=names)
         # The update's writes are named after the model's parameters even when no forward runs in the replay.
@@ -277,6 +305,9 @@ class StepReplay:
         if not same and not distributed:
             for parameter, old in zip(parameters, original, strict=True):
                 parameter.grad = old  # the run goes on with the gradients it computed itself
+        # Data, not an earlier call's output (those have a grad_fn: their values were born in the replay too).
+        arguments = [t for c in self._calls for t, _ in c.versions if t.is_floating_point() and t.grad_fn is None]
+        self.arguments_nonfinite = not read_flags([finite_values(arguments)])
         replayed = [p.grad for p in parameters if p.grad is not None]
         if any(outside):
             failed_replay = BORN_OUTSIDE
@@ -340,11 +371,13 @@ class StepReplay:
         assert tracer is not None
         if entered:
             tracer.__exit__(None, None, None)
-        report = tracer.report()
+        report = self._with_workers(tracer.report(), tracer)
         if report.first is None:
             self.exact = False
             self._give_up(CAME_OUT_FINITE, replayed=True)
             return
+        if self.arguments_nonfinite and report.first.worker is None and self.exact:
+            self.exact, self.reason = False, BORN_IN_THE_DATA
         if consequence is not None:
             first = dataclasses.replace(report.first, consequence=consequence)  # type: ignore[arg-type]
             report = dataclasses.replace(report, first=first, events=(first, *report.events[1:]))
@@ -368,8 +401,17 @@ class StepReplay:
         tracer, self._fallback = self._fallback, None
         assert tracer is not None
         tracer.__exit__(None, None, None)
-        report = tracer.report()
+        report = self._with_workers(tracer.report(), tracer)
         self._finish(shifted(report, self._offset) if report.first is not None else None, traced=report)
+
+    def _with_workers(self, report: NanTraceReport, tracer: Tracer) -> NanTraceReport:
+        """The replayed step's producer, when it is data a DataLoader worker made non-finite, named at the worker
+        (its batch re-made traced there, ``watch.workers``), as a full trace names it."""
+        found = self._workers.collected()
+        if report.first is None or not found:
+            return report
+        events = merge_workers(report.events, found, untraced=tracer.judge.untraced_inputs)
+        return dataclasses.replace(report, first=events[0], events=events)
 
     def _finish(self, found: NanTraceReport | None, *, traced: NanTraceReport | None = None) -> None:
         self._found = found if found is not None else traced
@@ -418,7 +460,11 @@ class StepReplay:
     def report(self, **extra: Any) -> NanTraceReport:
         found = self._found
         base = found if found is not None else NanTraceReport(status="clean", first=None, warnings=(), ops=0, steps=0)
-        nonfinite = base.first is not None or self.scale_collapse is not None or self.detected == "held_tensors"
+        # A check that failed is a finding even when no replay or later traced step could name its producer: the
+        # run had a non-finite loss, gradient or update, and the reason says why it is unnamed. Not a value that
+        # arrived through DDP's all-reduce: the rank of its birth reports it (this rank's report stays clean).
+        detected = self.detected is not None and self.reason != ARRIVED
+        nonfinite = base.first is not None or self.scale_collapse is not None or detected
         report = dataclasses.replace(
             base,
             status="nonfinite" if nonfinite else base.status,

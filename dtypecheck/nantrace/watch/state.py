@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from dtypecheck.nantrace import native
+from dtypecheck.nantrace.frames import FrameKey
 from dtypecheck.nantrace.ops import tensors_in
 
 if TYPE_CHECKING:
@@ -187,14 +188,20 @@ class ModelCall:
     """The gradient backward sent into the call's output tensors, by position among them."""
     output_finite: bool | None = None
     """Whether the replayed call's outputs came out finite (None before its replay)."""
+    where: FrameKey | None = None
+    """The user's line that made the call: the replay's ops are named there, not at the hook that replays them
+    (a library module's ops have no line of the user's own below the call)."""
 
     def arguments_unchanged(self) -> bool:
         return all(t._version == v for t, v in self.versions)
 
 
-def call_of(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ModelCall:
+def call_of(
+    module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], where: FrameKey | None = None
+) -> ModelCall:
     arguments = [*tensors_in(args), *tensors_in(kwargs)]
-    return ModelCall(module, args, dict(kwargs), [(t, t._version) for t in arguments], AutocastState.take())
+    versions = [(t, t._version) for t in arguments]
+    return ModelCall(module, args, dict(kwargs), versions, AutocastState.take(), where=where)
 
 
 def _buffers_of(module: nn.Module) -> list[torch.Tensor]:

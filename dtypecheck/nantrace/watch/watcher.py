@@ -17,15 +17,17 @@ This module watches; the replays and the report are ``replay.StepReplay``, the h
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from dtypecheck.nantrace.frames import FrameFinder
 from dtypecheck.nantrace.ops import tensors_in
 from dtypecheck.nantrace.report import NanTraceReport, ScaleCollapse, SkippedStep
 from dtypecheck.nantrace.tracer import StopTracing, TraceOptions, Tracer
-from dtypecheck.nantrace.training import scale_of, scaler_found_inf
+from dtypecheck.nantrace.training import scale_of, scaler_found_inf, untraced
 from dtypecheck.nantrace.watch.held import HeldModules
 from dtypecheck.nantrace.watch.replay import Detected, StepReplay, keep_grad
 from dtypecheck.nantrace.watch.state import (
@@ -39,9 +41,18 @@ from dtypecheck.nantrace.watch.state import (
     finite_values,
     read_flags,
 )
+from dtypecheck.nantrace.watch.workers import WorkerReplay
 
 if TYPE_CHECKING:
     from torch import nn
+
+
+def _in_backward() -> bool:
+    """A module called while backward runs: activation checkpointing recomputing a forward, not a model call."""
+    import torch
+
+    current = getattr(torch._C, "_current_autograd_node", None)
+    return current is not None and current() is not None
 
 
 class Watcher(StepReplay):
@@ -95,6 +106,8 @@ class Watcher(StepReplay):
         self.detected_step: int | None = None
         self.replayed_step: int | None = None
         self.exact: bool | None = None
+        self.arguments_nonfinite = False
+        """The replayed step's model calls were handed a non-finite tensor: born before them, in the data."""
         self.reason: str | None = None
         self.traced_from: int | None = None
         self.snapshot_bytes = 0
@@ -110,6 +123,9 @@ class Watcher(StepReplay):
         self._handles: list[Any] = []
         self._module_handles: list[Any] = []
         self._restore: list[tuple[Any, str, Any]] = []
+        self._frames: FrameFinder
+        quiet = dataclasses.replace(self.options, stop_run=False, keep_going=False)
+        self._workers = WorkerReplay(lambda: Tracer(quiet))
 
     # -- installing --------------------------------------------------------------------------------------------
     def __enter__(self) -> Watcher:
@@ -117,6 +133,7 @@ class Watcher(StepReplay):
         import torch.optim.optimizer as optimizer_module
         from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
+        self._frames = FrameFinder()
         # Until the first step ends every module is seen, to learn which are called outermost; then only those.
         self._module_handles = [
             register_module_forward_pre_hook(self._global_enter),
@@ -124,6 +141,7 @@ class Watcher(StepReplay):
         ]
         self._patch(torch.autograd, "backward", self._wrap_backward)
         self._held.install(self._patch, self._model)
+        self._workers.install()
         self._patch(torch.optim.Optimizer, "__init__", self._wrap_optimizer_init)
         self._handles.append(optimizer_module.register_optimizer_step_pre_hook(self._before_update))
         self._handles.append(optimizer_module.register_optimizer_step_post_hook(self._after_update))
@@ -151,6 +169,7 @@ class Watcher(StepReplay):
         setattr(owner, name, make(original))
 
     def _remove(self) -> None:
+        self._workers.remove()
         for handle in (*self._handles, *self._module_handles):
             handle.remove()
         self._handles.clear()
@@ -218,7 +237,7 @@ class Watcher(StepReplay):
         if self._busy:
             return
         self._depth += 1
-        if self._depth != 1 or not self._landmark() or not torch.is_grad_enabled():
+        if self._depth != 1 or not self._landmark() or not torch.is_grad_enabled() or _in_backward():
             return
         if self._learning and not any(module is r for r in self._roots):
             self._roots.append(module)
@@ -232,7 +251,7 @@ class Watcher(StepReplay):
         if id(module) not in self._snapshotted:
             self._snapshotted.add(id(module))
             self._buffers.take(module)
-        self._call_open = call_of(module, args, kwargs)
+        self._call_open = call_of(module, args, kwargs, self._frames.user_frame())
         self._calls.append(self._call_open)
 
     def _exit(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
@@ -357,7 +376,16 @@ class Watcher(StepReplay):
         )
         self._detect("scale_collapse")
         self._replay_calls()
-        if self._tracer is not None:
+        tracer = self._tracer
+        if tracer is not None:
+            # As a full trace's GradScaler skip does: every open producer of the step is the skipped step's, and
+            # the collapse fails the first of them (GELU's cube, whose inf tanh then masks), not the first value
+            # left unmasked once the replay ends (the cube's gradient in backward).
+            with untraced():
+                tracer.flush()
+                first = tracer.judge.skip_step()
+                if first is not None:
+                    tracer.judge.fail(tracer.judge.producer_index(first), "scale_collapse")
             self._end_replay(consequence="scale_collapse")
         if self._found is None:
             self._finish(None)  # the collapse is the finding, with or without its producer
