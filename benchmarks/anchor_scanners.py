@@ -20,7 +20,7 @@ Inputs, all generated (``tests/security/corpus.py``), nothing stored:
 Each tool gets the path a user would give it (a file or a folder; fickling, which reads one file, gets each file of a
 folder in turn) and is judged by its exit status: flagged (1), clean (0), errored (anything else, or a crash).
 dtypecheck is "flagged" when ``scan-model`` exits 1 with a ``fail`` finding of a security kind (a global, a
-differential, a smuggled copy, an unreadable pickle), not merely a numeric one.
+differential, a smuggled copy, code in an archive, an unreadable pickle), not merely a numeric one.
 
     .venv/bin/python benchmarks/anchor_scanners.py [--timeout 120] [--keep DIR] [--venv DIR] [--no-anchors]
 """
@@ -41,13 +41,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from dtypecheck import findings  # noqa: E402
 from tests.security import corpus  # noqa: E402
 from tests.security.harness import environment, prove_live  # noqa: E402
 
 ANCHORS = {"picklescan": "picklescan==1.0.5", "modelscan": "modelscan==0.8.8", "fickling": "fickling==0.1.12"}
 EXTRA_REQUIREMENTS = ("typing_extensions==4.16.0",)  # fickling 0.1.12 imports it without declaring it
 LIVE_CLASSES = ("globals", "unread-pickles", "differentials", "loadable-files", "gadgets", *corpus.GATE_CLASSES)
-SECURITY_KINDS = {"pickle-global", "zip-differential", "duplicate-entry", "pickle-polyglot", "unreadable-file"}
+SECURITY_KINDS = {*findings.SECURITY_KINDS, "unreadable-file"}
+"""What makes dtypecheck's verdict "flagged": a security finding (``contains-code`` of a TorchScript archive included)
+or a pickle it could not read to the end."""
 
 
 def install_anchors(where: Path) -> Path | None:

@@ -69,7 +69,8 @@ class Hostile:
     there); None: the code under test's folder."""
     loader: str = "torch.load"
     """How the live proof reads ``torch_load``: ``torch.load`` (``weights_only=False``), ``jit.load``,
-    ``dcp.load`` (a folder) or ``none`` (nothing to prove: the input carries no code)."""
+    ``dcp.load`` (a folder), ``package.load`` (``PackageImporter.load_pickle`` of every pickle of a torch.package
+    archive) or ``none`` (nothing to prove: the input carries no code)."""
 
 
 # --- a small pickle assembler (protocol 4 opcodes) -------------------------------------------------------------

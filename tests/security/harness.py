@@ -49,6 +49,13 @@ PROVE_BY_LOADER = textwrap.dedent(
         try:
             if loader == "jit.load":
                 torch.jit.load(path)
+            elif loader == "package.load":  # every pickle of a torch.package archive, as its users load them
+                from torch.package import PackageImporter
+                importer = PackageImporter(path)
+                for name in importer.zip_reader.get_all_records():
+                    if name.endswith(".pkl") and not name.startswith(".data/"):
+                        package, _, resource = name.rpartition("/")
+                        importer.load_pickle(package.replace("/", "."), resource)
             elif loader == "dcp.load":
                 import torch.distributed.checkpoint as dcp
                 meta = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
