@@ -237,7 +237,7 @@ def packaged_module(path: Path, marker: Path) -> Path:
     import warnings
 
     import torch
-    from torch.package import PackageExporter
+    from torch.package.package_exporter import PackageExporter
 
     name = "packaged_" + hashlib.sha256(str(path).encode()).hexdigest()[:12]
     source = path.parent / f"{path.stem}-source"
@@ -264,7 +264,7 @@ def packaged_state_dict(path: Path) -> Path:
     import warnings
 
     import torch
-    from torch.package import PackageExporter
+    from torch.package.package_exporter import PackageExporter
 
     with warnings.catch_warnings(), PackageExporter(str(path)) as exporter:
         warnings.simplefilter("ignore")
