@@ -107,16 +107,18 @@ class ModuleTree:
 
     def origin(self, module: str) -> tuple[Origin, str | None]:
         """Where importing ``module`` (and, first, each package above it) takes code from: ``installed`` (an extern
-        or implicit import), ``archive`` (with the first of the archive's sources it runs) or ``missing``."""
+        or implicit import), ``archive`` (with the first of the archive's sources it runs) or ``missing`` (not found,
+        or an empty package the archive only implies, which holds no name)."""
         atoms = module.split(".")
         for end in range(1, len(atoms) + 1):
-            origin, source = self._load(atoms[:end])
-            if origin != "installed" or source is not None:
-                return origin, source
-        return "installed", None
+            found, source = self._load(atoms[:end])
+            if found != "empty":
+                return found, source
+        return "missing", None
 
-    def _load(self, atoms: list[str]) -> tuple[Origin, str | None]:
-        """``PackageImporter._load_module`` of one name: (origin, source it runs or None)."""
+    def _load(self, atoms: list[str]) -> tuple[Origin | Literal["empty"], str | None]:
+        """``PackageImporter._load_module`` of one name: what it finds (an ``Origin`` or ``empty``, a package of
+        the archive without an ``__init__.py``) and the source it runs."""
         node = self._root
         for atom in atoms:
             if node.kind == "module" or atom not in node.children:
@@ -124,7 +126,7 @@ class ModuleTree:
             node = node.children[atom]
             if node.kind == "extern":
                 return "installed", None
-        return ("archive", node.source) if node.source is not None else ("installed", None)
+        return ("archive", node.source) if node.source is not None else ("empty", None)
 
 
 @dataclass(frozen=True)
