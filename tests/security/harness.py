@@ -18,27 +18,6 @@ if TYPE_CHECKING:
 
 REPO = Path(__file__).resolve().parents[2]
 
-PROVE_LIVE = textwrap.dedent(
-    """
-    import sys, warnings
-    warnings.simplefilter("ignore")
-    import torch
-    import os
-    for path in sys.argv[1:]:
-        try:
-            if os.path.isdir(path):  # a torch.distributed.checkpoint folder: dcp.load every item
-                import torch.distributed.checkpoint as dcp
-                meta = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
-                wanted = {k: torch.zeros(v.size) if hasattr(v, "size") else None for k, v in meta.items()}
-                dcp.load(wanted, checkpoint_id=path)
-            else:
-                torch.load(path, weights_only=False)
-        except BaseException:
-            pass
-    """
-)
-
-
 PROVE_BY_LOADER = textwrap.dedent(
     """
     import os, sys, warnings
@@ -57,7 +36,7 @@ PROVE_BY_LOADER = textwrap.dedent(
                     if name.endswith(".pkl") and not name.startswith(".data/"):
                         package, _, resource = name.rpartition("/")
                         importer.load_pickle(package.replace("/", "."), resource)
-            elif loader == "dcp.load":
+            elif loader == "dcp.load" or os.path.isdir(path):  # a torch.distributed.checkpoint folder
                 import torch.distributed.checkpoint as dcp
                 meta = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
                 wanted = {k: torch.zeros(v.size) if hasattr(v, "size") else None for k, v in meta.items()}
@@ -140,9 +119,10 @@ def run_cli(
 
 
 def torch_load_all(paths: list[Path], timeout: float = 300) -> None:
-    """``torch.load(path, weights_only=False)`` of each path in one throwaway process (errors ignored)."""
+    """``torch.load(path, weights_only=False)`` of each path (``dcp.load`` of a folder) in one throwaway process
+    (errors ignored)."""
     subprocess.run(
-        [sys.executable, "-c", PROVE_LIVE, *map(str, paths)],
+        [sys.executable, "-c", PROVE_BY_LOADER, "torch.load", *map(str, paths)],
         check=False,
         capture_output=True,
         timeout=timeout,

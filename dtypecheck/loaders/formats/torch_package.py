@@ -37,20 +37,16 @@ from dtypecheck.loaders._io.torch_objects import (
 )
 from dtypecheck.loaders._io.zip_records import (
     ZipEntry,
-    differential_findings,
-    last_copies,
     read_entry,
-    read_zip_entries,
     record_key,
-    torch_view,
 )
 from dtypecheck.loaders.base import Finding, TensorRecord
 from dtypecheck.loaders.formats.torch_zip import (
     StorageLookup,
-    check_byteorder,
     check_one_folder,
     check_total_work,
     make_record,
+    open_archive,
 )
 
 EXTERN_LIST = ".data/extern_modules"
@@ -142,11 +138,7 @@ class TorchPackageCheckpoint(FileCheckpoint):
 
     def _parse(self) -> None:
         where, buffer, size = self.source, self._map.buffer, self._map.size
-        copies = read_zip_entries(buffer, 0, size, where)
-        entries, duplicates = last_copies(copies)
-        prefix = check_one_folder(copies, where)
-        check_byteorder(entries, prefix, buffer, where)
-        findings: list[Finding] = [*duplicates, *differential_findings(copies, torch_view(buffer, 0, size), where)]
+        entries, prefix, findings = open_archive(buffer, size, where, check_one_folder)
         extern_entry = entries.get(record_key(prefix + EXTERN_LIST))
         if extern_entry is None:
             raise InputError(f"{where}: a torch.package archive without {EXTERN_LIST} (PackageImporter refuses it)")

@@ -9,7 +9,7 @@ also checked against torch's own reader (``zip_records``): where they disagree, 
 from __future__ import annotations
 
 import mmap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +82,19 @@ def check_byteorder(entries: dict[str, ZipEntry], prefix: str, buffer: mmap.mmap
     order = entries.get(prefix + "byteorder")
     if order is not None and read_entry(buffer, order, where, "byteorder") not in {b"little", b""}:
         raise InputError(f"{where}: big-endian checkpoints are not supported")
+
+
+def open_archive(
+    buffer: mmap.mmap, size: int, where: str, folder_of: Callable[[dict[str, list[ZipEntry]], str], str]
+) -> tuple[dict[str, ZipEntry], str, list[Finding]]:
+    """A whole-file archive's entries (the copy of each that torch reads), its folder (``folder_of``:
+    ``archive_prefix`` or ``check_one_folder``), its byte order checked, and its ``duplicate-entry`` and
+    ``zip-differential`` findings."""
+    copies = read_zip_entries(buffer, 0, size, where)
+    entries, duplicates = last_copies(copies)
+    prefix = folder_of(copies, where)
+    check_byteorder(entries, prefix, buffer, where)
+    return entries, prefix, [*duplicates, *differential_findings(copies, torch_view(buffer, 0, size), where)]
 
 
 PACKAGE_POLYGLOT = (

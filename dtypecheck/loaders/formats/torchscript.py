@@ -26,14 +26,10 @@ from dtypecheck.loaders._io.torch_objects import (
 )
 from dtypecheck.loaders._io.zip_records import (
     ZipEntry,
-    differential_findings,
-    last_copies,
     read_entry,
-    read_zip_entries,
-    torch_view,
 )
 from dtypecheck.loaders.base import Finding, TensorRecord
-from dtypecheck.loaders.formats.torch_zip import StorageLookup, archive_prefix, check_byteorder, make_record
+from dtypecheck.loaders.formats.torch_zip import StorageLookup, archive_prefix, make_record, open_archive
 
 PICKLES = (("data.pkl", "data/", ""), ("constants.pkl", "constants/", "constants."))
 """(pickle, folder of its storages, prefix of its tensors' names)."""
@@ -64,13 +60,9 @@ class TorchScriptCheckpoint(FileCheckpoint):
 
     def _parse(self) -> None:
         where, buffer, size = self.source, self._map.buffer, self._map.size
-        copies = read_zip_entries(buffer, 0, size, where)
-        entries, duplicates = last_copies(copies)
-        prefix = archive_prefix(copies, where)
-        check_byteorder(entries, prefix, buffer, where)
+        entries, prefix, findings = open_archive(buffer, size, where, archive_prefix)
         records: list[TensorRecord] = []
         globals_seen: list[GlobalRef] = []
-        findings: list[Finding] = [*duplicates, *differential_findings(copies, torch_view(buffer, 0, size), where)]
         for pickle_name, folder, name_prefix in PICKLES:
             entry = entries.get(prefix + pickle_name)
             if entry is None:
