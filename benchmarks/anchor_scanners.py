@@ -192,6 +192,7 @@ def run_tool(
             command,
             capture_output=True,
             text=True,
+            errors="replace",  # a tool may print a file name or bytes that are not UTF-8
             timeout=timeout,
             check=False,
             env=environment(),
