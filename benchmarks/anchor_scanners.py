@@ -95,12 +95,8 @@ def benign_checkpoints(folder: Path) -> list[Path]:
     model(torch.ones(4, 8)).sum().backward()
     optimizer.step()
     scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=100)
-    try:
-        from lightning.fabric.utilities.data import AttributeDict
-
-        hparams: object = AttributeDict(lr=1e-3, hidden=8)
-    except ImportError:
-        hparams = {"lr": 1e-3, "hidden": 8}
+    # Lightning keeps hparams in an AttributeDict but saves dict(hparams) (checkpoint_connector.dump_checkpoint)
+    hparams = {"lr": 1e-3, "hidden": 8}
     lightning = {
         "epoch": 1,
         "global_step": 10,
