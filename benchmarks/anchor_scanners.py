@@ -20,14 +20,19 @@ Inputs, all generated (``tests/security/corpus.py``), nothing stored:
 Each tool gets the path a user would give it (a file or a folder; fickling, which reads one file, gets each file of a
 folder in turn) and is judged by its exit status: flagged (1), clean (0), errored (anything else, or a crash).
 dtypecheck is "flagged" when ``scan-model`` exits 1 with a ``fail`` finding of a security kind (a global, a
-differential, a smuggled copy, an unreadable pickle), not merely a numeric one.
+differential, a smuggled copy, code in an archive, an unreadable pickle), not merely a numeric one.
 
     .venv/bin/python benchmarks/anchor_scanners.py [--timeout 120] [--keep DIR] [--venv DIR] [--no-anchors]
+        [--gate] [--jobs N]
+
+``--gate``: issue 27's classes only (``tests/security/gate/``) and the benign checkpoints; ``--jobs N``: run N
+tools' processes at a time (each input is still scanned in a process of its own).
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import shutil
 import subprocess
@@ -41,13 +46,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from dtypecheck import findings  # noqa: E402
 from tests.security import corpus  # noqa: E402
 from tests.security.harness import environment, prove_live  # noqa: E402
 
 ANCHORS = {"picklescan": "picklescan==1.0.5", "modelscan": "modelscan==0.8.8", "fickling": "fickling==0.1.12"}
 EXTRA_REQUIREMENTS = ("typing_extensions==4.16.0",)  # fickling 0.1.12 imports it without declaring it
 LIVE_CLASSES = ("globals", "unread-pickles", "differentials", "loadable-files", "gadgets", *corpus.GATE_CLASSES)
-SECURITY_KINDS = {"pickle-global", "zip-differential", "duplicate-entry", "pickle-polyglot", "unreadable-file"}
+SECURITY_KINDS = {*findings.SECURITY_KINDS, "unreadable-file"}
+"""What makes dtypecheck's verdict "flagged": a security finding (``contains-code`` of a TorchScript archive included)
+or a pickle it could not read to the end."""
 
 
 def install_anchors(where: Path) -> Path | None:
@@ -87,12 +95,8 @@ def benign_checkpoints(folder: Path) -> list[Path]:
     model(torch.ones(4, 8)).sum().backward()
     optimizer.step()
     scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=100)
-    try:
-        from lightning.fabric.utilities.data import AttributeDict
-
-        hparams: object = AttributeDict(lr=1e-3, hidden=8)
-    except ImportError:
-        hparams = {"lr": 1e-3, "hidden": 8}
+    # Lightning keeps hparams in an AttributeDict but saves dict(hparams) (checkpoint_connector.dump_checkpoint)
+    hparams = {"lr": 1e-3, "hidden": 8}
     lightning = {
         "epoch": 1,
         "global_step": 10,
@@ -184,6 +188,7 @@ def run_tool(
             command,
             capture_output=True,
             text=True,
+            errors="replace",  # a tool may print a file name or bytes that are not UTF-8
             timeout=timeout,
             check=False,
             env=environment(),
@@ -210,6 +215,8 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, help="build the inputs in DIR and keep them")
     parser.add_argument("--venv", type=Path, default=ROOT / "bench-data" / "anchors-venv")
     parser.add_argument("--no-anchors", action="store_true", help="dtypecheck's column only")
+    parser.add_argument("--gate", action="store_true", help="issue 27's classes only (tests/security/gate/)")
+    parser.add_argument("--jobs", type=int, default=1, help="processes run at a time")
     options = parser.parse_args()
     folder = options.keep or Path(tempfile.mkdtemp(prefix="dtypecheck-anchors-"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -217,7 +224,8 @@ def main() -> None:
     python = None if options.no_anchors else install_anchors(options.venv)
     tools = ["dtypecheck", *(ANCHORS if python is not None else ())]
     try:
-        built = [h for h in corpus.build(folder / "hostile", LIVE_CLASSES) if h.args[:1] == ("scan-model",)]
+        classes = corpus.GATE_CLASSES if options.gate else LIVE_CLASSES
+        built = [h for h in corpus.build(folder / "hostile", classes) if h.args[:1] == ("scan-model",)]
         hostile = [h for h in built if h.canary is not None]
         for h in hostile:
             h.canary.unlink(missing_ok=True)  # type: ignore[union-attr]
@@ -225,13 +233,18 @@ def main() -> None:
         targets = [(h.name, Path(h.args[1]), h.args[2:], h.cwd) for h in [*hostile, *(h for h in built if h.benign)]]
         targets += [(f"benign/{p.name}", p, (), None) for p in shaped]
         benign = [h.name for h in built if h.benign] + [f"benign/{p.name}" for p in shaped]
-        klass = {h.name: h.klass for h in built} | {name: "benign-shaped" for name in benign if name.startswith("b")}
+        klass = {h.name: h.klass for h in built} | {f"benign/{p.name}": "benign-shaped" for p in shaped}
         results: dict[str, dict[str, str]] = {tool: {} for tool in tools}
-        for tool in tools:
-            for name, target, args, cwd in targets:
-                own = args if tool == "dtypecheck" else ()
-                results[tool][name] = run_tool(tool, python, target, options.timeout, own, cwd)
-                print(f"{tool:11} {results[tool][name]:8} {name}", flush=True)
+
+        def one(tool: str, name: str, target: Path, args: tuple[str, ...], cwd: Path | None) -> None:
+            own = args if tool == "dtypecheck" else ()
+            results[tool][name] = run_tool(tool, python, target, options.timeout, own, cwd)
+            print(f"{tool:11} {results[tool][name]:8} {name}", flush=True)
+
+        with concurrent.futures.ThreadPoolExecutor(max(1, options.jobs)) as pool:
+            runs = [pool.submit(one, tool, *target) for tool in tools for target in targets]
+            for run in runs:
+                run.result()
         ran = [h.name for h in hostile if h.canary is not None and h.canary.exists()]
         live = sorted(prove_live(hostile, timeout=600))
         report(results, live, benign, ran, time.monotonic() - started, klass)

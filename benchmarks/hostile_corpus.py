@@ -44,9 +44,8 @@ from tests.security import corpus  # noqa: E402  (the corpus lives with the test
 from tests.security.harness import (  # noqa: E402
     code_under_test,
     environment,
-    handled,
-    own_traceback,
     prove_live,
+    read_stderr,
     run_hostile,
 )
 
@@ -153,13 +152,14 @@ def run(folder: Path, classes: tuple[str, ...], timeout: float) -> dict[str, Tal
     for hostile in inputs:
         outcome = measured(hostile, timeout)
         outcomes[hostile.name] = outcome
+        stderr = read_stderr(outcome.stderr)
         if outcome.code is None:
             state = "HANG"
         elif outcome.code < 0:
             state = "CRASH"
         else:
-            state = "ok" if handled(outcome.code, outcome.stderr, hostile.expect) else "BAD"
-        last = outcome.stderr.strip().splitlines()[-1][:100] if outcome.stderr.strip() else ""
+            state = "ok" if stderr.handled(outcome.code, hostile.expect) else "BAD"
+        last = stderr.last[:100]
         code = "-" if outcome.code is None else str(outcome.code)
         print(f"{state:6} {hostile.klass:17} {hostile.name:40} exit {code:>4} {outcome.seconds:6.1f} s  {last}")
     ran = {h.name for h in inputs if h.canary is not None and h.canary.exists()}
@@ -173,13 +173,11 @@ def run(folder: Path, classes: tuple[str, ...], timeout: float) -> dict[str, Tal
             tally.hangs += 1
             tally.note("hangs", hostile.name)
             continue
-        final = (outcome.stderr.strip().splitlines() or [""])[-1]
-        users_own = not own_traceback(outcome.stderr) and final.startswith("error: ")  # the user's code raised
-        tally.held += handled(outcome.code, outcome.stderr, hostile.expect) or (
-            users_own and outcome.code in hostile.expect
-        )
+        stderr = read_stderr(outcome.stderr)
+        users_own = not stderr.own_traceback and stderr.last.startswith("error: ")  # the user's code raised
+        tally.held += stderr.handled(outcome.code, hostile.expect) or (users_own and outcome.code in hostile.expect)
         tally.crashes += outcome.code < 0
-        if own_traceback(outcome.stderr):
+        if stderr.own_traceback:
             tally.tracebacks += 1
             tally.note("tracebacks", hostile.name)
         if hostile.name in ran:

@@ -15,6 +15,7 @@ from safetensors.torch import save_file
 
 from dtypecheck.errors import InputError
 from dtypecheck.loaders import open_checkpoint
+from tests.security.corpus import damage
 
 
 def _originals(folder: Path) -> dict[str, bytes]:
@@ -38,20 +39,6 @@ def _originals(folder: Path) -> dict[str, bytes]:
     return files
 
 
-def _damage(data: bytes, rng: random.Random) -> bytes:
-    damaged = bytearray(data)
-    for _ in range(rng.randint(1, 3)):
-        position = rng.randrange(len(damaged))
-        choice = rng.random()
-        if choice < 0.6:
-            damaged[position] = rng.randrange(256)
-        elif choice < 0.8:
-            del damaged[position : position + rng.randint(1, 40)]
-        else:
-            damaged[position:position] = rng.randbytes(rng.randint(1, 16))
-    return bytes(damaged)
-
-
 def test_damaged_files_open_or_raise_input_error(tmp_path: Path) -> None:
     originals = _originals(tmp_path)
     rng = random.Random(20261130)
@@ -60,7 +47,7 @@ def test_damaged_files_open_or_raise_input_error(tmp_path: Path) -> None:
     for index in range(240):
         name, data = sorted(originals.items())[index % len(originals)]
         path = tmp_path / f"damaged_{name}"
-        path.write_bytes(_damage(data, rng))
+        path.write_bytes(damage(data, rng))
         try:
             checkpoint = open_checkpoint(str(path))
             with warnings.catch_warnings():

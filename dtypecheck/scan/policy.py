@@ -25,7 +25,7 @@ from dtypecheck.scan.report import (
     nonfinite,
     summarise,
 )
-from dtypecheck.scan.roles import ROLE_RULES, RoleRule
+from dtypecheck.scan.roles import RoleRule
 
 HARM_FRACTION: Final[Mapping[Check, float]] = {"underflow": 1e-3, "subnormal": 1e-2, "scaled_underflow": 1e-3}
 """What a ``warn`` means (docs/contract.md "Levels"): a cast check of level warn counts only when more than this
@@ -36,15 +36,11 @@ nothing, and every healthy checkpoint has them; the counts are reported all the 
 counts). Overflow and NaN/inf always fail."""
 
 
-INFINITE_SENTINELS = frozenset(r.not_judged for r in ROLE_RULES if r.infinite_sentinel and r.not_judged)
-"""The roles (by the ``not_judged`` reason a tensor carries) whose one-element values are ±inf by design."""
-
-
 def with_role(tensor: TensorScan, rule: RoleRule | None) -> TensorScan:
     """The tensor with its role (``roles.assign_roles``) and, where the role is not judged, why."""
     if rule is None:
         return tensor
-    return dataclasses.replace(tensor, role=rule.role, not_judged=rule.not_judged)
+    return dataclasses.replace(tensor, role=rule.role, not_judged=rule.not_judged, role_rule=rule)
 
 
 def harmless(check: Check, target: str, count: int, tensor: TensorScan, cast: CastCounts, policy: ScanPolicy) -> bool:
@@ -67,7 +63,7 @@ def _judge(tensor: TensorScan, policy: ScanPolicy) -> TensorScan:
     notes: list[str] = []
     passed: list[str] = []
     own = level_of_counts({"nonfinite": nonfinite(tensor)})
-    if own != "ok" and not tensor.nan and tensor.not_judged in INFINITE_SENTINELS:
+    if own != "ok" and not tensor.nan and tensor.role_rule is not None and tensor.role_rule.infinite_sentinel:
         own = "ok"  # reported in its counts, not judged: ±inf is how that state says "no score yet"
         notes.append("±inf is this trainer state's value for a score not yet set")
     if own != "ok":

@@ -9,7 +9,7 @@ from typing import ClassVar, Literal
 from dtypecheck.display import ShowsAsHtml
 from dtypecheck.findings import CAST_CHECKS, CHECK_LEVEL, Check, Finding, Level, rank, worst
 from dtypecheck.scan.consistency import census
-from dtypecheck.scan.roles import ROLE_RULES, Role
+from dtypecheck.scan.roles import ROLE_RULES, Role, RoleRule
 
 Number = float | int
 
@@ -132,6 +132,9 @@ class TensorScan:
     alias_of: str | None = None
     """Extra: the tensor listed earlier whose data this name views (a tied weight, an LSTM's ``_flat_weights.N``):
     same statistics, read once and counted once in every total; null for a tensor of its own."""
+    role_rule: RoleRule | None = field(default=None, repr=False, compare=False)
+    """The role rule that gave it ``role`` and ``not_judged`` (``roles.ROLE_RULES``), whose other terms the policy
+    applies (``RoleRule.infinite_sentinel``); None for the model's tensors. Not part of the report's document."""
 
 
 @dataclass(frozen=True)

@@ -266,50 +266,60 @@ def test_folder_reports_a_checkpoint_named_file_it_cannot_read(tmp_path: Path) -
         checkpoint.close()
 
 
-def _torch_package(path: Path) -> None:
-    """A ``torch.package`` archive (a zip with ``.data/`` and a pickle per resource, no ``data.pkl``)."""
-    from torch.package.package_exporter import PackageExporter
+def _plain_zip(path: Path) -> None:
+    """A zip named like a checkpoint that is none (no ``data.pkl``, no torch.package ``extern_modules``)."""
+    import zipfile
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # (torch.package pickles TypedStorage, which torch deprecates)
-        with PackageExporter(str(path)) as exporter:
-            exporter.extern("torch.**")
-            exporter.save_pickle("model", "state.pkl", {"w": torch.ones(2)})
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("archive/notes.txt", "not a checkpoint")
 
 
-PACKAGE_SKIPPED = (
-    "model.pt: a torch.package archive, not a torch.save checkpoint: its tensors are not read "
-    "(torch.package.PackageImporter would import the code it holds) (skipped)"
-)
+NOT_READ = "model.pt: zip archive is not a torch checkpoint (no data.pkl) (skipped)"
 
 
 def test_a_folder_is_judged_file_by_file(tmp_path: Path, cli) -> None:
-    # One .pt of the folder is a torch.package archive: that file is an unreadable-file warning, the rest scanned.
-    _torch_package(tmp_path / "model.pt")
+    # One .pt of the folder is a zip of no format dtypecheck reads: that file is an unreadable-file warning, the
+    # rest scanned.
+    _plain_zip(tmp_path / "model.pt")
     torch.save({"w": torch.tensor([1.0, 2.0, 3.0])}, tmp_path / "optimizer.pt")
     result = cli("scan-model", str(tmp_path), "--format", "json")
     assert result.exit_code == 0, result.stderr
     doc = result.json()
     assert [t["name"] for t in doc["tensors"]] == ["optimizer.w"]  # (named as beside a readable model.pt)
     assert [(f["kind"], f["level"], f["detail"]) for f in doc["findings"] if f["level"] != "ok"] == [
-        ("unreadable-file", "warn", PACKAGE_SKIPPED)
+        ("unreadable-file", "warn", NOT_READ)
     ]
     assert doc["summary"]["level"] == "warn"
 
 
 def test_a_folder_of_only_an_unreadable_file_has_no_tensors(tmp_path: Path, cli) -> None:
-    _torch_package(tmp_path / "model.pt")
+    _plain_zip(tmp_path / "model.pt")
     result = cli("scan-model", str(tmp_path), "--format", "json")
     assert result.exit_code == 1  # no-tensors (fail), not an input error of the whole folder
     kinds = [(f["kind"], f["level"]) for f in result.json()["findings"] if f["level"] != "ok"]
     assert kinds == [("no-tensors", "fail"), ("unreadable-file", "warn")]
 
 
-def test_a_torch_package_file_alone_is_still_an_input_error(tmp_path: Path, cli) -> None:
-    _torch_package(tmp_path / "model.pt")
+def test_an_unreadable_file_alone_is_still_an_input_error(tmp_path: Path, cli) -> None:
+    _plain_zip(tmp_path / "model.pt")
     result = cli("scan-model", str(tmp_path / "model.pt"))
     assert result.exit_code == 3
-    assert result.stderr == f"error: {tmp_path / 'model.pt'}: {PACKAGE_SKIPPED.removeprefix('model.pt: ')[:-10]}\n"
+    assert result.stderr == f"error: {tmp_path / 'model.pt'}: {NOT_READ.removeprefix('model.pt: ')[:-10]}\n"
+
+
+def test_a_torch_package_in_a_folder_is_read(tmp_path: Path, cli) -> None:
+    from torch.package.package_exporter import PackageExporter
+
+    with warnings.catch_warnings(), PackageExporter(str(tmp_path / "model.pt")) as exporter:
+        warnings.simplefilter("ignore")  # (torch.package pickles TypedStorage, which torch deprecates)
+        exporter.extern("torch.**")
+        exporter.save_pickle("model", "state.pkl", {"w": torch.tensor([1.0, -2.0])})
+    torch.save({"w": torch.tensor([1.0, 2.0, 3.0])}, tmp_path / "optimizer.pt")
+    result = cli("scan-model", str(tmp_path), "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    doc = result.json()
+    assert {t["name"]: t["min"] for t in doc["tensors"]} == {"model.w": -2.0, "optimizer.w": 1.0}
+    assert [f for f in doc["findings"] if f["level"] != "ok"] == []
 
 
 def test_a_refused_file_in_a_folder_still_stops_the_scan(tmp_path: Path, cli) -> None:

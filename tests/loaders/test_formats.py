@@ -4,6 +4,7 @@ pre-commit pattern all agree with it."""
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,12 @@ def test_each_file_format_is_detected_by_content_not_by_name(tmp_path: Path) -> 
     torch.save(weights, tmp_path / "c.bin", _use_new_zipfile_serialization=False)
     torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), tmp_path / "d.bin")
     (tmp_path / "e.bin").write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\x00" * 24)
+    from torch.package.package_exporter import PackageExporter
+
+    with warnings.catch_warnings(), PackageExporter(str(tmp_path / "f.bin")) as exporter:
+        warnings.simplefilter("ignore")  # (torch.package pickles TypedStorage, which torch deprecates)
+        exporter.extern("torch.**")
+        exporter.save_pickle("model", "state.pkl", weights)
     found = {p.name: getattr(detect(p), "name", None) for p in sorted(tmp_path.iterdir())}
     assert found == {
         "a.bin": "safetensors",
@@ -87,6 +94,7 @@ def test_each_file_format_is_detected_by_content_not_by_name(tmp_path: Path) -> 
         "c.bin": "torch-legacy",
         "d.bin": "torchscript",
         "e.bin": "gguf",
+        "f.bin": "torch-package",
     }
     assert {row.name for row in FORMATS if row.kind == "file"} == set(found.values())
 

@@ -10,6 +10,7 @@ The tests (``tests/security/test_*.py``) and ``benchmarks/hostile_corpus.py`` sh
 from __future__ import annotations
 
 import json
+import random
 import struct
 import zipfile
 from collections.abc import Callable, Mapping
@@ -69,7 +70,8 @@ class Hostile:
     there); None: the code under test's folder."""
     loader: str = "torch.load"
     """How the live proof reads ``torch_load``: ``torch.load`` (``weights_only=False``), ``jit.load``,
-    ``dcp.load`` (a folder) or ``none`` (nothing to prove: the input carries no code)."""
+    ``dcp.load`` (a folder), ``package.load`` (``PackageImporter.load_pickle`` of every pickle of a torch.package
+    archive) or ``none`` (nothing to prove: the input carries no code)."""
 
 
 # --- a small pickle assembler (protocol 4 opcodes) -------------------------------------------------------------
@@ -620,12 +622,25 @@ FUZZ_SEED = 20261201
 FUZZ_PER_ORIGINAL = 12
 
 
+def damage(data: bytes, rng: random.Random) -> bytes:
+    """``data`` with one to three random bytes changed, runs deleted or bytes inserted (drawn from ``rng``)."""
+    damaged = bytearray(data)
+    for _ in range(rng.randint(1, 3)):
+        position = rng.randrange(len(damaged))
+        choice = rng.random()
+        if choice < 0.6:
+            damaged[position] = rng.randrange(256)
+        elif choice < 0.8:
+            del damaged[position : position + rng.randint(1, 40)]
+        else:
+            damaged[position:position] = rng.randbytes(rng.randint(1, 16))
+    return bytes(damaged)
+
+
 def fuzz_inputs(folder: Path) -> list[Hostile]:
     """Randomly damaged copies (seeded: the same files every run) of valid checkpoints of each format and of a
     pickle carrying a payload: bytes flipped, cut out or inserted. Each must give a report or one error line, and
     the payload must never run."""
-    import random
-
     import torch
     from safetensors.torch import save_file
 
@@ -643,18 +658,8 @@ def fuzz_inputs(folder: Path) -> list[Hostile]:
     for original in sorted(originals.iterdir()):
         data = original.read_bytes()
         for index in range(FUZZ_PER_ORIGINAL):
-            damaged = bytearray(data)
-            for _ in range(rng.randint(1, 3)):
-                position = rng.randrange(len(damaged))
-                choice = rng.random()
-                if choice < 0.6:
-                    damaged[position] = rng.randrange(256)
-                elif choice < 0.8:
-                    del damaged[position : position + rng.randint(1, 40)]
-                else:
-                    damaged[position:position] = rng.randbytes(rng.randint(1, 16))
             path = folder / f"{original.stem}-{index}{original.suffix}"
-            path.write_bytes(bytes(damaged))
+            path.write_bytes(damage(data, rng))
             canary = marker if original.name == "payload.pt" else None
             out.append(Hostile(path.name, "fuzz", ("scan-model", str(path)), frozenset({0, 1, 3}), canary))
     return out

@@ -9,6 +9,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,27 +17,6 @@ if TYPE_CHECKING:
     from tests.security.corpus import Hostile
 
 REPO = Path(__file__).resolve().parents[2]
-
-PROVE_LIVE = textwrap.dedent(
-    """
-    import sys, warnings
-    warnings.simplefilter("ignore")
-    import torch
-    import os
-    for path in sys.argv[1:]:
-        try:
-            if os.path.isdir(path):  # a torch.distributed.checkpoint folder: dcp.load every item
-                import torch.distributed.checkpoint as dcp
-                meta = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
-                wanted = {k: torch.zeros(v.size) if hasattr(v, "size") else None for k, v in meta.items()}
-                dcp.load(wanted, checkpoint_id=path)
-            else:
-                torch.load(path, weights_only=False)
-        except BaseException:
-            pass
-    """
-)
-
 
 PROVE_BY_LOADER = textwrap.dedent(
     """
@@ -49,7 +29,14 @@ PROVE_BY_LOADER = textwrap.dedent(
         try:
             if loader == "jit.load":
                 torch.jit.load(path)
-            elif loader == "dcp.load":
+            elif loader == "package.load":  # every pickle of a torch.package archive, as its users load them
+                from torch.package import PackageImporter
+                importer = PackageImporter(path)
+                for name in importer.zip_reader.get_all_records():
+                    if name.endswith(".pkl") and not name.startswith(".data/"):
+                        package, _, resource = name.rpartition("/")
+                        importer.load_pickle(package.replace("/", "."), resource)
+            elif loader == "dcp.load" or os.path.isdir(path):  # a torch.distributed.checkpoint folder
                 import torch.distributed.checkpoint as dcp
                 meta = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
                 wanted = {k: torch.zeros(v.size) if hasattr(v, "size") else None for k, v in meta.items()}
@@ -132,9 +119,10 @@ def run_cli(
 
 
 def torch_load_all(paths: list[Path], timeout: float = 300) -> None:
-    """``torch.load(path, weights_only=False)`` of each path in one throwaway process (errors ignored)."""
+    """``torch.load(path, weights_only=False)`` of each path (``dcp.load`` of a folder) in one throwaway process
+    (errors ignored)."""
     subprocess.run(
-        [sys.executable, "-c", PROVE_LIVE, *map(str, paths)],
+        [sys.executable, "-c", PROVE_BY_LOADER, "torch.load", *map(str, paths)],
         check=False,
         capture_output=True,
         timeout=timeout,
@@ -143,25 +131,55 @@ def torch_load_all(paths: list[Path], timeout: float = 300) -> None:
     )
 
 
+@dataclass(frozen=True)
+class Stderr:
+    """What the contract looks at in a command's standard error, read once (``read_stderr``)."""
+
+    lines: tuple[str, ...]
+    """Its lines that are not blank."""
+    last: str
+    """The last line of its stripped text ("" when there is none)."""
+    traceback: bool
+    """A Python traceback appears in it."""
+    own_traceback: bool
+    """The traceback runs through dtypecheck's own code (the traceback of the user's own code that raised, which a
+    ``file.py:factory`` error shows above its ``error:`` line, is not dtypecheck's)."""
+
+    @property
+    def one_error_line(self) -> bool:
+        """The contract's failure output: exactly one line, starting ``error: ``, and no traceback."""
+        return len(self.lines) == 1 and self.lines[0].startswith("error: ") and not self.traceback
+
+    def handled(self, returncode: int, expect: frozenset[int]) -> bool:
+        """The contract for a hostile input: an allowed exit code, no traceback, and for errors exactly one line."""
+        if returncode not in expect or self.traceback:
+            return False
+        return returncode in (0, 1) or self.one_error_line
+
+
+def read_stderr(stderr: str) -> Stderr:
+    package = str(Path(code_under_test()) / "dtypecheck")
+    all_lines = stderr.splitlines()
+    frames = [line for line in all_lines if line.lstrip().startswith('File "')]
+    traceback = "Traceback" in stderr
+    own = traceback and (not frames or any(package in line or "/dtypecheck/" in line for line in frames))
+    last = (stderr.strip().splitlines() or [""])[-1]
+    return Stderr(tuple(line for line in all_lines if line.strip()), last, traceback, own)
+
+
 def one_error_line(stderr: str) -> bool:
-    """The contract's failure output: exactly one line, starting ``error: ``, and no traceback."""
-    lines = [line for line in stderr.splitlines() if line.strip()]
-    return len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in stderr
+    """``Stderr.one_error_line`` of ``stderr``."""
+    return read_stderr(stderr).one_error_line
 
 
 def own_traceback(stderr: str) -> bool:
-    """Whether ``stderr`` holds a traceback through dtypecheck's own code (the traceback of the user's own code that
-    raised, which a ``file.py:factory`` error shows above its ``error:`` line, is not dtypecheck's)."""
-    package = str(Path(code_under_test()) / "dtypecheck")
-    frames = [line for line in stderr.splitlines() if line.lstrip().startswith('File "')]
-    return "Traceback" in stderr and (not frames or any(package in line or "/dtypecheck/" in line for line in frames))
+    """``Stderr.own_traceback`` of ``stderr``."""
+    return read_stderr(stderr).own_traceback
 
 
 def handled(returncode: int, stderr: str, expect: frozenset[int]) -> bool:
-    """The contract for a hostile input: an allowed exit code, no traceback, and for errors exactly one line."""
-    if returncode not in expect or "Traceback" in stderr:
-        return False
-    return returncode in (0, 1) or one_error_line(stderr)
+    """``Stderr.handled`` of ``stderr``."""
+    return read_stderr(stderr).handled(returncode, expect)
 
 
 def run_hostile(hostile: Hostile, timeout: float) -> tuple[int, str, float]:

@@ -31,6 +31,7 @@ POLYGLOTS = (
 )
 ZIP_NAMES = ("zip-Data-pkl", "zip-DATA-PKL", "zip-upper-storages", "zip-case-twin-data-pkl", "zip-DATA-PKL-side-file")
 TORCHSCRIPT = ("torchscript-setstate", "torchscript-via-torch-load")
+TORCH_PACKAGE = ("torch-package-interned",)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Hostile]:
 
 def test_the_corpus_is_what_the_tests_name(built: dict[str, Hostile]) -> None:
     payloads = {name for name, h in built.items() if not h.benign}
-    assert payloads == {*POLYGLOTS, *ZIP_NAMES, *TORCHSCRIPT}
+    assert payloads == {*POLYGLOTS, *ZIP_NAMES, *TORCHSCRIPT, *TORCH_PACKAGE}
     assert all(h.klass == "readings" for h in built.values())
     assert all(h.canary is not None and h.torch_load is not None for name, h in built.items() if name in payloads)
 
@@ -48,6 +49,17 @@ def test_the_corpus_is_what_the_tests_name(built: dict[str, Hostile]) -> None:
 def test_every_payload_is_live(built: dict[str, Hostile]) -> None:
     payloads = [h for h in built.values() if not h.benign]
     assert prove_live(payloads) == {h.name for h in payloads}
+
+
+def _scan_payload(hostile: Hostile, cli: Callable[..., CliResult]) -> tuple[CliResult, dict[str, list[str]]]:
+    """Scan one payload (its canary removed first): the result, which fails the gate without running the payload,
+    and its ``fail`` findings by kind."""
+    assert hostile.canary is not None
+    hostile.canary.unlink(missing_ok=True)
+    result = cli(*hostile.args, "--format", "json")
+    assert result.exit_code == 1, result.stderr
+    assert not hostile.canary.exists()
+    return result, _fails(result)
 
 
 def _fails(result: CliResult) -> dict[str, list[str]]:
@@ -62,18 +74,12 @@ def _fails(result: CliResult) -> dict[str, list[str]]:
 def test_a_polyglot_fails_in_the_reading_torch_takes(
     name: str, built: dict[str, Hostile], cli: Callable[..., CliResult]
 ) -> None:
-    hostile = built[name]
-    assert hostile.canary is not None
-    hostile.canary.unlink(missing_ok=True)
-    result = cli(*hostile.args, "--format", "json")
-    assert result.exit_code == 1, result.stderr
-    fails = _fails(result)
+    _, fails = _scan_payload(built[name], cli)
     assert "pickle-polyglot" in fails, fails
     reading = "a torch.save zip" if "zip" in name else "a legacy torch.save tar"
     assert any(f"is also {reading}" in detail for detail in fails["pickle-polyglot"]), fails
     # the payload torch would run is named: exec for the zip's data.pkl, pickle's own reduce for the tar's
     assert any(d.startswith(("builtins.exec", "builtins.exec ")) for d in fails["pickle-global"]), fails
-    assert not hostile.canary.exists()
 
 
 def test_the_polyglots_are_valid_in_their_other_format(built: dict[str, Hostile]) -> None:
@@ -109,13 +115,7 @@ def test_the_legacy_polyglot_scans_its_tensors_and_fails(
 def test_zip_names_are_matched_as_torch_matches_them(
     name: str, built: dict[str, Hostile], cli: Callable[..., CliResult]
 ) -> None:
-    hostile = built[name]
-    assert hostile.canary is not None
-    hostile.canary.unlink(missing_ok=True)
-    result = cli(*hostile.args, "--format", "json")
-    assert result.exit_code == 1, result.stderr
-    assert not hostile.canary.exists()
-    fails = _fails(result)
+    result, fails = _scan_payload(built[name], cli)
     assert any(d.startswith("builtins.exec") for d in fails["pickle-global"]), fails
     if name == "zip-case-twin-data-pkl":
         assert any("data.pkl appears 2 times" in d for d in fails["duplicate-entry"]), fails
@@ -187,7 +187,25 @@ def test_an_archive_with_constants_pkl_is_read_as_torchscript(tmp_path: Path, cl
     assert found.name == "torchscript"
 
 
-@pytest.mark.parametrize("name", ["benign-storages-named", "benign-torch-zip"])
+def test_a_torch_package_fails_on_the_code_it_interns(built: dict[str, Hostile], cli: Callable[..., CliResult]) -> None:
+    """PackageImporter.load_pickle compiles and runs the module source the archive ships for the pickled class: the
+    scan reads the module's tensors without it and fails on that code."""
+    result, fails = _scan_payload(built["torch-package-interned"], cli)
+    doc = result.json()
+    assert doc["format"] == "torch-package"
+    assert [t["name"] for t in doc["tensors"]] == ["fc.weight", "fc.bias"]  # as state_dict() names them
+    (shipped,) = [d for d in fails["pickle-global"] if d.startswith("packaged_")]
+    assert "PackageImporter imports it from the archive's own code" in shipped
+    (code,) = fails["contains-code"]
+    path = built["torch-package-interned"].torch_load
+    assert path is not None
+    with zipfile.ZipFile(path) as archive:  # the source it names is the one in the archive, payload and all
+        (source,) = [n for n in archive.namelist() if n.endswith(".py")]
+        assert source.split("/", 1)[1] in code
+        assert b"__torch_package__" in archive.read(source)
+
+
+@pytest.mark.parametrize("name", ["benign-storages-named", "benign-torch-zip", "benign-torch-package"])
 def test_benign_look_alikes_pass(name: str, built: dict[str, Hostile], cli: Callable[..., CliResult]) -> None:
     result = cli(*built[name].args, "--format", "json")
     assert result.exit_code == 0, result.stderr

@@ -72,17 +72,31 @@ def _zip(s: Sniffed) -> bool:
     return s.head.startswith(b"PK\x03\x04")
 
 
+def _zip_names(s: Sniffed) -> list[str] | None:
+    """The names in a zip's central directory, or None (not a zip, or one ``zipfile`` cannot list)."""
+    if not _zip(s):
+        return None
+    try:
+        with zipfile.ZipFile(s.path) as archive:
+            return archive.namelist()
+    except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError, EOFError, KeyError, IndexError):
+        return None  # the torch-zip loader reports what is wrong with it
+
+
 def _torchscript(s: Sniffed) -> bool:
     """A zip whose archive folder holds ``constants.pkl``: ``torch.load`` hands such an archive to
     ``torch.jit.load`` (``_is_torchscript_zip``: that exact name among the records, with or without a ``code/``)."""
-    if not _zip(s):
-        return False
-    try:
-        with zipfile.ZipFile(s.path) as archive:
-            names = archive.namelist()
-    except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError, EOFError, KeyError, IndexError):
-        return False  # the torch-zip loader reports what is wrong with it
+    names = _zip_names(s) or []
     return any(n.count("/") == 1 and n.endswith("/constants.pkl") for n in names)
+
+
+def _torch_package(s: Sniffed) -> bool:
+    """A zip whose archive folder holds ``.data/extern_modules`` (what ``torch.package.PackageImporter`` reads
+    first) and no ``data.pkl`` (which would make it a checkpoint ``torch.load`` reads)."""
+    names = {name.lower() for name in _zip_names(s) or []}
+    marks = (name for name in names if name.count("/") == 2 and name.endswith("/.data/extern_modules"))
+    folders = {name.split("/", 1)[0] for name in marks}
+    return any(f"{folder}/data.pkl" not in names for folder in folders)
 
 
 def _legacy_torch(s: Sniffed) -> bool:
@@ -117,6 +131,14 @@ FORMATS: tuple[Format, ...] = (
         "TorchScript archive",
         _torchscript,
         "dtypecheck.loaders.formats.torchscript:TorchScriptCheckpoint",
+    ),
+    Format(
+        "torch-package",
+        "file",
+        TORCH_SUFFIXES,
+        "torch.package archive",
+        _torch_package,
+        "dtypecheck.loaders.formats.torch_package:TorchPackageCheckpoint",
     ),
     Format(
         "torch-zip",
@@ -154,7 +176,7 @@ FORMATS: tuple[Format, ...] = (
         file_names=("*.index.json",),
     ),
 )
-"""Every format, in detection order (TorchScript before the torch zip it also is)."""
+"""Every format, in detection order (TorchScript and torch.package before the torch zip they also are)."""
 
 
 def formats_of(kind: Literal["file", "folder"]) -> tuple[Format, ...]:

@@ -9,8 +9,9 @@ also checked against torch's own reader (``zip_records``): where they disagree, 
 from __future__ import annotations
 
 import mmap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from dtypecheck.errors import InputError, NotACheckpointError
 from dtypecheck.loaders._io.mapped import (
@@ -50,19 +51,56 @@ def archive_prefix(entries: dict[str, list[ZipEntry]], where: str) -> str:
     """The archive's folder, as torch reads it: the first entry's top folder, which every entry must be under
     (torch refuses an archive with a second top-level folder). Names are folded (``record_key``), as torch's
     lookups of ``data.pkl`` and ``data/<key>`` fold them."""
-    first = next(iter(entries), "")
-    prefix = first.split("/", 1)[0] + "/" if "/" in first else ""
+    prefix = _top_folder(entries)
     if not prefix or prefix + "data.pkl" not in entries:
         if any(name.endswith("/.data/version") for name in entries):
             raise NotACheckpointError(
-                f"{where}: a torch.package archive, not a torch.save checkpoint: its tensors are not read "
-                "(torch.package.PackageImporter would import the code it holds)"
+                f"{where}: a torch.package archive without .data/extern_modules, which PackageImporter refuses"
             )
         raise NotACheckpointError(f"{where}: zip archive is not a torch checkpoint (no data.pkl)")
-    stray = next((name for name in entries if not name.startswith(prefix)), None)
+    return check_one_folder(entries, where)
+
+
+def _top_folder(entries: dict[str, list[ZipEntry]]) -> str:
+    first = next(iter(entries), "")
+    return first.split("/", 1)[0] + "/" if "/" in first else ""
+
+
+def check_one_folder(entries: dict[str, list[ZipEntry]], where: str) -> str:
+    """The archive's folder (``<name>/``), or an ``InputError`` when an entry lies outside it (torch's reader
+    refuses such an archive)."""
+    prefix = _top_folder(entries)
+    stray = next((name for name in entries if not prefix or not name.startswith(prefix)), None)
     if stray is not None:
-        raise InputError(f"{where}: zip archive has entries outside {prefix} ({stray!r}); torch refuses it")
+        outside = prefix or "a folder"
+        raise InputError(f"{where}: zip archive has entries outside {outside} ({stray!r}); torch refuses it")
     return prefix
+
+
+def check_byteorder(entries: dict[str, ZipEntry], prefix: str, buffer: mmap.mmap, where: str) -> None:
+    """An ``InputError`` for an archive whose ``byteorder`` record says big-endian."""
+    order = entries.get(prefix + "byteorder")
+    if order is not None and read_entry(buffer, order, where, "byteorder") not in {b"little", b""}:
+        raise InputError(f"{where}: big-endian checkpoints are not supported")
+
+
+def open_archive(
+    buffer: mmap.mmap, size: int, where: str, folder_of: Callable[[dict[str, list[ZipEntry]], str], str]
+) -> tuple[dict[str, ZipEntry], str, list[Finding]]:
+    """A whole-file archive's entries (the copy of each that torch reads), its folder (``folder_of``:
+    ``archive_prefix`` or ``check_one_folder``), its byte order checked, and its ``duplicate-entry`` and
+    ``zip-differential`` findings."""
+    copies = read_zip_entries(buffer, 0, size, where)
+    entries, duplicates = last_copies(copies)
+    prefix = folder_of(copies, where)
+    check_byteorder(entries, prefix, buffer, where)
+    return entries, prefix, [*duplicates, *differential_findings(copies, torch_view(buffer, 0, size), where)]
+
+
+PACKAGE_POLYGLOT = (
+    "this torch.save zip is also a torch.package archive (.data/extern_modules): PackageImporter.load_pickle reads "
+    "its other pickles and the code it holds, which the scan of data.pkl did not judge"
+)
 
 
 @dataclass
@@ -93,14 +131,15 @@ class TorchArchive:
             differential += global_findings(list(bytes_globals(theirs, self.where).globals))
         self.findings.extend(differential)
         self.prefix = archive_prefix(copies, self.where)
-        order = self.entries.get(self.prefix + "byteorder")
-        if order is not None and self._read(order, "byteorder") not in {b"little", b""}:
-            raise InputError(f"{self.where}: big-endian checkpoints are not supported")
+        check_byteorder(self.entries, self.prefix, self.buffer, self.where)
+        if self.prefix + ".data/extern_modules" in self.entries:
+            self.findings.append(Finding("pickle-polyglot", "fail", PACKAGE_POLYGLOT))
         # Every copy of a duplicated data.pkl is judged (see ``last_copies``); the last one is scanned.
         root = None
+        self._storages = StorageLookup(self.entries, self.prefix + "data/", self.where)
         for pickle_entry in copies[self.prefix + "data.pkl"]:
             pickled = self._read(pickle_entry, "data.pkl")
-            root, globals_seen = unpickle(pickled, where=self.where, call=torch_call, persistent_load=self._storage)
+            root, globals_seen = unpickle(pickled, where=self.where, call=torch_call, persistent_load=self._storages)
             self.findings.extend(f for f in global_findings(globals_seen) if f not in self.findings)
         self.tensors, unsupported = collect_tensors(root, self.where)
         require_tensors(self.tensors, sum(name.startswith(self.prefix + "data/") for name in self.entries), self.where)
@@ -111,21 +150,38 @@ class TorchArchive:
     def _read(self, entry: ZipEntry, what: str) -> bytes:
         return read_entry(self.buffer, entry, self.where, what)
 
-    def _storage(self, pid: object) -> StorageRef:
-        storage = storage_from_pid(pid)
-        entry = self.entries.get(record_key(f"{self.prefix}data/{storage.key}"))
-        if entry is None:
-            raise InputError(f"{self.where}: storage data/{storage.key} is missing from the archive")
-        if not entry.stored:
-            raise InputError(f"{self.where}: storage data/{storage.key} is compressed; it cannot be mapped")
-        return storage
-
     def _record(self, name: str, ref: TensorRef) -> TensorRecord:
-        entry = self.entries[record_key(f"{self.prefix}data/{ref.storage.key}")]
+        entry = self._storages.entry(ref.storage)
         return make_record(name, ref, self.buffer, entry.offset, entry.size, self.where, self.file_size)
 
     def records(self) -> Iterator[TensorRecord]:
         return iter(self._records)
+
+
+class StorageLookup:
+    """The persistent-id hook of one pickle whose storages are the archive's records ``<folder><key><suffix>``
+    (torch.save: ``archive/data/0``; TorchScript constants: ``archive/constants/0``; torch.package:
+    ``pkg/.data/0.storage``), each checked present and stored (mappable) as the pickle names it."""
+
+    def __init__(self, entries: dict[str, ZipEntry], folder: str, where: str, suffix: str = "") -> None:
+        self._entries = entries
+        self._folder = folder
+        self._suffix = suffix
+        self._where = where
+
+    def __call__(self, pid: object) -> Any:
+        storage = storage_from_pid(pid)
+        self.entry(storage)
+        return storage
+
+    def entry(self, storage: StorageRef) -> ZipEntry:
+        name = self._folder + storage.key + self._suffix
+        entry = self._entries.get(record_key(name))
+        if entry is None:
+            raise InputError(f"{self._where}: storage {name} is missing from the archive")
+        if not entry.stored:
+            raise InputError(f"{self._where}: storage {name} is compressed; it cannot be mapped")
+        return entry
 
 
 def make_record(

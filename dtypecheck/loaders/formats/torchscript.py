@@ -16,28 +16,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from dtypecheck.errors import InputError
 from dtypecheck.loaders._io.mapped import FileCheckpoint
 from dtypecheck.loaders._io.pickle_globals import global_findings, worst_first
 from dtypecheck.loaders._io.pickle_vm import GlobalRef, unpickle
 from dtypecheck.loaders._io.torch_objects import (
-    StorageRef,
     collect_tensors,
     require_tensors,
-    storage_from_pid,
     torch_call,
 )
 from dtypecheck.loaders._io.zip_records import (
     ZipEntry,
-    differential_findings,
-    last_copies,
     read_entry,
-    read_zip_entries,
-    record_key,
-    torch_view,
 )
 from dtypecheck.loaders.base import Finding, TensorRecord
-from dtypecheck.loaders.formats.torch_zip import archive_prefix, make_record
+from dtypecheck.loaders.formats.torch_zip import StorageLookup, archive_prefix, make_record, open_archive
 
 PICKLES = (("data.pkl", "data/", ""), ("constants.pkl", "constants/", "constants."))
 """(pickle, folder of its storages, prefix of its tensors' names)."""
@@ -68,20 +60,14 @@ class TorchScriptCheckpoint(FileCheckpoint):
 
     def _parse(self) -> None:
         where, buffer, size = self.source, self._map.buffer, self._map.size
-        copies = read_zip_entries(buffer, 0, size, where)
-        entries, duplicates = last_copies(copies)
-        prefix = archive_prefix(copies, where)
-        order = entries.get(prefix + "byteorder")
-        if order is not None and self._read(order, "byteorder") not in {b"little", b""}:
-            raise InputError(f"{where}: big-endian checkpoints are not supported")
+        entries, prefix, findings = open_archive(buffer, size, where, archive_prefix)
         records: list[TensorRecord] = []
         globals_seen: list[GlobalRef] = []
-        findings: list[Finding] = [*duplicates, *differential_findings(copies, torch_view(buffer, 0, size), where)]
         for pickle_name, folder, name_prefix in PICKLES:
             entry = entries.get(prefix + pickle_name)
             if entry is None:
                 continue
-            storages = _StorageLookup(entries, prefix + folder, where)
+            storages = StorageLookup(entries, prefix + folder, where)
             root, seen = unpickle(self._read(entry, pickle_name), where=where, call=jit_call, persistent_load=storages)
             globals_seen.extend(ref for ref in seen if ref not in globals_seen)
             tensors, unsupported = collect_tensors(root, where)
@@ -98,25 +84,3 @@ class TorchScriptCheckpoint(FileCheckpoint):
 
     def _read(self, entry: ZipEntry, what: str) -> bytes:
         return read_entry(self._map.buffer, entry, self.source, what)
-
-
-class _StorageLookup:
-    """The persistent-id hook of one pickle: its storages live in one folder of the archive."""
-
-    def __init__(self, entries: dict[str, ZipEntry], folder: str, where: str) -> None:
-        self._entries = entries
-        self._folder = folder
-        self._where = where
-
-    def __call__(self, pid: object) -> StorageRef:
-        storage = storage_from_pid(pid)
-        self.entry(storage)
-        return storage
-
-    def entry(self, storage: StorageRef) -> ZipEntry:
-        entry = self._entries.get(record_key(self._folder + storage.key))
-        if entry is None:
-            raise InputError(f"{self._where}: storage {self._folder}{storage.key} is missing from the archive")
-        if not entry.stored:
-            raise InputError(f"{self._where}: storage {self._folder}{storage.key} is compressed; it cannot be mapped")
-        return entry

@@ -210,6 +210,69 @@ def legacy_tar_polyglot(path: Path, marker: Path) -> Path:
     return path
 
 
+PACKAGED_SOURCE = """\
+import torch
+
+if "__torch_package__" in globals():  # only when PackageImporter runs it, not when the corpus is built
+    {payload}
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(2, 3)
+
+    def forward(self, x):
+        return self.fc(x)
+"""
+
+
+def packaged_module(path: Path, marker: Path) -> Path:
+    """A ``torch.package`` archive of a whole ``nn.Module`` whose class the archive interns (its source is in the
+    archive): ``PackageImporter.load_pickle`` compiles and runs that source, which creates ``marker``."""
+    import hashlib
+    import importlib
+    import shutil
+    import sys
+    import warnings
+
+    import torch
+    from torch.package.package_exporter import PackageExporter
+
+    name = "packaged_" + hashlib.sha256(str(path).encode()).hexdigest()[:12]
+    source = path.parent / f"{path.stem}-source"
+    source.mkdir(exist_ok=True)
+    (source / f"{name}.py").write_text(PACKAGED_SOURCE.format(payload=code_payload(marker)))
+    sys.path.insert(0, str(source))
+    try:
+        module = importlib.import_module(name)
+        torch.manual_seed(0)
+        with warnings.catch_warnings(), PackageExporter(str(path)) as exporter:
+            warnings.simplefilter("ignore")  # (torch.package pickles TypedStorage, which torch deprecates)
+            exporter.extern("torch.**")
+            exporter.intern(name)
+            exporter.save_pickle("model", "model.pkl", module.Net())
+    finally:
+        sys.path.remove(str(source))
+        sys.modules.pop(name, None)
+        shutil.rmtree(source, ignore_errors=True)
+    return path
+
+
+def packaged_state_dict(path: Path) -> Path:
+    """A ``torch.package`` archive of a plain state_dict: nothing of it is code."""
+    import warnings
+
+    import torch
+    from torch.package.package_exporter import PackageExporter
+
+    with warnings.catch_warnings(), PackageExporter(str(path)) as exporter:
+        warnings.simplefilter("ignore")
+        exporter.extern("torch.**")
+        exporter.save_pickle("model", "state.pkl", {"w": torch.ones(2), "b": torch.zeros(3, dtype=torch.float16)})
+    return path
+
+
 def scripted_setstate(path: Path, marker: Path) -> Path:
     """A TorchScript module whose ``__setstate__`` (compiled and run by torch.jit.load) creates ``marker``."""
     import torch
@@ -330,6 +393,10 @@ def build(folder: Path) -> list[Hostile]:
     script = scripted_setstate(folder / "torchscript-via-torch-load.pt", mark("torchscript-via-torch-load"))
     add("torchscript-via-torch-load", script, script)
 
+    # --- torch.package: PackageImporter runs the module source the archive interns ------------------------
+    package = packaged_module(folder / "torch-package-interned.pt", mark("torch-package-interned"))
+    add("torch-package-interned", package, package, loader="package.load")
+
     # --- benign look-alikes: must pass ----------------------------------------------------------------------
     plain = folder / "benign-storages-named.safetensors"
     save_file({"storages": torch.ones(2), "tensors": torch.zeros(3)}, plain)  # a tar member's name, nothing more
@@ -339,4 +406,7 @@ def build(folder: Path) -> list[Hostile]:
     torch.save({"w": torch.ones(2)}, upper)
     out.append(Hostile("benign-torch-zip", KLASS, ("scan-model", str(upper)), frozenset({0}), benign=True,
                        loader="none"))  # fmt: skip
+    plain_package = packaged_state_dict(folder / "benign-torch-package.pt")
+    out.append(Hostile("benign-torch-package", KLASS, ("scan-model", str(plain_package)), frozenset({0}),
+                       benign=True, loader="none"))  # fmt: skip
     return out
