@@ -234,13 +234,13 @@ def render(rows: list[dict[str, Any]], every: list[str]) -> str:
     ]
     by_type = {row["type"]: row for row in rows}
     for name in every:
-        row = by_type.get(name)
-        if row is None:
+        found = by_type.get(name)
+        if found is None:
             lines.append(f"| {name} | not reached (the sweep ran out of session time) | | |")
         else:
-            took = "" if row["seconds"] is None else f"{row['seconds']:.1f}"
-            wall = "" if row.get("wall") is None else f"{row['wall']:.1f}"
-            lines.append(f"| {name} | {row['result']} | {took} | {wall} |")
+            took = "" if found["seconds"] is None else f"{found['seconds']:.1f}"
+            wall = "" if found.get("wall") is None else f"{found['wall']:.1f}"
+            lines.append(f"| {name} | {found['result']} | {took} | {wall} |")
     return "\n".join(lines) + "\n"
 
 
