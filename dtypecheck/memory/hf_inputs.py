@@ -132,7 +132,12 @@ def _audio(kwargs: dict[str, Any], config: Any, main: str, batch: int, seq: int,
     samples = seq * (stride if main == "input_values" else hop)
     bins = size_of(config, "num_mel_bins", 0) or None
     model_type = str(getattr(config, "model_type", ""))
-    found = _feature_shape(model_type, samples, bins)
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    # The extractor's own torch ops (Whisper's STFT) are not the model's: run it outside the fake mode and the
+    # trace, which would count its spectrogram as activations of the first pass.
+    with _disable_current_modes():
+        found = _feature_shape(model_type, samples, bins)
     if found is not None:
         name, shape = found
         kwargs[name if name in ("input_features", "input_values") else main] = make(batch, *shape)
