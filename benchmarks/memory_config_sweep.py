@@ -18,6 +18,7 @@ is resumed by running the same command again. ``--render FILE...`` prints the ma
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import statistics
@@ -78,17 +79,26 @@ def shrunk(config: Any) -> Any:
         listed = getattr(config, name, None)
         layers = getattr(config, "num_hidden_layers", None)
         if isinstance(listed, list) and isinstance(layers, int):
-            setattr(config, name, listed[:layers])  # one entry per layer, as the config validates
-    vocab = getattr(config, "vocab_size", None)
-    if isinstance(vocab, int):
-        for name, value in list(vars(config).items()):
-            # special token ids of the full vocabulary must stay inside the shrunk one
-            if name.endswith("_token_id") and isinstance(value, int) and value >= vocab:
-                setattr(config, name, vocab - 1)
+            with contextlib.suppress(AttributeError):  # a property derived from the depth (Mamba's)
+                setattr(config, name, listed[:layers])  # one entry per layer, as the config validates
     for sub in ("text_config", "vision_config", "audio_config", "encoder", "decoder"):
         nested = getattr(config, sub, None)
         if nested is not None and hasattr(nested, "to_dict"):
             shrunk(nested)
+    vocab = getattr(config, "vocab_size", None)
+    if not isinstance(vocab, int):  # a VLM's image token id lives beside its text config's vocabulary
+        vocab = getattr(getattr(config, "text_config", None), "vocab_size", None)
+    if isinstance(vocab, int):
+        # Special token ids of the full vocabulary must stay inside the shrunk one, and apart from each other
+        # (an image placeholder that were also the padding id would be counted twice).
+        ids = {
+            name: value
+            for name, value in vars(config).items()
+            if name.endswith(("_token_id", "_token_index")) and isinstance(value, int) and value >= vocab
+        }
+        moved = {value: vocab - 1 - i for i, value in enumerate(sorted(set(ids.values())))}
+        for name, value in ids.items():
+            setattr(config, name, moved[value])
     return config
 
 
