@@ -107,6 +107,16 @@ def hf_inputs(
         height, width = (side[0], side[-1])
         channels = size_of(config, "num_channels", 3)
         kwargs["pixel_values"] = make(batch, channels, height, width)
+    if "image_sizes" in accepted and "pixel_values" in kwargs and kwargs["pixel_values"].ndim == 4:
+        # Pixtral-style towers take each image's (height, width); factory ops, whose values the trace knows.
+        pixels = kwargs["pixel_values"]
+        kwargs["image_sizes"] = torch.cat(
+            [
+                torch.full((batch, 1), int(pixels.shape[-2]), dtype=torch.long),
+                torch.full((batch, 1), int(pixels.shape[-1]), dtype=torch.long),
+            ],
+            dim=1,
+        )
     image_tokens = None
     if "image_grid_thw" in accepted and "pixel_values" in kwargs:
         image_tokens = _patch_grid(kwargs, config, batch, make)
@@ -133,7 +143,9 @@ def hf_inputs(
 def _audio(kwargs: dict[str, Any], config: Any, main: str, batch: int, seq: int, make: Any) -> None:
     """Audio input: the feature extractor's own shape of about ``seq`` frames, else (bins, 2 x source positions)
     spectrogram features or ``seq`` strides of raw samples."""
-    stride = math.prod(getattr(config, "conv_stride", None) or (1,))
+    # Raw samples per frame: the conv feature encoder's total stride, else 20 ms at 16 kHz (wav2vec2's 320), so
+    # that a first convolution of a long kernel (Moonshine's 127) has samples enough.
+    stride = math.prod(getattr(config, "conv_stride", None) or (320,))
     hop = 160  # 10 ms at 16 kHz, the common spectrogram hop
     samples = seq * (stride if main == "input_values" else hop)
     bins = size_of(config, "num_mel_bins", 0) or None
