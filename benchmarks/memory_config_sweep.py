@@ -55,6 +55,12 @@ SMALL = {
 }
 
 
+TINY_IMAGE = 64
+"""The image side of a shrunk vision model."""
+IMAGE_TYPES = ("resnet", "regnet", "bit", "convnext", "convnextv2")
+"""Vision configs without an ``image_size`` of their own (their inputs default to 224 pixels)."""
+
+
 class _TimeoutError(Exception):
     pass
 
@@ -81,6 +87,14 @@ def shrunk(config: Any) -> Any:
         if isinstance(listed, list) and isinstance(layers, int):
             with contextlib.suppress(AttributeError):  # a property derived from the depth (Mamba's)
                 setattr(config, name, listed[:layers])  # one entry per layer, as the config validates
+    # Convolutional stages (ResNet's widths and depths per stage) and images: a tiny vision model is fed 64-pixel
+    # images (one 224-pixel image through ResNet-50's real widths cost a test a minute and a half).
+    for name, small in (("hidden_sizes", 16), ("depths", 1)):
+        listed = getattr(config, name, None)
+        if isinstance(listed, list) and listed and all(isinstance(v, int) for v in listed):
+            setattr(config, name, [min(v, small) for v in listed])
+    if isinstance(getattr(config, "image_size", None), int) or getattr(config, "model_type", "") in IMAGE_TYPES:
+        config.image_size = TINY_IMAGE
     for sub in ("text_config", "vision_config", "audio_config", "encoder", "decoder"):
         nested = getattr(config, sub, None)
         if nested is not None and hasattr(nested, "to_dict"):
