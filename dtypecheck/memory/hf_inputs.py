@@ -156,6 +156,11 @@ def _audio(kwargs: dict[str, Any], config: Any, main: str, batch: int, seq: int,
     # trace, which would count its spectrogram as activations of the first pass.
     with _disable_current_modes():
         found = _feature_shape(model_type, samples, bins)
+    positions = size_of(config, "max_source_positions", 0)
+    if found is not None and len(found[1]) == 2 and found[1][0] == bins and positions:
+        # (bins, frames), as Whisper's encoder takes exactly 2 frames per source position: the config's own
+        # window, not the extractor's default 30 s
+        found = (found[0], (found[1][0], 2 * positions))
     if found is not None:
         name, shape = found
         kwargs[name if name in ("input_features", "input_values") else main] = make(batch, *shape)
