@@ -222,6 +222,9 @@ REASONS = (
     ("TraceDeadline", "timeout (60 s)"),
     ("the process ended", "the process ended (a crash in the model's own code)"),
     ("cannot build a model", "cannot build from the default config"),
+    ("ValidationError", "the config class's own defaults fail its validation"),
+    ("cannot read this config", "the config class's own defaults fail its validation"),
+    ("is beyond this model", "the sweep's 16 tokens exceed the default config's positions"),
     ("needs timm", "needs timm (not installed: it needs torchvision)"),
     ("requires the timm", "needs timm (not installed: it needs torchvision)"),
     ("depends on tensor values", "data-dependent op (value-dependent size)"),
@@ -230,7 +233,9 @@ REASONS = (
 
 
 def reason_class(result: str) -> str:
-    for prefix, name in REASONS:
+    if result.startswith("ok"):
+        return "ok"
+    for prefix, name in REASONS[1:]:
         if prefix in result[:400]:
             return name
     return "other"
