@@ -1,5 +1,6 @@
 """A fixed sample of 40 transformers model types of every family (decoders, encoders, encoder-decoders, vision,
-audio, state-space models, mixtures of experts, a vision-language dual encoder), built from their config class's
+audio, state-space models, mixtures of experts, and CLIP, a vision-language type built as its image classifier since its
+config names no architecture), built from their config class's
 defaults shrunk to a tiny size (as ``benchmarks/memory_config_sweep.py --size tiny`` does) and estimated for float32
 inference and an AdamW training step: each within 5% of PyTorch's MemTracker on one real step of the same model
 (issue 28.1).
