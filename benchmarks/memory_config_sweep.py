@@ -8,12 +8,18 @@ of other kinds at the config's own sizes). Fake tensors cost nothing at real siz
 downloaded.
 
     nice -n 10 .venv/bin/python benchmarks/memory_config_sweep.py [--size real|tiny] [--only bert,gpt2]
-        [--part 1/2] [--timeout 60]
+        [--part 1/2] [--timeout 60] [--results part1.jsonl]
+
+With ``--results FILE`` every type's row is also appended to FILE (one JSON object a line) as soon as it is known,
+and the types already in FILE are skipped: a sweep cut short (or a process ended by a crash in a model's own code)
+is resumed by running the same command again. ``--render FILE...`` prints the markdown report of such files.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import signal
 import statistics
 import sys
@@ -49,6 +55,12 @@ SMALL = {
 }
 
 
+TINY_IMAGE = 64
+"""The image side of a shrunk vision model."""
+IMAGE_TYPES = ("resnet", "regnet", "bit", "convnext", "convnextv2")
+"""Vision configs without an ``image_size`` of their own (their inputs default to 224 pixels)."""
+
+
 class _TimeoutError(Exception):
     pass
 
@@ -73,17 +85,34 @@ def shrunk(config: Any) -> Any:
         listed = getattr(config, name, None)
         layers = getattr(config, "num_hidden_layers", None)
         if isinstance(listed, list) and isinstance(layers, int):
-            setattr(config, name, listed[:layers])  # one entry per layer, as the config validates
-    vocab = getattr(config, "vocab_size", None)
-    if isinstance(vocab, int):
-        for name, value in list(vars(config).items()):
-            # special token ids of the full vocabulary must stay inside the shrunk one
-            if name.endswith("_token_id") and isinstance(value, int) and value >= vocab:
-                setattr(config, name, vocab - 1)
+            with contextlib.suppress(AttributeError):  # a property derived from the depth (Mamba's)
+                setattr(config, name, listed[:layers])  # one entry per layer, as the config validates
+    # Convolutional stages (ResNet's widths and depths per stage) and images: a tiny vision model is fed 64-pixel
+    # images (one 224-pixel image through ResNet-50's real widths cost a test a minute and a half).
+    for name, small in (("hidden_sizes", 16), ("depths", 1)):
+        listed = getattr(config, name, None)
+        if isinstance(listed, list) and listed and all(isinstance(v, int) for v in listed):
+            setattr(config, name, [min(v, small) for v in listed])
+    if isinstance(getattr(config, "image_size", None), int) or getattr(config, "model_type", "") in IMAGE_TYPES:
+        config.image_size = TINY_IMAGE
     for sub in ("text_config", "vision_config", "audio_config", "encoder", "decoder"):
         nested = getattr(config, sub, None)
         if nested is not None and hasattr(nested, "to_dict"):
             shrunk(nested)
+    vocab = getattr(config, "vocab_size", None)
+    if not isinstance(vocab, int):  # a VLM's image token id lives beside its text config's vocabulary
+        vocab = getattr(getattr(config, "text_config", None), "vocab_size", None)
+    if isinstance(vocab, int):
+        # Special token ids of the full vocabulary must stay inside the shrunk one, and apart from each other
+        # (an image placeholder that were also the padding id would be counted twice).
+        ids = {
+            name: value
+            for name, value in vars(config).items()
+            if name.endswith(("_token_id", "_token_index")) and isinstance(value, int) and value >= vocab
+        }
+        moved = {value: vocab - 1 - i for i, value in enumerate(sorted(set(ids.values())))}
+        for name, value in ids.items():
+            setattr(config, name, moved[value])
     return config
 
 
@@ -108,30 +137,40 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first[0] if first else ''}"
 
 
-def sweep(types: list[str], *, tiny: bool, timeout: int) -> None:
+def sweep(types: list[str], *, tiny: bool, timeout: int, results: Path | None = None) -> None:
     import torch
-    import torch._dynamo  # noqa: F401
+    import torch._dynamo
 
     from dtypecheck.memory import estimate_memory  # noqa: F401
+
+    torch.set_num_threads(1)  # fake tensors compute nothing; one thread keeps the CPU-time bound one core's
     from dtypecheck.memory.tracing import TraceDeadlineError, trace_deadline
 
     def alarm(_signum: int, _frame: object) -> None:
         raise _TimeoutError
 
-    signal.signal(signal.SIGALRM, alarm)
+    signal.signal(signal.SIGPROF, alarm)
+    done = {row["type"] for row in read_rows([results])} if results is not None and results.exists() else set()
     seconds: list[float] = []
     ok = 0
-    print("| model type | result | seconds |\n|---|---|---:|", flush=True)
+    print("| model type | result | CPU seconds | wall seconds |\n|---|---|---:|---:|", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for model_type in types:
+            if model_type in done:
+                continue
+            if results is not None:
+                # Written before the attempt: a type whose own code ends the process is recorded as such.
+                _append(results, {"type": model_type, "result": "the process ended during this type", "seconds": None})
             folder = Path(tmp) / model_type
             folder.mkdir()
             start = time.perf_counter()
-            # Traces stop cleanly between two ops at the deadline; the alarm, later, stops anything else (an alarm
-            # that fires inside autograd's engine would end the process).
-            signal.alarm(timeout + 30)
+            cpu = time.process_time()
+            # The bound is CPU time (the machine is shared: wall-clock time would measure the other sessions).
+            # Traces stop cleanly between two ops at the deadline; the timer, later, stops anything else (a
+            # signal that fires inside autograd's engine would end the process).
+            signal.setitimer(signal.ITIMER_PROF, timeout + 30)
             try:
-                with trace_deadline(time.monotonic() + timeout):
+                with trace_deadline(cpu + timeout, time.process_time):
                     report = estimate_type(model_type, folder, tiny=tiny)
                 totals = ", ".join(f"{row.mode} {row.bytes.total:,} B" for row in report.estimates)
                 result = f"ok ({report.model.model_class}, {report.model.parameters:,} parameters; {totals})"
@@ -141,17 +180,97 @@ def sweep(types: list[str], *, tiny: bool, timeout: int) -> None:
             except Exception as exc:  # noqa: BLE001  (any failure is this type's row, not the sweep's end)
                 result = _reason(exc)
             finally:
-                signal.alarm(0)
-            took = time.perf_counter() - start
+                signal.setitimer(signal.ITIMER_PROF, 0)
+            took = time.process_time() - cpu
+            wall = time.perf_counter() - start
             seconds.append(took)
             cell = result.replace("|", "/").replace("\n", " ")[:220]
-            print(f"| {model_type} | {cell} | {took:.1f} |", flush=True)
+            if results is not None:
+                _append(
+                    results, {"type": model_type, "result": cell, "seconds": round(took, 1), "wall": round(wall, 1)}
+                )
+            print(f"| {model_type} | {cell} | {took:.1f} | {wall:.1f} |", flush=True)
     if seconds:
         print(
-            f"\n{ok} of {len(types)} model types estimated; seconds per type: median "
+            f"\n{ok} of {len(seconds)} model types estimated; CPU seconds per type: median "
             f"{statistics.median(seconds):.1f}, max {max(seconds):.1f}",
             flush=True,
         )
+
+
+def _append(path: Path, row: dict[str, Any]) -> None:
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write(json.dumps(row) + "\n")
+
+
+def read_rows(paths: list[Path | None]) -> list[dict[str, Any]]:
+    """Every type's last row in the ``--results`` files, sorted by type."""
+    rows: dict[str, dict[str, Any]] = {}
+    for path in paths:
+        if path is None:
+            continue
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                row = json.loads(line)
+                rows[row["type"]] = row
+    return [rows[name] for name in sorted(rows)]
+
+
+REASONS = (
+    ("ok", "ok"),
+    ("timeout", "timeout (60 s)"),
+    ("TraceDeadline", "timeout (60 s)"),
+    ("the process ended", "the process ended (a crash in the model's own code)"),
+    ("cannot build a model", "cannot build from the default config"),
+    ("ValidationError", "the config class's own defaults fail its validation"),
+    ("cannot read this config", "the config class's own defaults fail its validation"),
+    ("is beyond this model", "the sweep's 16 tokens exceed the default config's positions"),
+    ("needs timm", "needs timm (not installed: it needs torchvision)"),
+    ("requires the timm", "needs timm (not installed: it needs torchvision)"),
+    ("depends on tensor values", "data-dependent op (value-dependent size)"),
+    ("cannot trace", "the forward pass fails on the inputs built"),
+)
+
+
+def reason_class(result: str) -> str:
+    if result.startswith("ok"):
+        return "ok"
+    for prefix, name in REASONS[1:]:
+        if prefix in result[:400]:
+            return name
+    return "other"
+
+
+def render(rows: list[dict[str, Any]], every: list[str]) -> str:
+    """The markdown report: the summary, the count per reason, then one row per type (``every`` lists all)."""
+    tried = [row for row in rows if row["seconds"] is not None or "process ended" in row["result"]]
+    ok = sum(row["result"].startswith("ok") for row in tried)
+    seconds = [row["seconds"] for row in tried if row["seconds"] is not None]
+    counts: dict[str, int] = {}
+    for row in tried:
+        counts[reason_class(row["result"])] = counts.get(reason_class(row["result"]), 0) + 1
+    lines = [
+        f"**{ok} of {len(tried)} types tried estimated** ({len(every)} types have a model class; "
+        f"{len(every) - len(tried)} not reached). CPU seconds per type tried: median "
+        f"{statistics.median(seconds) if seconds else 0:.1f}, max {max(seconds, default=0):.1f}.",
+        "",
+        "| reason | types |",
+        "|---|---:|",
+        *(f"| {name} | {n} |" for name, n in sorted(counts.items(), key=lambda item: -item[1])),
+        "",
+        "| model type | result | CPU seconds | wall seconds |",
+        "|---|---|---:|---:|",
+    ]
+    by_type = {row["type"]: row for row in rows}
+    for name in every:
+        found = by_type.get(name)
+        if found is None:
+            lines.append(f"| {name} | not reached (the sweep ran out of session time) | | |")
+        else:
+            took = "" if found["seconds"] is None else f"{found['seconds']:.1f}"
+            wall = "" if found.get("wall") is None else f"{found['wall']:.1f}"
+            lines.append(f"| {name} | {found['result']} | {took} | {wall} |")
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
@@ -160,16 +279,22 @@ def main() -> None:
     parser.add_argument("--size", choices=("real", "tiny"), default="real")
     parser.add_argument("--part", help="K/N: the K-th of N equal slices of the sorted types")
     parser.add_argument("--timeout", type=int, default=60)
+    parser.add_argument("--results", type=Path, help="append rows to this JSON-lines file; skip the types in it")
+    parser.add_argument("--render", type=Path, nargs="+", help="print the markdown report of --results files")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import transformers
+
+    if args.render:
+        print(render(read_rows(list(args.render)), model_types()), end="")
+        return
 
     transformers.logging.set_verbosity_error()
     types = args.only.split(",") if args.only else model_types()
     if args.part:
         k, n = (int(v) for v in args.part.split("/"))
         types = types[(k - 1) * len(types) // n : k * len(types) // n]
-    sweep(types, tiny=args.size == "tiny", timeout=args.timeout)
+    sweep(types, tiny=args.size == "tiny", timeout=args.timeout, results=args.results)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ feature extractor makes, decoder ids of an encoder-decoder, and labels its head 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import math
@@ -106,6 +107,21 @@ def hf_inputs(
         height, width = (side[0], side[-1])
         channels = size_of(config, "num_channels", 3)
         kwargs["pixel_values"] = make(batch, channels, height, width)
+    if "image_sizes" in accepted and "pixel_values" in kwargs and kwargs["pixel_values"].ndim == 4:
+        # Pixtral-style towers take each image's (height, width); factory ops, whose values the trace knows.
+        pixels = kwargs["pixel_values"]
+        kwargs["image_sizes"] = torch.cat(
+            [
+                torch.full((batch, 1), int(pixels.shape[-2]), dtype=torch.long),
+                torch.full((batch, 1), int(pixels.shape[-1]), dtype=torch.long),
+            ],
+            dim=1,
+        )
+    image_tokens = None
+    if "image_grid_thw" in accepted and "pixel_values" in kwargs:
+        image_tokens = _patch_grid(kwargs, config, batch, make)
+    if "input_ids" in kwargs and "pixel_values" in kwargs:
+        _image_tokens(kwargs, model, config, image_tokens)
     if main in ("input_features", "input_values") or {"input_features", "input_values"} & required:
         _audio(kwargs, config, main, batch, seq, make)
     if not kwargs and main in accepted:
@@ -127,12 +143,24 @@ def hf_inputs(
 def _audio(kwargs: dict[str, Any], config: Any, main: str, batch: int, seq: int, make: Any) -> None:
     """Audio input: the feature extractor's own shape of about ``seq`` frames, else (bins, 2 x source positions)
     spectrogram features or ``seq`` strides of raw samples."""
-    stride = math.prod(getattr(config, "conv_stride", None) or (1,))
+    # Raw samples per frame: the conv feature encoder's total stride, else 20 ms at 16 kHz (wav2vec2's 320), so
+    # that a first convolution of a long kernel (Moonshine's 127) has samples enough.
+    stride = math.prod(getattr(config, "conv_stride", None) or (320,))
     hop = 160  # 10 ms at 16 kHz, the common spectrogram hop
     samples = seq * (stride if main == "input_values" else hop)
     bins = size_of(config, "num_mel_bins", 0) or None
     model_type = str(getattr(config, "model_type", ""))
-    found = _feature_shape(model_type, samples, bins)
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    # The extractor's own torch ops (Whisper's STFT) are not the model's: run it outside the fake mode and the
+    # trace, which would count its spectrogram as activations of the first pass.
+    with _disable_current_modes():
+        found = _feature_shape(model_type, samples, bins)
+    positions = size_of(config, "max_source_positions", 0)
+    if found is not None and len(found[1]) == 2 and found[1][0] == bins and positions:
+        # (bins, frames), as Whisper's encoder takes exactly 2 frames per source position: the config's own
+        # window, not the extractor's default 30 s
+        found = (found[0], (found[1][0], 2 * positions))
     if found is not None:
         name, shape = found
         kwargs[name if name in ("input_features", "input_values") else main] = make(batch, *shape)
@@ -158,3 +186,82 @@ def _labels(config: Any, head: str, batch: int, seq: int, kwargs: dict[str, Any]
             return torch.zeros(batch, classes)  # a regression head: one float target per output
         return ids(batch, high=classes)
     return None
+
+
+def _token_id(config: Any, *names: str) -> int | None:
+    for source in (config, getattr(config, "text_config", None)):
+        for name in names:
+            value = getattr(source, name, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                return value
+    return None
+
+
+def _patch_grid(kwargs: dict[str, Any], config: Any, batch: int, make: Any) -> int:
+    """Qwen-VL's images: ``pixel_values`` as the flat patches of one ``image_size`` image per sample (each
+    ``channels x temporal_patch_size x patch_size**2`` values) and ``image_grid_thw`` their (1, rows, columns).
+    Returns the image tokens each image stands for (its patches over the merged cells)."""
+    import torch
+
+    vision = getattr(config, "vision_config", None) or config
+    patch = size_of(vision, "patch_size", 14)
+    merge = size_of(vision, "spatial_merge_size", 1)
+    temporal = size_of(vision, "temporal_patch_size", 1)
+    channels = size_of(vision, "in_channels", 0) or size_of(vision, "num_channels", 3)
+    side = sizes_of(config, "image_size", (224,))[0]
+    cells = max(side // (patch * merge), 1) * merge  # whole merged cells per side
+    kwargs["pixel_values"] = make(batch * cells * cells, channels * temporal * patch * patch)
+    # Made of factory ops, whose values the trace knows (the vision tower reads them).
+    kwargs["image_grid_thw"] = torch.cat(
+        [torch.ones((batch, 1), dtype=torch.long), torch.full((batch, 2), cells, dtype=torch.long)], dim=1
+    )
+    return cells * cells // (merge * merge)
+
+
+def _image_tokens(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, per_image: int | None) -> None:
+    """Put the model's image placeholder tokens before the text, as many as its vision tower makes features of
+    each image (a VLM checks that they match): ``per_image`` when the grid says, else counted by running
+    ``get_image_features`` once per image shape, outside the trace."""
+    import torch
+
+    token = _token_id(config, "image_token_id", "image_token_index")
+    if token is None:
+        return
+    ids = kwargs["input_ids"]
+    batch = int(ids.shape[0])
+    if per_image is None:
+        features = getattr(model, "get_image_features", None)
+        if features is None:
+            return
+        cache: dict[tuple[int, ...], int] = model.__dict__.setdefault("_dtypecheck_image_tokens", {})
+        key = tuple(kwargs["pixel_values"].shape)
+        if key not in cache:
+            cache[key] = _count_features(model, features, kwargs) // max(batch, 1)
+        per_image = cache[key]
+    if per_image > 0:
+        if token:  # random text ids may hit the placeholder's: they would be counted as images
+            ids = ids.masked_fill(ids == token, 0)
+        placeholders = torch.full((batch, per_image), token, dtype=ids.dtype)
+        kwargs["input_ids"] = torch.cat([placeholders, ids], dim=1)
+
+
+def _count_features(model: torch.nn.Module, features: Any, kwargs: dict[str, Any]) -> int:
+    """How many image feature vectors ``get_image_features`` makes of the batch's images (0 when it fails): on
+    fake tensors for a fake model, outside the trace (its ops are not the pass's)."""
+    import torch
+    from torch.utils._python_dispatch import _disable_current_modes
+    from torch.utils._pytree import tree_flatten
+
+    params = inspect.signature(features).parameters
+    extra = {k: v for k, v in kwargs.items() if k in params and k not in ("pixel_values", "input_ids")}
+    fake_mode = getattr(next(model.parameters(), None), "fake_mode", None)
+    try:
+        with _disable_current_modes(), torch.no_grad(), fake_mode or contextlib.nullcontext():
+            out = features(pixel_values=kwargs["pixel_values"], **extra)
+    except Exception:  # noqa: BLE001  (a tower that needs more inputs than these: the model's own error says so)
+        return 0
+    found = getattr(out, "pooler_output", None)
+    if found is None:
+        found = out[0] if isinstance(out, tuple | list) else getattr(out, "last_hidden_state", out)
+    tensors = [t for t in tree_flatten(found)[0] if isinstance(t, torch.Tensor)]
+    return sum(t.numel() // t.shape[-1] for t in tensors if t.ndim >= 2)

@@ -131,6 +131,7 @@ def measured_peak(
 
     tracker = MemTracker()
     tracker.track_external(module, *([optimizer] if optimizer is not None else []))
+    _skip_frozen_grad_hooks(tracker, module)
     with warnings.catch_warnings():
         # Its module tracker warns about autograd nodes of modules already collected; the bytes are unaffected.
         warnings.simplefilter("ignore", UserWarning)
@@ -139,6 +140,25 @@ def measured_peak(
             # its peak is kept.
             run_step(*step, tracker.reset_mod_stats)
     return int(tracker.get_tracker_snapshot("peak")[device]["Total"])
+
+
+class _NoHook:
+    """Stands for the gradient hooks MemTracker would register on a parameter: ``remove()`` does nothing."""
+
+    def remove(self) -> None:
+        return None
+
+
+def _skip_frozen_grad_hooks(tracker: Any, module: torch.nn.Module) -> None:
+    """MemTracker registers a gradient hook on every parameter of a module it enters, and a frozen one (Whisper's
+    sinusoidal positions, ``requires_grad=False``) refuses it: it is marked as hooked already, so that MemTracker
+    still counts its bytes as a parameter's and skips the hook (it never has a gradient to count)."""
+    handles = getattr(tracker, "_param_to_grad_hook_handles", None)
+    if handles is None:
+        return
+    for param in module.parameters():
+        if not param.requires_grad:
+            handles[param] = (_NoHook(), _NoHook())
 
 
 def why_not_measurable(subject: Subject, row: MemoryEstimate) -> str | None:

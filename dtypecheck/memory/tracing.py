@@ -138,16 +138,17 @@ class TraceDeadlineError(DtypecheckError):
     """A trace ran past the deadline ``trace_deadline`` set (``--fit``'s time bound)."""
 
 
-_DEADLINE: list[float] = []
+_DEADLINE: list[tuple[float, Callable[[], float]]] = []
 
 
 @contextlib.contextmanager
-def trace_deadline(deadline: float | None) -> Iterator[None]:
-    """Traces started inside stop with ``TraceDeadlineError`` once ``time.monotonic()`` passes ``deadline``."""
+def trace_deadline(deadline: float | None, clock: Callable[[], float] = time.monotonic) -> Iterator[None]:
+    """Traces started inside stop with ``TraceDeadlineError`` once ``clock()`` passes ``deadline`` (wall-clock
+    time by default; ``time.process_time`` bounds the CPU time, whatever else shares the machine)."""
     if deadline is None:
         yield
         return
-    _DEADLINE.append(deadline)
+    _DEADLINE.append((deadline, clock))
     try:
         yield
     finally:
@@ -322,7 +323,7 @@ class LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
         import torch
         from torch.utils._pytree import tree_flatten
 
-        if _DEADLINE and self.ops % 64 == 0 and time.monotonic() > _DEADLINE[-1]:
+        if _DEADLINE and self.ops % 64 == 0 and _DEADLINE[-1][1]() > _DEADLINE[-1][0]:
             raise TraceDeadlineError("the trace ran past its deadline")
         try:
             out = (
