@@ -199,7 +199,7 @@ def test_storage_reference_problems(tmp_path: Path) -> None:
     with zipfile.ZipFile(good) as archive:
         pickled = archive.read("good/data.pkl")
     missing = write_torch_zip(tmp_path / "missing.pt", pickled, {})
-    with pytest.raises(InputError, match=r"missing\.pt: storage data/0 is missing"):
+    with pytest.raises(InputError, match=r"missing\.pt: storage archive/data/0 is missing from the archive"):
         open_checkpoint(str(missing))
     short = write_torch_zip(tmp_path / "short.pt", pickled, {"0": b"\x00" * 8})  # 2 floats, 4 claimed
     with pytest.raises(InputError, match=r"short\.pt: tensor 'x' of shape \(4,\) reaches element 3"):
