@@ -81,6 +81,24 @@ class KnownValues:
             del self._entries[id(fake)]
 
 
+def _tensors_in(args: tuple[Any, ...], kwargs: dict[str, Any], tensor_type: type) -> list[Any]:
+    """The tensors among an op's arguments, in ``tree_flatten((args, kwargs))`` order: an aten op's arguments nest
+    only lists and tuples (``cat``'s tensors, ``index``'s indices), so a flat walk does what the generic pytree
+    flattening does per op, several times faster."""
+    found: list[Any] = []
+    todo: list[Any] = [*args, *kwargs.values()] if kwargs else list(args)
+    index = 0
+    while index < len(todo):
+        value = todo[index]
+        index += 1
+        if isinstance(value, tensor_type):
+            found.append(value)
+        elif isinstance(value, list | tuple):
+            # Depth first, as tree_flatten: the nested values go next, before the rest.
+            todo[index:index] = value
+    return found
+
+
 class Shadows:
     """Real values of the fake integer and boolean tensors whose values are known, by fake tensor."""
 
@@ -104,9 +122,8 @@ class Shadows:
             DynamicOutputShapeException,
             unset_fake_temporarily,
         )
-        from torch.utils._pytree import tree_flatten
 
-        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        tensors = _tensors_in(args, kwargs, torch.Tensor)
         known = all(t in self.values for t in tensors)
         name = op_name(func)
         if name == "aten._local_scalar_dense.default":

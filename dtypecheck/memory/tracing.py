@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from dtypecheck.errors import DtypecheckError, InputError
 from dtypecheck.memory.routing import DataDependentOpError, Shadows
-from dtypecheck.memory.workspaces import real_workspace_bytes, run_op, workspace_output
+from dtypecheck.memory.workspaces import op_name, real_workspace_bytes, run_op, workspace_output
 from dtypecheck.training_step import DEFAULT_LOSS, StepLoss, forward_and_loss, watching_targets
 
 if TYPE_CHECKING:
@@ -224,7 +224,12 @@ class LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
         return False
 
     def __init__(self, shadows: Shadows | None = None) -> None:
+        import torch
+        from torch._subclasses.fake_tensor import FakeTensor
+
         super().__init__()  # type: ignore[no-untyped-call]
+        self._prim_device = torch.ops.prim.device.default
+        self._fake_type = FakeTensor
         self.shadows = shadows
         self.modules: list[str] = []
         """The dotted paths of the modules running, innermost last (for errors naming where an op failed)."""
@@ -320,37 +325,53 @@ class LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
-        import torch
-        from torch.utils._pytree import tree_flatten
-
         if _DEADLINE and self.ops % 64 == 0 and _DEADLINE[-1][1]() > _DEADLINE[-1][0]:
             raise TraceDeadlineError("the trace ran past its deadline")
+        if func is self._prim_device and len(args) == 1 and type(args[0]) is self._fake_type:
+            # ``tensor.device`` asked in C++ (most of a pass's ops: autograd asks it of every input and gradient):
+            # nothing allocated, no values, so neither the shadows nor the workspaces have anything to do. The
+            # fake tensor's own property answers as the fake mode's handler would.
+            out = args[0].device
+        else:
+            out = self._run(func, args, kwargs or {})
+        self.ops += 1
+        self._timeline.append((self.activations, self.gradients))
+        if self.attributing:
+            self._op_names.append(op_name(func))
+            self._op_modules.append(self.current_module())
+            if self.activations + self.gradients > self._peak_held[0]:
+                held = {m: b for m, b in self._held.items() if b}
+                self._peak_held = (self.activations + self.gradients, len(self._timeline) - 1, held)
+        return out
+
+    def _run(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run ``func`` and count the storages it returns."""
+        import torch
+
         try:
-            out = (
-                self.shadows.run(func, args, kwargs or {}, run_op) if self.shadows else run_op(func, args, kwargs or {})
-            )
+            out = self.shadows.run(func, args, kwargs, run_op) if self.shadows else run_op(func, args, kwargs)
         except DtypecheckError:
             raise
         except Exception as exc:
             raise OpTraceError(str(func), self.modules[-1] if self.modules else None, exc) from exc
         workspace = workspace_output(func)
         if workspace is not None and isinstance(out[workspace], torch.Tensor) and out[workspace].numel() == 0:
-            self.track(out[workspace], real_workspace_bytes(func, workspace, args, kwargs or {}))
+            self.track(out[workspace], real_workspace_bytes(func, workspace, args, kwargs))
         if isinstance(out, torch.Tensor):
             self.track(out)
-        else:
-            for value in tree_flatten(out)[0]:
-                if isinstance(value, torch.Tensor):
-                    self.track(value)
-        self.ops += 1
-        self._timeline.append((self.activations, self.gradients))
-        if self.attributing:
-            self._op_names.append(str(func))
-            self._op_modules.append(self.current_module())
-            if self.activations + self.gradients > self._peak_held[0]:
-                held = {m: b for m, b in self._held.items() if b}
-                self._peak_held = (self.activations + self.gradients, len(self._timeline) - 1, held)
+        elif isinstance(out, list | tuple):
+            self._track_all(out)
         return out
+
+    def _track_all(self, values: list[Any] | tuple[Any, ...]) -> None:
+        """Track every tensor of an op's tuple or list of outputs, in order (a tuple may hold a ``Tensor[]``)."""
+        import torch
+
+        for value in values:
+            if isinstance(value, torch.Tensor):
+                self.track(value)
+            elif isinstance(value, list | tuple):
+                self._track_all(value)
 
     def step_trace(self) -> StepTrace:
         _, index, held = self._peak_held
