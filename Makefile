@@ -44,7 +44,7 @@ unit: $(STAMP) browser
 
 # The docs site (mkdocs-material): every page built, every link and anchor checked.
 docs: $(STAMP)
-	$(BIN)/mkdocs build --strict --quiet --site-dir .site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir .site
 
 # docs/img/*.png: each HTML report as a browser shows it (tests/render/_browser.py)
 screenshots: $(STAMP) browser
