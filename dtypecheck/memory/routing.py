@@ -81,10 +81,11 @@ class KnownValues:
             del self._entries[id(fake)]
 
 
-def _tensors_in(args: tuple[Any, ...], kwargs: dict[str, Any], tensor_type: type) -> list[Any]:
-    """The tensors among an op's arguments, in ``tree_flatten((args, kwargs))`` order: an aten op's arguments nest
-    only lists and tuples (``cat``'s tensors, ``index``'s indices), so a flat walk does what the generic pytree
-    flattening does per op, several times faster."""
+def tensors_in(args: tuple[Any, ...], kwargs: dict[str, Any], tensor_type: type) -> list[Any]:
+    """The tensors among an op's arguments (or, with no kwargs, its outputs), in ``tree_flatten((args, kwargs))``
+    order: an aten op's arguments and outputs nest only lists and tuples (``cat``'s tensors, ``index``'s indices, a
+    ``Tensor[]`` in an output tuple), so a flat walk does what the generic pytree flattening does per op, several
+    times faster."""
     found: list[Any] = []
     todo: list[Any] = [*args, *kwargs.values()] if kwargs else list(args)
     index = 0
@@ -123,7 +124,7 @@ class Shadows:
             unset_fake_temporarily,
         )
 
-        tensors = _tensors_in(args, kwargs, torch.Tensor)
+        tensors = tensors_in(args, kwargs, torch.Tensor)
         known = all(t in self.values for t in tensors)
         name = op_name(func)
         if name == "aten._local_scalar_dense.default":

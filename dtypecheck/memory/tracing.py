@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dtypecheck.errors import DtypecheckError, InputError
-from dtypecheck.memory.routing import DataDependentOpError, Shadows
+from dtypecheck.memory.routing import DataDependentOpError, Shadows, tensors_in
 from dtypecheck.memory.workspaces import op_name, real_workspace_bytes, run_op, workspace_output
 from dtypecheck.training_step import DEFAULT_LOSS, StepLoss, forward_and_loss, watching_targets
 
@@ -360,18 +360,9 @@ class LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if isinstance(out, torch.Tensor):
             self.track(out)
         elif isinstance(out, list | tuple):
-            self._track_all(out)
+            for tensor in tensors_in(tuple(out), {}, torch.Tensor):  # in order (a tuple may hold a ``Tensor[]``)
+                self.track(tensor)
         return out
-
-    def _track_all(self, values: list[Any] | tuple[Any, ...]) -> None:
-        """Track every tensor of an op's tuple or list of outputs, in order (a tuple may hold a ``Tensor[]``)."""
-        import torch
-
-        for value in values:
-            if isinstance(value, torch.Tensor):
-                self.track(value)
-            elif isinstance(value, list | tuple):
-                self._track_all(value)
 
     def step_trace(self) -> StepTrace:
         _, index, held = self._peak_held

@@ -198,12 +198,12 @@ def test_linear_profiles_rejects_uneven_growth():
 def test_an_ops_tensor_arguments_are_found_in_pytree_order():
     from torch.utils._pytree import tree_flatten
 
-    from dtypecheck.memory.routing import _tensors_in
+    from dtypecheck.memory.routing import tensors_in
 
     a, b, c, d, e = (torch.full((1,), float(i)) for i in range(5))
     args = (a, [b, (c, 2), None], 1.5, (), [[d]])
     kwargs = {"out": e, "dim": 0}
-    found = _tensors_in(args, kwargs, torch.Tensor)
+    found = tensors_in(args, kwargs, torch.Tensor)
     assert [float(t) for t in found] == [0.0, 1.0, 2.0, 3.0, 4.0]  # a, b, c, d, e: depth first, kwargs last
     expected = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
     assert all(x is y for x, y in zip(found, expected, strict=True))
