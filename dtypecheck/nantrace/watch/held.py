@@ -15,7 +15,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from dtypecheck.nantrace.watch.state import Flag, all_finite, finite_values
+from dtypecheck.nantrace.watch.state import Flag, all_finite
 
 if TYPE_CHECKING:
     import torch
@@ -36,8 +36,7 @@ class HeldModules:
         """Modules made or copied since watching began: the cached tensor list is rebuilt when it changes."""
         self._built_at = -1
         self._skip_ids: frozenset[int] = frozenset()
-        self._writable: list[torch.Tensor] = []
-        self._saved: list[torch.Tensor] = []
+        self._tensors: list[torch.Tensor] = []
 
     def install(self, patch: Callable[[Any, str, Callable[[Any], Any]], None], model: nn.Module | None) -> None:
         """Hold ``model`` and every module made or copied from now on (``patch(owner, name, make)``)."""
@@ -70,20 +69,18 @@ class HeldModules:
         """On-device flags that every held tensor is finite (one read-back for them all, with ``read_flags``)."""
         if self._built_at != self._made or skip is not self._skip_ids:
             self._build(skip)
-        return [all_finite(self._writable), finite_values(self._saved)]
+        return [all_finite(self._tensors)]
 
     def _build(self, skip: frozenset[int]) -> None:
         self._built_at, self._skip_ids = self._made, skip
         seen: set[int] = set(skip)
-        self._writable, self._saved = [], []
+        self._tensors = []
         for module in list(self._modules):
             for tensor in (*module._parameters.values(), *module._buffers.values()):
                 if tensor is None or id(tensor) in seen or not tensor.is_floating_point() or not tensor.numel():
                     continue
                 seen.add(id(tensor))
-                # all_finite multiplies by one in place (a version bump): never on a tensor autograd may have
-                # saved, which one that requires grad may be (a frozen teacher's weight used with grad on).
-                (self._saved if tensor.requires_grad else self._writable).append(tensor)
+                self._tensors.append(tensor)  # all_finite writes nothing: saved-for-backward ones are safe too
 
     def nonfinite_names(self, skip: frozenset[int]) -> list[str]:
         """``Class.dotted.name`` of each non-finite held tensor, outermost modules first (only once found)."""

@@ -21,7 +21,7 @@ from dtypecheck.nantrace.watch.state import (
     ModelCall,
     OptimizerSnapshot,
     RngState,
-    finite_values,
+    all_finite,
     read_flags,
     same_values,
 )
@@ -125,8 +125,8 @@ def replay_call(call: ModelCall) -> bool:
         output = _inner(call.module)(*args, **kwargs)
     tensors = list(tensors_in(output))
     with untraced():
-        finite_out = read_flags([finite_values(tensors)])
-        finite_in = read_flags([finite_values(list(call.grads.values()))])
+        finite_out = read_flags([all_finite(tensors)])
+        finite_in = read_flags([all_finite(list(call.grads.values()))])
     call.output_finite = finite_out
     if finite_out and not finite_in:
         return True
@@ -307,11 +307,11 @@ class StepReplay:
                 parameter.grad = old  # the run goes on with the gradients it computed itself
         # Data, not an earlier call's output (those have a grad_fn: their values were born in the replay too).
         arguments = [t for c in self._calls for t, _ in c.versions if t.is_floating_point() and t.grad_fn is None]
-        self.arguments_nonfinite = not read_flags([finite_values(arguments)])
+        self.arguments_nonfinite = not read_flags([all_finite(arguments)])
         replayed = [p.grad for p in parameters if p.grad is not None]
         if any(outside):
             failed_replay = BORN_OUTSIDE
-        elif read_flags([finite_values(replayed)]) and not tracer.judge.events:
+        elif read_flags([all_finite(replayed)]) and not tracer.judge.events:
             # Nothing non-finite came out of the model calls.
             arrived = distributed and self.detected == "gradients"
             failed_replay = ARRIVED if arrived else CAME_OUT_FINITE

@@ -51,11 +51,6 @@ def all_finite(tensors: list[torch.Tensor]) -> Flag:
     return _fused_all_finite(tensors)
 
 
-def finite_values(tensors: list[torch.Tensor]) -> Flag:
-    """``all_finite`` (which writes nothing either): kept for the loss and the replay's outputs."""
-    return all_finite(tensors)
-
-
 def _fused_all_finite(tensors: list[torch.Tensor]) -> Flag:
     import torch
 

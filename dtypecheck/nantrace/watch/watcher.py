@@ -38,7 +38,6 @@ from dtypecheck.nantrace.watch.state import (
     RngState,
     all_finite,
     call_of,
-    finite_values,
     read_flags,
 )
 from dtypecheck.nantrace.watch.workers import WorkerReplay
@@ -274,7 +273,7 @@ class Watcher(StepReplay):
         def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
             looking = watch._landmark()
             if looking:
-                watch._loss_flags.append(finite_values(list(tensors_in(tensors))))
+                watch._loss_flags.append(all_finite(list(tensors_in(tensors))))
             result = original(tensors, *args, **kwargs)
             if looking and not watch.optimizer_seen:
                 # The step ends here unless an optimizer built before watching began steps next: decided at the
