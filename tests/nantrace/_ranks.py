@@ -17,6 +17,7 @@ TIMEOUT_S = 240
 
 NET = """
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -37,7 +38,7 @@ class Net(torch.nn.Module):
     def forward(self, x):
         self.calls += 1
         h = torch.tanh(self.encoder(x))
-        if dist.get_rank() == 1 and int(self.calls) == 5 and mode == "late":
+        if dist.get_rank() == 1 and int(self.calls) == 5 and mode.startswith("late"):
             h = h * 1e30 * 1e30  # rank 1 overflow
         return self.head(h)
 
@@ -65,6 +66,8 @@ for step in range({DDP_STEPS}):
         extra = torch.sqrt(weight - weight.detach()).sum()  # rank 1 grad
     loss = model(batch).pow(2).mean() + extra
     loss.backward()
+    if rank == 0 and step == 4 and mode == "late-slow":
+        time.sleep(1.0)  # rank 0 reaches its update only after rank 1 has reported
     optimizer.step()
     optimizer.zero_grad()
 dist.destroy_process_group()
@@ -72,7 +75,8 @@ print("finished", rank)
 """
 )
 """``DDP_STEPS`` steps; rank 1 goes non-finite in step 3 (``data``: its batch, ``grad``: its backward) or in its
-5th forward (``late``); ``clean`` runs to the end and prints ``finished <rank>``."""
+5th forward (``late``; ``late-slow``: and rank 0 is a second late to that step's update); ``clean`` runs to the
+end and prints ``finished <rank>``."""
 
 
 def nproc(nantrace: NanTrace, script: Path, *args: str, watch: bool = False) -> subprocess.CompletedProcess[str]:

@@ -11,8 +11,9 @@ from tests.nantrace._scripts import NanTrace, line_of
 
 
 def test_watch_on_two_ddp_ranks_replays_on_the_rank_of_birth(nantrace: NanTrace) -> None:
+    # Rank 0 gets to its step-5 update after rank 1 has reported: it is stopped, but judges that step first.
     script, text = nantrace.write("ddp.py", DDP)
-    done = nproc(nantrace, script, "--", "late", watch=True)
+    done = nproc(nantrace, script, "--", "late-slow", watch=True)
     assert done.returncode == 1, done.stderr
     doc = json.loads(done.stdout)
     assert (doc["status"], doc["world_size"]) == ("nonfinite", 2)

@@ -192,14 +192,20 @@ class Watcher(StepReplay):
         if self._fallback is not None:
             self._fallback.interrupt()
 
-    def _landmark(self) -> bool:
+    def _landmark(self, *, judging: bool = False) -> bool:
         """Every hook but the optimizer's post hook starts here: whether the watch should look at all.
 
         Tracers are entered and left only here: one registers an optimizer post hook, and torch iterates those
-        hooks as a live dict view, so adding or removing one from inside a post hook would break the loop."""
+        hooks as a live dict view, so adding or removing one from inside a post hook would break the loop.
+
+        Another rank's failure ends the watched code here, but not before the step that already ran is judged
+        (``judging``: the check before an update; a backward-only step is judged first here): its values may
+        have arrived non-finite from that rank, and this rank's report says so, however late it got here."""
         if self._busy:
             return False
-        if self._interrupted:
+        if self._interrupted and not judging:
+            if self._backward_open and not self.optimizer_seen and not self.done:
+                self._backward_ended()
             self._interrupted = False
             raise StopTracing
         self.poll()
@@ -308,7 +314,7 @@ class Watcher(StepReplay):
             return
         self.optimizer_seen = True
         self._backward_open = False
-        if not self._landmark():
+        if not self._landmark(judging=True):  # an interrupt ends the run at the next landmark, after this check
             return
         if id(optimizer) not in self._updated:
             self._updated[id(optimizer)] = frozenset(id(p) for g in optimizer.param_groups for p in g["params"])
