@@ -22,7 +22,8 @@ def _trained(optimizer: str = "adamw") -> tuple[torch.nn.Module, torch.optim.Opt
     writes the same checkpoint. In float32 the small values the golden tables print (a last bias's Adam moment,
     the sum of terms that nearly cancel) differ by CPU kernel and thread count."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 4)).double()
+    first = torch.nn.Linear(8, 16)
+    model = torch.nn.Sequential(first, torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 4)).double()
     kind = torch.optim.AdamW if optimizer == "adamw" else torch.optim.Adam
     opt: torch.optim.Optimizer = kind(model.parameters(), lr=1e-3)
     for _ in range(3):
@@ -31,7 +32,8 @@ def _trained(optimizer: str = "adamw") -> tuple[torch.nn.Module, torch.optim.Opt
         loss.backward()
         # A bias just before batch norm has a true gradient of 0 (the norm takes the mean out): what backward
         # computes for it is rounding noise, even in float64 another on each CPU.
-        model[0].bias.grad.zero_()
+        assert first.bias.grad is not None
+        first.bias.grad.zero_()
         opt.step()
     model.float()  # in place: the optimizer's state stays keyed by the same parameters
     for state in opt.state.values():
