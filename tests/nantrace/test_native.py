@@ -115,6 +115,32 @@ def test_copy_all_copies_exactly_or_nothing(module: ModuleType) -> None:
     assert all(not w.any() for w in wrong)  # nothing copied
 
 
+def test_a_group_reads_what_it_holds_as_it_is_at_each_call(module: ModuleType) -> None:
+    params = [torch.nn.Parameter(t) for t in (torch.randn(4), torch.randn(2, 3), torch.ones(1))]
+    group = module.Group(params)
+    assert group.grads_finite() == 1  # no gradient yet: nothing to check
+    params[0].grad, params[1].grad = torch.randn(4), torch.randn(2, 3)
+    assert _numpy_finite([params[0].grad, params[1].grad])
+    assert group.grads_finite() == 1
+    params[1].grad[1, 2] = float("inf")
+    assert group.grads_finite() == 0
+    params[1].grad = None  # the parameter's gradient as it is now, not as it was when the group was made
+    assert group.grads_finite() == 1
+    params[1].grad = torch.randn(3, 2).t()  # one it cannot read (not contiguous): left to torch
+    assert group.grads_finite() == -1
+    params[1].grad = None
+    held = module.Group([p.detach() for p in params])
+    assert held.finite() == 1
+    with torch.no_grad():
+        params[2][0] = float("nan")
+    assert held.finite() == 0
+    buffers = [torch.empty_like(p) for p in params]
+    assert module.Group(buffers).copy_from(held) is True
+    for buffer, source in zip(buffers, params, strict=True):
+        assert buffer.reshape(-1).view(torch.uint8).equal(source.detach().reshape(-1).view(torch.uint8))
+    assert module.Group(buffers[:2]).copy_from(held) is False  # not the same layout: nothing copied
+
+
 def _reports(nantrace: NanTrace, monkeypatch: pytest.MonkeyPatch, path: Path, *argv: str) -> list[dict[str, Any]]:
     """The watched report with the C++ checks, then without."""
     docs = []

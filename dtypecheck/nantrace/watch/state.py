@@ -310,9 +310,11 @@ class OptimizerSnapshot:
         pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
         keys: dict[int, set[str]] = {}
         plain: list[tuple[dict[str, Any], str]] = []
+        parameters: list[torch.Tensor] = []
         buffer_for = self._buffer_for if self.copies else (lambda tensor: tensor)
         for group in optimizer.param_groups:
             for parameter in group["params"]:
+                parameters.append(parameter)
                 pairs.append((parameter.detach(), buffer_for(parameter)))
                 state = optimizer.state.get(parameter, {})
                 keys[id(parameter)] = set(state)
@@ -328,6 +330,7 @@ class OptimizerSnapshot:
             [[b for _, b in g] for g in grouped],
             keys,
             plain,
+            parameters,
         )
         self._layouts[id(optimizer)] = layout
         return layout
@@ -337,10 +340,10 @@ class OptimizerSnapshot:
 
         layout = self._layout(optimizer)
         with torch.no_grad():
-            native = _native()
-            for source, buffer in zip(layout.sources, layout.buffers, strict=True):
+            groups = layout.native()
+            for index, (source, buffer) in enumerate(zip(layout.sources, layout.buffers, strict=True)):
                 # The C++ copy is one memcpy a tensor, where _foreach_copy_ dispatches one copy_ each on CPU.
-                if native is None or not native.copy_all(buffer, source):
+                if groups is None or not groups.buffers[index].copy_from(groups.sources[index]):
                     torch._foreach_copy_(buffer, source)
         self._taken[id(optimizer)] = (layout, [copy.deepcopy(state[key]) for state, key in layout.plain])
 
@@ -372,6 +375,22 @@ class OptimizerSnapshot:
         """What an update writes: the parameters and the optimizer's floating state tensors."""
         return self._layout(optimizer).floating
 
+    def written_finite(self, optimizer: Any) -> Flag:
+        """``all_finite(written(optimizer))``, by the C++ group the layout holds where it has one."""
+        layout = self._layout(optimizer)
+        groups = layout.native()
+        found = groups.floating.finite() if groups is not None else -1
+        return bool(found) if found >= 0 else all_finite(layout.floating)
+
+    def grads_finite(self, optimizer: Any) -> Flag:
+        """``all_finite`` of the gradients the optimizer's parameters have."""
+        layout = self._layout(optimizer)
+        groups = layout.native()
+        found = groups.parameters.grads_finite() if groups is not None else -1
+        if found >= 0:
+            return bool(found)
+        return all_finite([p.grad for p in layout.parameters if p.grad is not None])
+
     @property
     def nbytes(self) -> int:
         return self._nbytes
@@ -387,10 +406,40 @@ class _Layout:
     """By parameter: its state's keys when the layout was built."""
     plain: list[tuple[dict[str, Any], str]]
     """Where the state holds a plain value (not a tensor)."""
+    parameters: list[torch.Tensor]
+    """The optimizer's parameters themselves (not detached: their ``.grad`` is read)."""
     floating: list[torch.Tensor] = field(init=False)
+    _groups: _NativeGroups | bool | None = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         self.floating = [t for group in self.sources if group[0].is_floating_point() for t in group]
+
+    def native(self) -> _NativeGroups | None:
+        """The same tensors held by the C++ module (built at the first ask), or None without it."""
+        if self._groups is False:
+            module = _native()
+            group = getattr(module, "Group", None)
+            self._groups = (
+                _NativeGroups(
+                    [group(s) for s in self.sources],
+                    [group(b) for b in self.buffers],
+                    group(self.floating),
+                    group(self.parameters),
+                )
+                if group is not None
+                else None
+            )
+        return self._groups if isinstance(self._groups, _NativeGroups) else None
+
+
+@dataclass(frozen=True)
+class _NativeGroups:
+    """A layout's tensors as ``native.Group`` objects: copied and checked without passing a list each step."""
+
+    sources: list[Any]
+    buffers: list[Any]
+    floating: Any
+    parameters: Any
 
 
 def _by_kind(

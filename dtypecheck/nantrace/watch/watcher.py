@@ -319,8 +319,7 @@ class Watcher(StepReplay):
         if id(optimizer) not in self._updated:
             self._updated[id(optimizer)] = frozenset(id(p) for g in optimizer.param_groups for p in g["params"])
             self._skip = frozenset().union(*self._updated.values())
-        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        if read_flags([*self._loss_flags, all_finite(grads)]):
+        if read_flags([*self._loss_flags, self._optimizers.grads_finite(optimizer)]):
             if self.optimizer_snapshot:
                 self._optimizers.take(optimizer)
             self._measure()
@@ -333,19 +332,22 @@ class Watcher(StepReplay):
             return
         if self._tracer is not None:
             self._update_done = True  # the tracer's own post hook judges the update after this one
-        elif not self.done and self._fallback is None and not self._fallback_pending:
-            written = self._optimizers.written(optimizer)
-            if not read_flags([all_finite(written)]):
-                # Inside ``step(closure)`` (Lightning) the loss and gradients come after the check before the
-                # update: what went non-finite first is told here.
-                parameters = [p for group in optimizer.param_groups for p in group["params"]]
-                grads = [p.grad for p in parameters if p.grad is not None]
-                self._detect(
-                    "loss"
-                    if not read_flags(self._loss_flags)
-                    else ("gradients" if not read_flags([all_finite(grads)]) else "optimizer_step")
-                )
-                self._replay_update(optimizer, args, kwargs)
+        elif (
+            not self.done
+            and self._fallback is None
+            and not self._fallback_pending
+            and not read_flags([self._optimizers.written_finite(optimizer)])
+        ):
+            # Inside ``step(closure)`` (Lightning) the loss and gradients come after the check before the update:
+            # what went non-finite first is told here.
+            parameters = [p for group in optimizer.param_groups for p in group["params"]]
+            grads = [p.grad for p in parameters if p.grad is not None]
+            self._detect(
+                "loss"
+                if not read_flags(self._loss_flags)
+                else ("gradients" if not read_flags([all_finite(grads)]) else "optimizer_step")
+            )
+            self._replay_update(optimizer, args, kwargs)
         self._step_ended()
         if self._tracer is not None and not self._update_done:
             self._end_replay(entered=False)  # the update's own replay, already left inside ``post_hooks_apart``
