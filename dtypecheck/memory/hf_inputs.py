@@ -289,16 +289,23 @@ def _image_tokens(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, p
 
 def _count_features(model: torch.nn.Module, features: Any, kwargs: dict[str, Any]) -> int:
     """How many image feature vectors ``get_image_features`` makes of the batch's images (0 when it fails): on
-    fake tensors for a fake model, outside the trace (its ops are not the pass's)."""
+    fake tensors for a fake model, outside the trace (its ops are not the pass's), with the values the trace knows
+    (Pixtral's ``image_sizes.tolist()``)."""
     import torch
-    from torch.utils._python_dispatch import _disable_current_modes
+    from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
     from torch.utils._pytree import tree_flatten
+
+    from dtypecheck.memory.routing import KnownValuesMode
 
     params = inspect.signature(features).parameters
     extra = {k: v for k, v in kwargs.items() if k in params and k not in ("pixel_values", "input_ids")}
     fake_mode = getattr(next(model.parameters(), None), "fake_mode", None)
+    # The tracer's mode keeps the values its inputs were made of (LiveBytes.shadows).
+    modes = reversed(_get_current_dispatch_mode_stack())
+    shadows = next((found for m in modes if (found := getattr(m, "shadows", None)) is not None), None)
+    known = KnownValuesMode(shadows) if shadows is not None else contextlib.nullcontext()
     try:
-        with _disable_current_modes(), torch.no_grad(), fake_mode or contextlib.nullcontext():
+        with _disable_current_modes(), torch.no_grad(), fake_mode or contextlib.nullcontext(), known:
             out = features(pixel_values=kwargs["pixel_values"], **extra)
     except Exception:  # noqa: BLE001  (a tower that needs more inputs than these: the model's own error says so)
         return 0

@@ -19,7 +19,9 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from dtypecheck.memory.workspaces import op_name
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from dtypecheck.memory.workspaces import op_name, run_op
 
 if TYPE_CHECKING:
     import torch
@@ -285,3 +287,22 @@ class Shadows:
             return torch.empty(value.shape, dtype=value.dtype)
 
         return tree_map(convert, real)
+
+
+class KnownValuesMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Ops run with ``shadows``' known values and nothing counted: a pass's side computation (how many features
+    a vision tower makes, to put as many placeholders in the text) that reads the values its inputs were made
+    of."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False  # as the tracer's own mode: nothing here is compiled
+
+    def __init__(self, shadows: Shadows) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.shadows = shadows
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        return self.shadows.run(func, args, kwargs or {}, run_op)

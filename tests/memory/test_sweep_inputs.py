@@ -162,3 +162,21 @@ def test_the_sweep_pairs_a_vision_merger_with_its_text_width():
     assert config.vision_config.out_hidden_size == config.text_config.hidden_size == 8192
     bert = transformers.BertConfig()
     assert coherent(bert).to_dict() == transformers.BertConfig().to_dict()
+
+
+def test_a_pixtral_vlm_counts_its_image_tokens_with_the_values_the_trace_knows(tmp_path):
+    # Pixtral's tower reads ``image_sizes.tolist()``: counting its features outside the trace's known values
+    # failed, no placeholder was put in the text, and the VLM refused its 4 features (64 px / 16 px patches = 4 x 4,
+    # merged 2 x 2).
+    transformers.Mistral3Config(
+        vision_config={"model_type": "pixtral", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                       "num_attention_heads": 2, "image_size": 64, "patch_size": 16, "head_dim": 16},
+        text_config={"model_type": "mistral", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                     "num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 128, "head_dim": 16},
+        image_token_index=100,
+        spatial_merge_size=2,
+    ).to_json_file(str(tmp_path / "config.json"))  # fmt: skip
+    report = estimate_memory(str(tmp_path), FP32, seq_len=16, measure=True)
+    assert [str(m.mode) for m in report.measurements] == ["inference", "training"]
+    # The real step runs only if its 4 placeholders match the 4 features; its peak is the estimate's.
+    assert max(abs(m.error) for m in report.measurements) <= 0.05
