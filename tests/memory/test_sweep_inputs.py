@@ -180,3 +180,26 @@ def test_a_pixtral_vlm_counts_its_image_tokens_with_the_values_the_trace_knows(t
     assert [str(m.mode) for m in report.measurements] == ["inference", "training"]
     # The real step runs only if its 4 placeholders match the 4 features; its peak is the estimate's.
     assert max(abs(m.error) for m in report.measurements) <= 0.05
+
+
+def _wav2vec2(tmp_path, mask_prob: float) -> list[tuple[str, int]]:
+    folder = tmp_path / str(mask_prob)
+    folder.mkdir()
+    transformers.Wav2Vec2Config(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, conv_dim=(16, 16),
+        conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2,
+        mask_time_prob=mask_prob, mask_time_length=2, architectures=["Wav2Vec2ForSequenceClassification"],
+    ).to_json_file(str(folder / "config.json"))  # fmt: skip
+    report = estimate_memory(str(folder), FP32, seq_len=64)
+    return [(str(row.mode), row.bytes.total) for row in report.estimates]
+
+
+def test_wav2vec2_span_masking_in_training_is_traced(tmp_path):
+    # The span mask is drawn with numpy and made a real tensor (torch.tensor(mask)): its values are known, so
+    # ``hidden_states[mask] = embedding`` is sized from it instead of stopping the trace as data-dependent.
+    unmasked = dict(_wav2vec2(tmp_path, 0.0))
+    masked = dict(_wav2vec2(tmp_path, 0.5))
+    # Inference: only ``masked_spec_embed`` differs, a parameter of hidden_size floats made only when masking.
+    assert masked["inference"] == unmasked["inference"] + 32 * 4
+    # Training: that parameter's share of the step and the masked positions' index tensors, a few hundred bytes.
+    assert unmasked["training"] < masked["training"] < unmasked["training"] * 1.01
