@@ -116,6 +116,17 @@ def shrunk(config: Any) -> Any:
     return config
 
 
+def coherent(config: Any) -> Any:
+    """The config with its vision tower's output as wide as its text model: the defaults of several VLMs (Qwen2.5-VL,
+    Qwen3-VL, GLM-OCR) pair the vision merger of one checkpoint (``out_hidden_size`` 3584) with the text model of
+    another (8192), which their own forward refuses; every released checkpoint has the two equal."""
+    vision, text = getattr(config, "vision_config", None), getattr(config, "text_config", None)
+    out, width = getattr(vision, "out_hidden_size", None), getattr(text, "hidden_size", None)
+    if vision is not None and isinstance(out, int) and isinstance(width, int) and out != width:
+        vision.out_hidden_size = width
+    return config
+
+
 def estimate_type(model_type: str, folder: Path, *, tiny: bool, seq_len: int = 16) -> Any:
     """The float32 report (inference and training) of ``model_type``'s default config, written into ``folder``."""
     from transformers import CONFIG_MAPPING
@@ -124,6 +135,7 @@ def estimate_type(model_type: str, folder: Path, *, tiny: bool, seq_len: int = 1
     from dtypecheck.memory import EstimateOptions, estimate_memory
 
     config = CONFIG_MAPPING[model_type]()
+    coherent(config)
     (shrunk(config) if tiny else config).to_json_file(str(folder / "config.json"))
     return estimate_memory(str(folder), EstimateOptions(dtypes=(lookup("float32"),)), seq_len=seq_len)
 

@@ -106,7 +106,13 @@ def hf_inputs(
         side = sizes_of(config, "image_size", (224,))
         height, width = (side[0], side[-1])
         channels = size_of(config, "num_channels", 3)
-        kwargs["pixel_values"] = make(batch, channels, height, width)
+        frames = size_of(config, "num_frames", 0)
+        # A video model's config says how many frames a clip has (VideoMAE's 16): (batch, frames, C, H, W).
+        kwargs["pixel_values"] = make(batch, *((frames,) if frames else ()), channels, height, width)
+    if "pixel_values_videos" in required:
+        side = sizes_of(config, "image_size", (224,))
+        frames = size_of(config, "num_frames", 8)
+        kwargs["pixel_values_videos"] = make(batch, frames, size_of(config, "num_channels", 3), side[0], side[-1])
     if "image_sizes" in accepted and "pixel_values" in kwargs and kwargs["pixel_values"].ndim == 4:
         # Pixtral-style towers take each image's (height, width); factory ops, whose values the trace knows.
         pixels = kwargs["pixel_values"]
@@ -120,8 +126,19 @@ def hf_inputs(
     image_tokens = None
     if "image_grid_thw" in accepted and "pixel_values" in kwargs:
         image_tokens = _patch_grid(kwargs, config, batch, make)
+    elif "grid_thw" in accepted and ("pixel_values" in kwargs or {"hidden_states", "grid_thw"} <= required):
+        # A Qwen-VL-style vision tower on its own: the same flat patches (as ``hidden_states`` where its forward
+        # names them so) and their ``grid_thw``.
+        _patch_grid(kwargs, config, batch, make)
+        kwargs["grid_thw"] = kwargs.pop("image_grid_thw")
+        if "pixel_values" not in accepted:
+            kwargs["hidden_states"] = kwargs.pop("pixel_values")
     if "input_ids" in kwargs and "pixel_values" in kwargs:
         _image_tokens(kwargs, model, config, image_tokens)
+        if "mm_token_type_ids" in accepted:
+            # M-RoPE's positions need each token's kind (0 text, 1 image), as the processor returns beside the ids.
+            token = _token_id(config, "image_token_id", "image_token_index")
+            kwargs["mm_token_type_ids"] = (kwargs["input_ids"] == token).to(torch.int32)
     if main in ("input_features", "input_values") or {"input_features", "input_values"} & required:
         _audio(kwargs, config, main, batch, seq, make)
     if not kwargs and main in accepted:
@@ -129,15 +146,40 @@ def hf_inputs(
     decoder = head in ("Seq2SeqLM", "SpeechSeq2Seq") or bool(getattr(config, "is_encoder_decoder", False))
     if decoder and "decoder_input_ids" in accepted:
         kwargs["decoder_input_ids"] = ids(batch, seq)  # given, not derived from labels (some configs cannot)
-    if not train and "use_cache" in accepted:
+    if "use_cache" in accepted and (not train or _cache_has_no_length(model, accepted)):
         # The KV cache is counted for --context tokens, not for the pass. A training step runs as its users run it:
         # ``use_cache=False`` there changes what the trace sees (+2.7% on Llama) and not what the real step holds.
+        # A hybrid model whose cache cannot tell its length (only linear-attention or state-space layers: Bamba, or
+        # a shallow copy of Jamba's first layers) fails its own forward with a cache, so it trains without one.
         kwargs["use_cache"] = False
     if labels and train and "labels" in accepted:
         label = _labels(config, head, batch, seq, kwargs, ids)
         if label is not None:
             kwargs["labels"] = label
     return kwargs
+
+
+def _cache_has_no_length(model: torch.nn.Module, accepted: set[str]) -> bool:
+    """Whether the ``DynamicCache`` the model's forward makes of its config (when it takes ``past_key_values``)
+    raises on ``get_seq_length``, as one of only linear-attention layers does."""
+    config = getattr(model, "config", None)
+    if "past_key_values" not in accepted or config is None:
+        return False
+    try:
+        from transformers.cache_utils import DynamicCache
+    except ImportError:
+        return False
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    try:
+        with _disable_current_modes():  # the cache's layers hold no tensors until the first update
+            DynamicCache(config=config).get_seq_length()
+    except ValueError:
+        return True
+    except Exception:  # noqa: BLE001  (a config the cache cannot be made of: the forward makes its own)
+        return False
+    return False
 
 
 def _audio(kwargs: dict[str, Any], config: Any, main: str, batch: int, seq: int, make: Any) -> None:
@@ -247,16 +289,23 @@ def _image_tokens(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, p
 
 def _count_features(model: torch.nn.Module, features: Any, kwargs: dict[str, Any]) -> int:
     """How many image feature vectors ``get_image_features`` makes of the batch's images (0 when it fails): on
-    fake tensors for a fake model, outside the trace (its ops are not the pass's)."""
+    fake tensors for a fake model, outside the trace (its ops are not the pass's), with the values the trace knows
+    (Pixtral's ``image_sizes.tolist()``)."""
     import torch
-    from torch.utils._python_dispatch import _disable_current_modes
+    from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
     from torch.utils._pytree import tree_flatten
+
+    from dtypecheck.memory.routing import KnownValuesMode
 
     params = inspect.signature(features).parameters
     extra = {k: v for k, v in kwargs.items() if k in params and k not in ("pixel_values", "input_ids")}
     fake_mode = getattr(next(model.parameters(), None), "fake_mode", None)
+    # The tracer's mode keeps the values its inputs were made of (LiveBytes.shadows).
+    modes = reversed(_get_current_dispatch_mode_stack())
+    shadows = next((found for m in modes if (found := getattr(m, "shadows", None)) is not None), None)
+    known = KnownValuesMode(shadows) if shadows is not None else contextlib.nullcontext()
     try:
-        with _disable_current_modes(), torch.no_grad(), fake_mode or contextlib.nullcontext():
+        with _disable_current_modes(), torch.no_grad(), fake_mode or contextlib.nullcontext(), known:
             out = features(pixel_values=kwargs["pixel_values"], **extra)
     except Exception:  # noqa: BLE001  (a tower that needs more inputs than these: the model's own error says so)
         return 0

@@ -5,7 +5,8 @@ Fake tensors have shapes but no values, so an op whose output size depends on va
 router's ``topk`` picks each token's experts, and the dispatch gathers every expert's tokens.
 
 The tracer keeps real values beside the fake tensors for the small integer and boolean tensors whose values it can
-know: those made without data (``arange``, ``zeros``, ``full``), anything computed from known values only, and the
+know: those made without data (``arange``, ``zeros``, ``full``), the real tensors a module makes in its forward
+(``torch.tensor([merge_size])``, whose values are their own), anything computed from known values only, and the
 expert indices of every ``topk`` over a router's scores, which are replaced by a **balanced routing**: row ``r``'s
 ``k`` choices among ``E`` are ``(r*k + j) mod E``, so that each expert receives its share ``T*k/E`` of the
 tokens. A data-dependent op whose inputs are all known is then run on the real values and its output shaped from
@@ -18,7 +19,9 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from dtypecheck.memory.workspaces import op_name
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from dtypecheck.memory.workspaces import op_name, run_op
 
 if TYPE_CHECKING:
     import torch
@@ -56,6 +59,15 @@ def _is_index_dtype(tensor: torch.Tensor) -> bool:
     return tensor.numel() <= SCALAR_LIMIT
 
 
+def _is_real(tensor: object) -> bool:
+    """A tensor with data of its own: a constant the model's forward makes of Python values (the fake mode lets
+    such real tensors meet fake ones), not a fake or a meta tensor."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(tensor, torch.Tensor) and not isinstance(tensor, FakeTensor) and tensor.device.type != "meta"
+
+
 class KnownValues:
     """Real tensors by fake tensor, by identity (a tensor's ``==`` is elementwise, so no ``WeakKeyDictionary``);
     an entry goes when its fake tensor does."""
@@ -65,9 +77,11 @@ class KnownValues:
 
     def __contains__(self, fake: object) -> bool:
         entry = self._entries.get(id(fake))
-        return entry is not None and entry[0]() is fake
+        return (entry is not None and entry[0]() is fake) or _is_real(fake)
 
     def __getitem__(self, fake: torch.Tensor) -> torch.Tensor:
+        if _is_real(fake):
+            return fake
         if fake not in self:
             raise KeyError("no known value")
         return self._entries[id(fake)][1]
@@ -77,7 +91,8 @@ class KnownValues:
         self._entries[key] = (weakref.ref(fake, lambda _ref: self._entries.pop(key, None)), real)
 
     def pop(self, fake: torch.Tensor, default: None = None) -> None:
-        if fake in self:
+        entry = self._entries.get(id(fake))
+        if entry is not None and entry[0]() is fake:
             del self._entries[id(fake)]
 
 
@@ -272,3 +287,22 @@ class Shadows:
             return torch.empty(value.shape, dtype=value.dtype)
 
         return tree_map(convert, real)
+
+
+class KnownValuesMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Ops run with ``shadows``' known values and nothing counted: a pass's side computation (how many features
+    a vision tower makes, to put as many placeholders in the text) that reads the values its inputs were made
+    of."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False  # as the tracer's own mode: nothing here is compiled
+
+    def __init__(self, shadows: Shadows) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.shadows = shadows
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        return self.shadows.run(func, args, kwargs or {}, run_op)

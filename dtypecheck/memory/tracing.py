@@ -462,6 +462,34 @@ def cast_inputs(inputs: Any, dtype: torch.dtype | None) -> Any:
 
 
 @contextlib.contextmanager
+def scalars_as_numbers() -> Iterator[None]:
+    """``torch.tensor(values)`` whose values hold fake one-element tensors (M-RoPE's ``torch.tensor(deltas)`` of
+    traced ``max() + 1`` scalars) takes their numbers through ``.item()``: ``torch.tensor`` reads its elements'
+    data, which fake tensors have none of, while ``.item()`` answers from a known value (or stops the trace as
+    data-dependent)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    original = torch.tensor
+
+    def number(value: Any) -> Any:
+        if isinstance(value, FakeTensor) and value.numel() == 1:
+            return value.item()
+        if isinstance(value, list | tuple):
+            return type(value)(number(v) for v in value)
+        return value
+
+    def tensor(data: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return original(number(data) if isinstance(data, list | tuple) else data, *args, **kwargs)
+
+    torch.tensor = tensor
+    try:
+        yield
+    finally:
+        torch.tensor = original
+
+
+@contextlib.contextmanager
 def checkpointed(blocks: list[torch.nn.Module]) -> Iterator[None]:
     """Non-reentrant activation checkpointing of each block, undone afterwards."""
     from torch.utils.checkpoint import checkpoint
@@ -517,6 +545,7 @@ def trace_pass(
             checkpointed(block_list),
             paths,
             watching_targets(tracker.hold_from_start),
+            scalars_as_numbers(),
         ):
             inputs = cast_inputs(traceable.inputs(), input_dtype)
             for value in tree_flatten(inputs)[0]:

@@ -1,0 +1,207 @@
+"""The general fixes of the real-size config sweep's failures (issue 28.1): values the trace knows (constants a
+forward makes, ``torch.tensor`` of traced scalars), a hybrid model's training step without a cache, and the
+inputs of video models, Qwen-VL-style vision towers and M-RoPE text, each checked at tiny size against a
+computation of its own."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dtypecheck.dtypes import lookup
+from dtypecheck.memory import EstimateOptions, estimate_memory
+
+transformers = pytest.importorskip("transformers")
+
+FP32 = EstimateOptions(dtypes=(lookup("float32"),))
+
+KNOWN = '''
+import torch
+from torch import nn
+
+
+class Cut(nn.Module):
+    """Keeps the first ``k`` features, ``k`` read from a tensor (``how``) or given as a Python int."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.how = how
+        self.proj = nn.Linear(3, 8)
+
+    def forward(self, x):
+        if self.how == "constant":  # a tensor the forward makes of Python values (Qwen-VL's merge size)
+            k = int(torch.tensor([3]).item())
+        elif self.how == "scalars":  # torch.tensor of traced scalars (M-RoPE's position deltas)
+            k = int(torch.tensor([torch.arange(3).max() + 1]).item())
+        else:
+            k = 3
+        return self.proj(x[:, :k])
+
+
+def constant():
+    return Cut("constant"), torch.randn(4, 16)
+
+
+def scalars():
+    return Cut("scalars"), torch.randn(4, 16)
+
+
+def plain():
+    return Cut("plain"), torch.randn(4, 16)
+'''
+
+
+def _totals(target: str) -> list[tuple[str, int]]:
+    report = estimate_memory(target, FP32)
+    return [(str(row.mode), row.bytes.total) for row in report.estimates]
+
+
+@pytest.mark.parametrize("factory", ["constant", "scalars"])
+def test_a_size_read_from_values_the_trace_knows_costs_what_the_int_does(tmp_path, factory):
+    path = tmp_path / "known.py"
+    path.write_text(KNOWN, encoding="utf-8")
+    # Before: "aten._local_scalar_dense ... depends on tensor values the trace does not know" (a real constant)
+    # and "data is not allocated yet" (torch.tensor of fake scalars).
+    assert _totals(f"{path}:{factory}") == _totals(f"{path}:plain")
+
+
+def _on_meta(config):
+    with torch.device("meta"):
+        return transformers.AutoModel.from_config(config)
+
+
+def _inputs(model, config, *, train=False):
+    from dtypecheck.memory.hf_inputs import hf_inputs
+
+    model.train(train)
+    return hf_inputs(model, config, "Model", 1, 16, train=train, labels=False, real=False)
+
+
+def test_a_qwen_vl_vision_tower_gets_flat_patches_and_their_grid():
+    config = transformers.Qwen2_5_VLVisionConfig(
+        depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=32, patch_size=14,
+        spatial_merge_size=2, temporal_patch_size=2, fullatt_block_indexes=[0],
+    )  # fmt: skip
+    found = _inputs(_on_meta(config), config)
+    # 224-pixel image: 224 // (14 * 2) = 8 merged cells a side, 16 patches a side, each 3 x 2 x 14 x 14 values
+    assert set(found) == {"hidden_states", "grid_thw"}
+    assert tuple(found["hidden_states"].shape) == (16 * 16, 3 * 2 * 14 * 14)
+    assert found["grid_thw"].tolist() == [[1, 16, 16]]
+
+
+def test_m_rope_text_gets_each_tokens_kind():
+    config = transformers.Glm4vConfig(
+        text_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                     "num_key_value_heads": 2, "vocab_size": 128},
+        vision_config={"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 32},
+        image_token_id=100,
+    )  # fmt: skip
+    found = _inputs(_on_meta(config), config)
+    vision = config.vision_config
+    per_image = (vision.image_size // (vision.patch_size * vision.spatial_merge_size)) ** 2  # merged cells
+    assert tuple(found["input_ids"].shape) == (1, per_image + 16)
+    kinds = found["mm_token_type_ids"]
+    assert kinds.dtype == torch.int32
+    assert kinds.tolist() == [[1] * per_image + [0] * 16]
+
+
+def test_a_video_model_gets_its_configs_frames():
+    config = transformers.VideoMAEConfig(
+        image_size=32, patch_size=16, num_frames=4, tubelet_size=2, hidden_size=32, num_hidden_layers=1,
+        num_attention_heads=2, intermediate_size=64,
+    )  # fmt: skip
+    found = _inputs(_on_meta(config), config)
+    assert tuple(found["pixel_values"].shape) == (1, 4, 3, 32, 32)
+
+
+def test_a_video_model_is_within_5_percent_of_memtracker(tmp_path):
+    transformers.VideoMAEConfig(
+        image_size=32, patch_size=16, num_frames=4, tubelet_size=2, hidden_size=32, num_hidden_layers=1,
+        num_attention_heads=2, intermediate_size=64,
+    ).to_json_file(str(tmp_path / "config.json"))  # fmt: skip
+    report = estimate_memory(str(tmp_path), FP32, measure=True)
+    assert [str(m.mode) for m in report.measurements] == ["inference", "training"]
+    assert max(abs(m.error) for m in report.measurements) <= 0.05
+
+
+def _hybrid(layers: int):
+    # Jamba's first layer is a Mamba layer: a shallow copy of one layer has no attention layer in its cache.
+    return transformers.JambaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=2,
+        num_key_value_heads=2, vocab_size=128, num_experts=2, num_experts_per_tok=1, mamba_d_state=4,
+        mamba_dt_rank=4, mamba_expand=2, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
+        expert_layer_offset=1,
+    )  # fmt: skip
+
+
+def test_a_hybrid_cache_of_only_linear_layers_trains_without_a_cache():
+    shallow = _hybrid(1)
+    with torch.device("meta"):
+        model = transformers.JambaForCausalLM(shallow)
+    assert _inputs(model, shallow, train=True)["use_cache"] is False
+    llama = transformers.LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, vocab_size=128
+    )
+    with torch.device("meta"):
+        decoder = transformers.LlamaForCausalLM(llama)
+    # An attention cache is kept in training, as its users run it (the stored sweep numbers depend on it).
+    assert "use_cache" not in _inputs(decoder, llama, train=True)
+
+
+def test_a_hybrid_model_trains(tmp_path):
+    _hybrid(2).to_json_file(str(tmp_path / "config.json"))
+    report = estimate_memory(str(tmp_path), FP32, seq_len=16)
+    assert [str(row.mode) for row in report.estimates] == ["inference", "training"]
+    assert all(row.bytes.total > 0 for row in report.estimates)
+
+
+def test_the_sweep_pairs_a_vision_merger_with_its_text_width():
+    from benchmarks.memory_config_sweep import coherent
+
+    config = coherent(transformers.Qwen2_5_VLConfig())
+    assert config.vision_config.out_hidden_size == config.text_config.hidden_size == 8192
+    bert = transformers.BertConfig()
+    assert coherent(bert).to_dict() == transformers.BertConfig().to_dict()
+
+
+def test_a_pixtral_vlm_counts_its_image_tokens_with_the_values_the_trace_knows(tmp_path):
+    # Pixtral's tower reads ``image_sizes.tolist()``: counting its features outside the trace's known values
+    # failed, no placeholder was put in the text, and the VLM refused its 4 features (64 px / 16 px patches = 4 x 4,
+    # merged 2 x 2).
+    transformers.Mistral3Config(
+        vision_config={"model_type": "pixtral", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                       "num_attention_heads": 2, "image_size": 64, "patch_size": 16, "head_dim": 16},
+        text_config={"model_type": "mistral", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                     "num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 128, "head_dim": 16},
+        image_token_index=100,
+        spatial_merge_size=2,
+    ).to_json_file(str(tmp_path / "config.json"))  # fmt: skip
+    report = estimate_memory(str(tmp_path), FP32, seq_len=16, measure=True)
+    assert [str(m.mode) for m in report.measurements] == ["inference", "training"]
+    # The real step runs only if its 4 placeholders match the 4 features; its peak is the estimate's.
+    assert max(abs(m.error) for m in report.measurements) <= 0.05
+
+
+def _wav2vec2(tmp_path, mask_prob: float) -> list[tuple[str, int]]:
+    folder = tmp_path / str(mask_prob)
+    folder.mkdir()
+    transformers.Wav2Vec2Config(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, conv_dim=(16, 16),
+        conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2,
+        mask_time_prob=mask_prob, mask_time_length=2, architectures=["Wav2Vec2ForSequenceClassification"],
+    ).to_json_file(str(folder / "config.json"))  # fmt: skip
+    report = estimate_memory(str(folder), FP32, seq_len=64)
+    return [(str(row.mode), row.bytes.total) for row in report.estimates]
+
+
+def test_wav2vec2_span_masking_in_training_is_traced(tmp_path):
+    # The span mask is drawn with numpy and made a real tensor (torch.tensor(mask)): its values are known, so
+    # ``hidden_states[mask] = embedding`` is sized from it instead of stopping the trace as data-dependent.
+    unmasked = dict(_wav2vec2(tmp_path, 0.0))
+    masked = dict(_wav2vec2(tmp_path, 0.5))
+    # Inference: only ``masked_spec_embed`` differs, a parameter of hidden_size floats made only when masking.
+    assert masked["inference"] == unmasked["inference"] + 32 * 4
+    # Training is traced too (it raised before). Its total is not compared: the spans are drawn with numpy's
+    # global random state, and each shallow copy the estimate traces draws its own, so the fitted total depends on
+    # the draws (at this size and a 0.5 mask probability it moved by a third with the state other tests left).
+    assert masked["training"] > 0
