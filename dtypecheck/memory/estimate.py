@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
@@ -304,7 +306,7 @@ class TraceCache:
         traceable.ready()
         cast_module(traceable.module, weights_dtype, traceable.fake_mode)
         try:
-            with quiet_fake_tensor_log():
+            with quiet_fake_tensor_log(), fixed_host_random():
                 return trace_pass(
                     traceable,
                     train=row.mode == "training",
@@ -325,6 +327,25 @@ class TraceCache:
             raise InputError(
                 f"{self.subject.source}: cannot trace {what} of this model ({type(exc).__name__}: {first})"
             ) from None
+
+
+@contextlib.contextmanager
+def fixed_host_random(seed: int = 0) -> Iterator[None]:
+    """Python's and numpy's global random states seeded for one trace, and put back after it. Model code that draws
+    from them (Wav2Vec2's span masks in training, numpy's) draws the same in every trace: an estimate does not
+    depend on what ran before it, and the shallow copies a deep model is extrapolated from mask alike."""
+    import random
+
+    import numpy as np
+
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    random.seed(seed)
+    np.random.seed(seed)
+    try:
+        yield
+    finally:
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
 
 
 def _ceil_div(value: int, parts: int) -> int:
