@@ -132,12 +132,25 @@ def estimate_type(model_type: str, folder: Path, *, tiny: bool, seq_len: int = 1
     from transformers import CONFIG_MAPPING
 
     from dtypecheck.dtypes import lookup
+    from dtypecheck.errors import InputError
     from dtypecheck.memory import EstimateOptions, estimate_memory
 
     config = CONFIG_MAPPING[model_type]()
     coherent(config)
     (shrunk(config) if tiny else config).to_json_file(str(folder / "config.json"))
-    return estimate_memory(str(folder), EstimateOptions(dtypes=(lookup("float32"),)), seq_len=seq_len)
+    options = EstimateOptions(dtypes=(lookup("float32"),))
+    try:
+        return estimate_memory(str(folder), options, seq_len=seq_len)
+    except InputError as exc:
+        # Batch norm refuses to train on one value per channel (torch itself raises): such a model trains at
+        # batch 2 at the least, and is estimated there (its row says so).
+        if BATCH_NORM_AT_ONE not in exc.message():
+            raise
+    return estimate_memory(str(folder), options, seq_len=seq_len, batch_size=2)
+
+
+BATCH_NORM_AT_ONE = "Expected more than 1 value per channel when training"
+"""What batch norm raises in training at one value per channel: the sweep's batch of 1 is then 2."""
 
 
 def _reason(exc: BaseException) -> str:
@@ -185,7 +198,9 @@ def sweep(types: list[str], *, tiny: bool, timeout: int, results: Path | None = 
                 with trace_deadline(cpu + timeout, time.process_time):
                     report = estimate_type(model_type, folder, tiny=tiny)
                 totals = ", ".join(f"{row.mode} {row.bytes.total:,} B" for row in report.estimates)
-                result = f"ok ({report.model.model_class}, {report.model.parameters:,} parameters; {totals})"
+                batches = {row.batch_size or 1 for row in report.estimates}
+                batch = f"; at batch {max(batches)}" if max(batches) > 1 else ""
+                result = f"ok ({report.model.model_class}, {report.model.parameters:,} parameters; {totals}{batch})"
                 ok += 1
             except (_TimeoutError, TraceDeadlineError):
                 result = f"timeout after {timeout} s"

@@ -238,7 +238,36 @@ def _choose_builder(path: Path, data: dict[str, Any]) -> _Choice:
         return _Choice(_mini_builder(path, data), True, "mini", str(model_type), blocks, notes=(note,))
     _refuse_remote_code(path, data, sys.modules["transformers"])
     build, head, architecture, blocks, config = _hf_builder(path)
-    return _Choice(build, head == "CausalLM", head, architecture, blocks, config)
+    dropped = keep_every_layer(config)
+    notes = (
+        (
+            f"LayerDrop ({', '.join(dropped)}) counted as keeping every layer: the step that drops none is the "
+            "largest, and the draw would make the estimate another at each run",
+        )
+        if dropped
+        else ()
+    )
+    return _Choice(build, head == "CausalLM", head, architecture, blocks, config, notes=notes)
+
+
+def keep_every_layer(config: Any) -> list[str]:
+    """Set every LayerDrop probability of ``config`` and its sub-configs (``layerdrop``, ``encoder_layerdrop``,
+    ``text_config.layerdrop``...) to 0 where it was above; the dotted names of those that were."""
+    found: list[str] = []
+
+    def visit(current: Any, prefix: str, seen: set[int]) -> None:
+        if id(current) in seen:
+            return
+        seen.add(id(current))
+        for name, value in list(vars(current).items()):
+            if name.endswith("layerdrop") and isinstance(value, int | float) and value > 0:
+                setattr(current, name, 0.0)
+                found.append(f"{prefix}{name} {value:g}")
+            elif hasattr(value, "to_dict") and hasattr(value, "model_type"):  # a sub-config
+                visit(value, f"{prefix}{name}.", seen)
+
+    visit(config, "", set())
+    return found
 
 
 def build_from_config(path: Path, data: dict[str, Any], *, batch_size: int, seq_len: int, loss: StepLoss) -> Subject:

@@ -331,18 +331,22 @@ class TraceCache:
 
 @contextlib.contextmanager
 def fixed_host_random(seed: int = 0) -> Iterator[None]:
-    """Python's and numpy's global random states seeded for one trace, and put back after it. Model code that draws
-    from them (Wav2Vec2's span masks in training, numpy's) draws the same in every trace: an estimate does not
-    depend on what ran before it, and the shallow copies a deep model is extrapolated from mask alike."""
+    """Python's, numpy's and torch's CPU random states seeded for one trace, and put back after it. Model code that
+    draws from them (Wav2Vec2's span masks in training, numpy's; a value torch draws that the trace reads) draws
+    the same in every trace: an estimate does not depend on what ran before it, and the shallow copies a deep model
+    is extrapolated from draw alike."""
     import random
 
     import numpy as np
+    import torch
 
     python_state, numpy_state = random.getstate(), np.random.get_state()
     random.seed(seed)
     np.random.seed(seed)
     try:
-        yield
+        with torch.random.fork_rng(devices=[]):
+            torch.default_generator.manual_seed(seed)  # the CPU's only: a GPU's state is not touched
+            yield
     finally:
         random.setstate(python_state)
         np.random.set_state(numpy_state)

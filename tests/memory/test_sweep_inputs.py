@@ -212,10 +212,48 @@ def test_an_estimate_that_draws_from_numpy_is_the_same_whatever_numpy_s_state(tm
     import numpy as np
 
     np.random.seed(1)
+    torch.manual_seed(1)
     first = _wav2vec2(tmp_path / "a", 0.5)
-    after = np.random.random()
+    after, torch_after = np.random.random(), torch.rand(3)
     np.random.seed(1)
-    assert np.random.random() == after  # the estimate left numpy's state as it found it
+    torch.manual_seed(1)
+    assert np.random.random() == after  # the estimate left numpy's and torch's states as it found them
+    assert torch.equal(torch.rand(3), torch_after)
     np.random.seed(2)
     np.random.random(1000)
     assert _wav2vec2(tmp_path / "b", 0.5) == first
+
+
+def test_a_model_whose_batch_norm_cannot_train_at_batch_1_is_estimated_at_batch_2(tmp_path):
+    from benchmarks.memory_config_sweep import BATCH_NORM_AT_ONE, estimate_type
+    from dtypecheck.errors import InputError
+
+    (tmp_path / "one").mkdir()
+    report = estimate_type("lasr_encoder", tmp_path / "one", tiny=True)
+    assert [(str(row.mode), row.batch_size) for row in report.estimates] == [("inference", 2), ("training", 2)]
+    # At batch 1 the training step raises what torch's batch norm itself raises there.
+    with pytest.raises(InputError, match=BATCH_NORM_AT_ONE):
+        estimate_memory(str(tmp_path / "one"), FP32, seq_len=16)
+    # At batch 2 the estimate is the plain one at that batch (the sweep only chose the batch).
+    plain = estimate_memory(str(tmp_path / "one"), FP32, seq_len=16, batch_size=2)
+    assert [row.bytes.total for row in plain.estimates] == [row.bytes.total for row in report.estimates]
+
+
+def test_layerdrop_is_counted_as_keeping_every_layer(tmp_path):
+    # A training step that drops no layer is the largest; LayerDrop's draw would make each estimate another.
+    def estimate(layerdrop: float) -> tuple[list[int], tuple[str, ...]]:
+        folder = tmp_path / str(layerdrop)
+        folder.mkdir()
+        transformers.Wav2Vec2Config(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, conv_dim=(16, 16),
+            conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2,
+            mask_time_prob=0.0, layerdrop=layerdrop, architectures=["Wav2Vec2ForSequenceClassification"],
+        ).to_json_file(str(folder / "config.json"))  # fmt: skip
+        report = estimate_memory(str(folder), FP32, seq_len=64)
+        return [row.bytes.total for row in report.estimates], report.model.notes
+
+    kept, kept_notes = estimate(0.0)
+    dropping, notes = estimate(0.9)
+    assert dropping == kept
+    assert not any("LayerDrop" in note for note in kept_notes)
+    assert any(note.startswith("LayerDrop (layerdrop 0.9) counted as keeping every layer") for note in notes)
