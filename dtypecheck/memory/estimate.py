@@ -330,22 +330,25 @@ class TraceCache:
 
 
 @contextlib.contextmanager
-def fixed_host_random(seed: int = 0) -> Iterator[None]:
+def fixed_host_random(seed: int | None = 0) -> Iterator[None]:
     """Python's, numpy's and torch's CPU random states seeded for one trace, and put back after it. Model code that
     draws from them (Wav2Vec2's span masks in training, numpy's; a value torch draws that the trace reads) draws
     the same in every trace: an estimate does not depend on what ran before it, and the shallow copies a deep model
-    is extrapolated from draw alike."""
+    is extrapolated from draw alike. ``seed=None``: only put back (an estimate leaves the caller's states as they
+    were, whatever building the model drew)."""
     import random
 
     import numpy as np
     import torch
 
     python_state, numpy_state = random.getstate(), np.random.get_state()
-    random.seed(seed)
-    np.random.seed(seed)
+    if seed is not None:
+        random.seed(seed)
+        np.random.seed(seed)
     try:
         with torch.random.fork_rng(devices=[]):
-            torch.default_generator.manual_seed(seed)  # the CPU's only: a GPU's state is not touched
+            if seed is not None:
+                torch.default_generator.manual_seed(seed)  # the CPU's only: a GPU's state is not touched
             yield
     finally:
         random.setstate(python_state)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from dtypecheck.errors import InputError, ParameterError
 from dtypecheck.memory.config_models import open_hf_config
 from dtypecheck.memory.devices import DeviceBudget, default_device, parse_fit
-from dtypecheck.memory.estimate import EstimateOptions, estimate_with_traces
+from dtypecheck.memory.estimate import EstimateOptions, estimate_with_traces, fixed_host_random
 from dtypecheck.memory.fit import DEFAULT_FIT_TIMEOUT
 from dtypecheck.memory.names import DeviceKind, Mode
 from dtypecheck.memory.subject import Subject, load_checkpoint, open_factory
@@ -53,6 +53,25 @@ def estimate_memory(
     ``fit_timeout`` the seconds its search may take (None: no bound) before it reports the bounds found so far;
     ``measure`` runs one real step of every float row and puts the first training one in ``measured``.
     """
+    with fixed_host_random(None):  # the caller's random states as they were, whatever the model's code drew
+        return _estimate_memory(
+            model, options, progress, batch_size, seq_len, loss, fit, reserve, fit_timeout, measure=measure
+        )
+
+
+def _estimate_memory(
+    model: str | Subject,
+    options: EstimateOptions | None,
+    progress: ProgressCallback,
+    batch_size: int | None,
+    seq_len: int | None,
+    loss: LossName | str | None,
+    fit: str | DeviceBudget | None,
+    reserve: str | None,
+    fit_timeout: float | None,
+    *,
+    measure: bool,
+) -> MemoryReport:
     options = options or EstimateOptions()
     if fit_timeout is not None and fit_timeout <= 0:
         raise ParameterError(f"{{fit_timeout}} must be a positive number of seconds, not {fit_timeout}")
