@@ -103,15 +103,15 @@ def test_mixed_dtypes_in_the_python_check_keep_every_value() -> None:
     assert _python_answer([half, brain]) is False
 
 
-def test_copy_all_copies_exactly_or_nothing(module: ModuleType) -> None:
+def test_a_group_copies_exactly_or_nothing(module: ModuleType) -> None:
     sources = [torch.randn(5, 3), torch.randn(7).to(torch.bfloat16), torch.tensor(2.5, dtype=torch.float64)]
     sources[0][1, 1] = float("nan")
     buffers = [torch.empty_like(s) for s in sources]
-    assert module.copy_all(buffers, sources) is True
+    assert module.Group(buffers).copy_from(module.Group(sources)) is True
     for buffer, source in zip(buffers, sources, strict=True):
         assert buffer.reshape(-1).view(torch.uint8).equal(source.reshape(-1).view(torch.uint8))  # bit for bit, NaN too
     wrong = [torch.zeros(5, 3), torch.zeros(6, dtype=torch.bfloat16), torch.zeros((), dtype=torch.float64)]
-    assert module.copy_all(wrong, sources) is False
+    assert module.Group(wrong).copy_from(module.Group(sources)) is False
     assert all(not w.any() for w in wrong)  # nothing copied
 
 

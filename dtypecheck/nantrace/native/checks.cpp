@@ -96,7 +96,6 @@ struct Group {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("all_finite", &all_finite);
-  m.def("copy_all", &copy_all);
   pybind11::class_<Group>(m, "Group")
       .def(pybind11::init<std::vector<at::Tensor>>())
       .def("finite", &Group::finite)

@@ -270,7 +270,8 @@ class BufferSnapshot:
 
 class OptimizerSnapshot:
     """An optimizer's parameters and state tensors before its update, in buffers allocated once and refilled
-    each step with one C++ call per (device, dtype) (``native.copy_all``; ``_foreach_copy_`` without it). The
+    each step with one C++ call per (device, dtype) (a ``native.Group``'s ``copy_from``; ``_foreach_copy_`` without
+    it). The
     state an optimizer creates at its first step is noted as absent; plain values in its state (a Python step
     counter) are copied as they are."""
 
@@ -340,7 +341,7 @@ class OptimizerSnapshot:
 
         layout = self._layout(optimizer)
         with torch.no_grad():
-            groups = layout.native()
+            groups = layout.native
             for index, (source, buffer) in enumerate(zip(layout.sources, layout.buffers, strict=True)):
                 # The C++ copy is one memcpy a tensor, where _foreach_copy_ dispatches one copy_ each on CPU.
                 if groups is None or not groups.buffers[index].copy_from(groups.sources[index]):
@@ -371,25 +372,20 @@ class OptimizerSnapshot:
             state[key] = value
         return True
 
-    def written(self, optimizer: Any) -> list[torch.Tensor]:
-        """What an update writes: the parameters and the optimizer's floating state tensors."""
-        return self._layout(optimizer).floating
-
     def written_finite(self, optimizer: Any) -> Flag:
-        """``all_finite(written(optimizer))``, by the C++ group the layout holds where it has one."""
+        """``all_finite`` of what an update writes (the parameters and the optimizer's floating state tensors), by
+        the C++ group the layout holds where it has one."""
         layout = self._layout(optimizer)
-        groups = layout.native()
+        groups = layout.native
         found = groups.floating.finite() if groups is not None else -1
         return bool(found) if found >= 0 else all_finite(layout.floating)
 
     def grads_finite(self, optimizer: Any) -> Flag:
         """``all_finite`` of the gradients the optimizer's parameters have."""
         layout = self._layout(optimizer)
-        groups = layout.native()
+        groups = layout.native
         found = groups.parameters.grads_finite() if groups is not None else -1
-        if found >= 0:
-            return bool(found)
-        return all_finite([p.grad for p in layout.parameters if p.grad is not None])
+        return bool(found) if found >= 0 else all_finite([p.grad for p in layout.parameters if p.grad is not None])
 
     @property
     def nbytes(self) -> int:
@@ -409,27 +405,22 @@ class _Layout:
     parameters: list[torch.Tensor]
     """The optimizer's parameters themselves (not detached: their ``.grad`` is read)."""
     floating: list[torch.Tensor] = field(init=False)
-    _groups: _NativeGroups | bool | None = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         self.floating = [t for group in self.sources if group[0].is_floating_point() for t in group]
 
+    @functools.cached_property
     def native(self) -> _NativeGroups | None:
         """The same tensors held by the C++ module (built at the first ask), or None without it."""
-        if self._groups is False:
-            module = _native()
-            group = getattr(module, "Group", None)
-            self._groups = (
-                _NativeGroups(
-                    [group(s) for s in self.sources],
-                    [group(b) for b in self.buffers],
-                    group(self.floating),
-                    group(self.parameters),
-                )
-                if group is not None
-                else None
-            )
-        return self._groups if isinstance(self._groups, _NativeGroups) else None
+        group = getattr(_native(), "Group", None)
+        if group is None:
+            return None
+        return _NativeGroups(
+            [group(s) for s in self.sources],
+            [group(b) for b in self.buffers],
+            group(self.floating),
+            group(self.parameters),
+        )
 
 
 @dataclass(frozen=True)

@@ -340,12 +340,10 @@ class Watcher(StepReplay):
         ):
             # Inside ``step(closure)`` (Lightning) the loss and gradients come after the check before the update:
             # what went non-finite first is told here.
-            parameters = [p for group in optimizer.param_groups for p in group["params"]]
-            grads = [p.grad for p in parameters if p.grad is not None]
             self._detect(
                 "loss"
                 if not read_flags(self._loss_flags)
-                else ("gradients" if not read_flags([all_finite(grads)]) else "optimizer_step")
+                else ("gradients" if not read_flags([self._optimizers.grads_finite(optimizer)]) else "optimizer_step")
             )
             self._replay_update(optimizer, args, kwargs)
         self._step_ended()
