@@ -54,56 +54,38 @@ def estimate_memory(
     ``measure`` runs one real step of every float row and puts the first training one in ``measured``.
     """
     with fixed_host_random(None):  # the caller's random states as they were, whatever the model's code drew
-        return _estimate_memory(
-            model, options, progress, batch_size, seq_len, loss, fit, reserve, fit_timeout, measure=measure
-        )
+        options = options or EstimateOptions()
+        if fit_timeout is not None and fit_timeout <= 0:
+            raise ParameterError(f"{{fit_timeout}} must be a positive number of seconds, not {fit_timeout}")
+        budget = parse_fit(fit, reserve) if isinstance(fit, str) else fit
+        options = dataclasses.replace(options, device=resolve_device(options.device, budget))
+        progress(0, 1, "reading the model")
+        if isinstance(model, Subject):
+            if batch_size is not None or seq_len is not None or loss is not None:
+                raise ParameterError("{batch_size}, {seq_len} and {loss} are given to open_subject, with the model")
+            subject = model
+        else:
+            subject = open_subject(model, batch_size=batch_size, seq_len=seq_len, loss=loss)
+        report, traces = estimate_with_traces(subject, options, progress)
+        if options.by_module is not None or options.step_timeline:
+            from dtypecheck.memory.breakdown import with_breakdowns
 
+            report = with_breakdowns(subject, options, report, traces)
+        if budget is not None:
+            from dtypecheck.memory.fit import fit_report
 
-def _estimate_memory(
-    model: str | Subject,
-    options: EstimateOptions | None,
-    progress: ProgressCallback,
-    batch_size: int | None,
-    seq_len: int | None,
-    loss: LossName | str | None,
-    fit: str | DeviceBudget | None,
-    reserve: str | None,
-    fit_timeout: float | None,
-    *,
-    measure: bool,
-) -> MemoryReport:
-    options = options or EstimateOptions()
-    if fit_timeout is not None and fit_timeout <= 0:
-        raise ParameterError(f"{{fit_timeout}} must be a positive number of seconds, not {fit_timeout}")
-    budget = parse_fit(fit, reserve) if isinstance(fit, str) else fit
-    options = dataclasses.replace(options, device=resolve_device(options.device, budget))
-    progress(0, 1, "reading the model")
-    if isinstance(model, Subject):
-        if batch_size is not None or seq_len is not None or loss is not None:
-            raise ParameterError("{batch_size}, {seq_len} and {loss} are given to open_subject, with the model")
-        subject = model
-    else:
-        subject = open_subject(model, batch_size=batch_size, seq_len=seq_len, loss=loss)
-    report, traces = estimate_with_traces(subject, options, progress)
-    if options.by_module is not None or options.step_timeline:
-        from dtypecheck.memory.breakdown import with_breakdowns
+            report = fit_report(subject, options, report, budget, progress, fit_timeout, traces)
+        if measure:
+            from dtypecheck.memory.measure import measure_rows
 
-        report = with_breakdowns(subject, options, report, traces)
-    if budget is not None:
-        from dtypecheck.memory.fit import fit_report
-
-        report = fit_report(subject, options, report, budget, progress, fit_timeout, traces)
-    if measure:
-        from dtypecheck.memory.measure import measure_rows
-
-        progress(0, 1, "measuring real steps")
-        measurements, unmeasured = measure_rows(subject, report.estimates)
-        # The headline is a training step when one ran: it is the peak users size a device for.
-        trained = [m for m in measurements if m.mode == Mode.training] or list(measurements)
-        report = dataclasses.replace(
-            report, measured=trained[0], measurements=measurements, skipped=(*report.skipped, *unmeasured)
-        )
-    return report
+            progress(0, 1, "measuring real steps")
+            measurements, unmeasured = measure_rows(subject, report.estimates)
+            # The headline is a training step when one ran: it is the peak users size a device for.
+            trained = [m for m in measurements if m.mode == Mode.training] or list(measurements)
+            report = dataclasses.replace(
+                report, measured=trained[0], measurements=measurements, skipped=(*report.skipped, *unmeasured)
+            )
+        return report
 
 
 def open_subject(
