@@ -110,7 +110,11 @@ class Tracer:
         self.ops = 0
         self.compile_calls = 0
         self.stopped = False
-        self._interrupted = False
+        self._winding_up = False
+        """Another rank failed: trace on to this rank's next landmark (the end of its update, its next backward),
+        judge what it ran, then stop. Set from the distributed watcher's thread."""
+        self._wound_up = False
+        """Stopped by another rank's failure: the run's end is judged as if the traced code had ended there."""
         self._step = 1
         self._in_backward = False
         self._window: list[OpRecord] = []
@@ -154,6 +158,7 @@ class Tracer:
     def __exit__(self, exc_type: object, exc: BaseException | None, traceback: object) -> None:
         try:
             self._mode.__exit__(None, None, None)
+            self._winding_up = False  # the traced code ended: what it ran is judged below, as in any run
             if not _ended_normally(exc):
                 assert exc is not None
                 # The script died (often of the NaN itself: BCE, multinomial, an index, its own assert): what the
@@ -162,9 +167,9 @@ class Tracer:
                 if not self.stopped:
                     self.judge_now()
                     self.judge.settle(final=True, raised=True)
-            elif not self.stopped:
+            elif not self.stopped or self._wound_up:
                 self.flush()
-                if not self.stopped:
+                if not self.judge.stopped:  # no failure found in the flush (a stop there set self.stopped)
                     self.judge.settle(final=True)
         finally:
             self.workers.remove()
@@ -179,9 +184,6 @@ class Tracer:
     def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self.ops += 1
         if self.stopped:
-            if self._interrupted:
-                self._interrupted = False
-                raise StopTracing
             return self.autocast.run(func, args, kwargs) if self.autocast.maybe else func(*args, **kwargs)
         if self._unsettled:
             self._settle_versions()
@@ -350,9 +352,11 @@ class Tracer:
         self._in_backward = backward
 
     def flush(self) -> None:
-        """Read back the window's reductions and judge its ops; at the first failure, stop (unless keep-going)."""
+        """Read back the window's reductions and judge its ops; at the first failure, stop (unless keep-going).
+        Not a landmark: a rank that another's failure winds up runs on, from backward into the update that reads
+        what backward left."""
         self.judge_now()
-        self.stop_if_failed()
+        self._stop_at_failure()
 
     def judge_now(self) -> None:
         """Judge the window's ops without stopping the traced code (``flush`` stops it at a failure)."""
@@ -370,15 +374,28 @@ class Tracer:
         return bool(self.judge.events) or self.scale_collapse is not None
 
     def interrupt(self) -> None:
-        """Another rank failed: end the traced code at its next op (from the distributed watcher's thread)."""
-        self._interrupted = self.options.stop_run
-        self.stopped = True
+        """Another rank failed: end the traced code at its next landmark (from the distributed watcher's thread).
+        Not at its next op: what it runs up to there is what says how the failure reached it (the update that
+        reads the gradients a collective made non-finite), and an op is no place to judge a step."""
+        self._winding_up = True
 
     def stop_if_failed(self) -> None:
+        """At a landmark, once it has judged and settled its step: stop at a failure found, or when another rank's
+        failure is winding this one up."""
+        self._stop_at_failure()
+        if self._winding_up and not self.stopped:
+            self._winding_up = False
+            self._wound_up = True
+            self._stop()
+
+    def _stop_at_failure(self) -> None:
         if self.judge.stopped and not self.stopped:
-            self.stopped = True
-            if self.options.stop_run:
-                raise StopTracing
+            self._stop()
+
+    def _stop(self) -> None:
+        self.stopped = True
+        if self.options.stop_run:
+            raise StopTracing
 
     # -- the training loop (training.TrainingWatch calls these) ------------------------------------------------
     def step_ended(self) -> None:

@@ -61,11 +61,13 @@ for step in range({DDP_STEPS}):
     if rank == 1 and step == 2 and mode == "data":
         batch = batch - 10.0
         batch = batch.log()  # rank 1 data
-    if rank == 1 and step == 2 and mode == "grad":
+    if rank == 1 and step == 2 and mode.startswith("grad"):
         weight = model.module.encoder.weight
         extra = torch.sqrt(weight - weight.detach()).sum()  # rank 1 grad
     loss = model(batch).pow(2).mean() + extra
     loss.backward()
+    if rank == 0 and step == 2 and mode == "grad-slow":
+        time.sleep(1.0)  # rank 0 begins its update only after rank 1 has reported
     if rank == 0 and step == 4 and mode == "late-slow":
         time.sleep(1.0)  # rank 0 reaches its update only after rank 1 has reported
     optimizer.step()
@@ -74,7 +76,8 @@ dist.destroy_process_group()
 print("finished", rank)
 """
 )
-"""``DDP_STEPS`` steps; rank 1 goes non-finite in step 3 (``data``: its batch, ``grad``: its backward) or in its
+"""``DDP_STEPS`` steps; rank 1 goes non-finite in step 3 (``data``: its batch, ``grad``: its backward;
+``grad-slow``: and rank 0 is a second late to that step's update) or in its
 5th forward (``late``; ``late-slow``: and rank 0 is a second late to that step's update); ``clean`` runs to the
 end and prints ``finished <rank>``."""
 
