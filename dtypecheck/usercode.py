@@ -10,6 +10,7 @@ import contextlib
 import re
 import runpy
 import sys
+import sysconfig
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -31,21 +32,53 @@ def python_target(target: str) -> tuple[Path, str | None] | None:
     return (Path(found["file"]), found["factory"]) if found else None
 
 
-def user_traceback(exc: BaseException, user_file: Path, *, without: tuple[str, ...] = ()) -> str:
-    """The traceback of ``exc`` from the first frame in ``user_file`` on, without dtypecheck's, runpy's or
-    importlib's frames (nor those under the ``without`` folders)."""
+def _user_frames(exc: BaseException, user_file: Path, without: tuple[str, ...] = ()) -> list[traceback.FrameSummary]:
     frames = traceback.extract_tb(exc.__traceback__)
     user = str(user_file.resolve())
     start = next((i for i, f in enumerate(frames) if str(Path(f.filename).resolve()) == user), 0)
-    kept = [f for f in frames[start:] if not f.filename.startswith((*_MACHINERY, *without))]
+    return [f for f in frames[start:] if not f.filename.startswith((*_MACHINERY, *without))]
+
+
+def user_traceback(exc: BaseException, user_file: Path, *, without: tuple[str, ...] = ()) -> str:
+    """The traceback of ``exc`` from the first frame in ``user_file`` on, without dtypecheck's, runpy's or
+    importlib's frames (nor those under the ``without`` folders)."""
+    kept = _user_frames(exc, user_file, without)
     lines = ["Traceback (most recent call last):\n", *traceback.StackSummary.from_list(kept).format()]
     lines += traceback.format_exception_only(type(exc), exc)
     return "".join(lines)
 
 
+def _library_folders() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    found = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(k)}
+    return tuple(str(Path(p).resolve()) for p in found)
+
+
+def user_line(exc: BaseException, user_file: Path) -> str | None:
+    """Where the user's own code raised ``exc`` or called the library that did: ``line N in function`` of the
+    innermost frame outside the standard library and installed packages (``file:N in function`` when that frame is
+    in another file than ``user_file``, relative to the working folder when inside it), or ``None`` when no frame
+    is the user's."""
+    libraries = _library_folders()
+    user = user_file.resolve()
+    for frame in reversed(_user_frames(exc, user_file)):
+        path = Path(frame.filename).resolve()
+        if frame.filename.startswith("<") or str(path).startswith(libraries):
+            continue
+        if path == user:  # the message names that file already
+            return f"line {frame.lineno} in {frame.name}"
+        with contextlib.suppress(ValueError):
+            path = path.relative_to(Path.cwd().resolve())
+        return f"{path}:{frame.lineno} in {frame.name}"
+    return None
+
+
 def raise_user_error(exc: BaseException, what: str, user_file: Path) -> NoReturn:
-    """Report that ``what`` (the file, ``factory()``) raised ``exc``, with the user's frames only."""
+    """Report that ``what`` (the file, ``factory()``) raised ``exc``: one line that says where, and the user's frames
+    only for ``--traceback``."""
     summary = f"{what} raised {type(exc).__name__}: {exc}".rstrip(": ")
+    where = user_line(exc, user_file)
+    summary += f" (at {where}; --traceback shows the traceback)" if where else " (--traceback shows the traceback)"
     raise UserCodeError(summary, user_traceback(exc, user_file)) from exc
 
 

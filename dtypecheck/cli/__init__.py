@@ -58,12 +58,14 @@ def main(argv: list[str] | None = None) -> int:
         interrupted.append(signal.SIGINT)
     except Exception as exc:
         mapped = describe(exc)
-        if mapped is None or _wants_traceback(args):
+        # The user's code raised: with --traceback, its own frames (dtypecheck's would bury them), else one line.
+        users = exc.formatted if isinstance(exc, UserCodeError) else ""
+        if mapped is None or (_wants_traceback(args) and not users):
             raise
         code, message = mapped
         end_if_forked_child(int(code))
-        if isinstance(exc, UserCodeError) and exc.formatted:
-            sys.stderr.write(exc.formatted)
+        if users and _wants_traceback(args):
+            sys.stderr.write(users)
         _error(message)
         return int(code)
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -58,6 +59,14 @@ def test_bad_input_is_one_line(cli, factories, tmp_path, args, code, message):
 
 def test_user_traceback_shows_only_user_frames(cli, factories):
     result = cli("estimate-memory", f"{factories}:raises")
+    assert result.exit_code == 3
+    text = Path(factories).read_text(encoding="utf-8")
+    line = next(n for n, row in enumerate(text.splitlines(), 1) if 'raise ValueError("boom in user code")' in row)
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.endswith(
+        f"raised ValueError: boom in user code (at line {line} in helper; --traceback shows the traceback)\n"
+    )
+    result = cli("estimate-memory", f"{factories}:raises", "--traceback")
     assert result.exit_code == 3
     assert "in helper" in result.stderr
     assert 'raise ValueError("boom in user code")' in result.stderr

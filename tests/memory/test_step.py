@@ -258,7 +258,17 @@ def test_bad_step_options(cli, lm, args, code, message):
 
 
 def test_loss_fn_error_shows_the_users_frame(cli, lm):
+    line = next(n for n, text in enumerate(LM.splitlines(), 1) if 'raise KeyError("labels")' in text)
     result = cli("estimate-memory", f"{lm}:failing_loss", "-m", "training")
+    assert result.exit_code == 3
+    # One line that says where (the contract: no traceback unless asked for)...
+    assert result.stderr == (
+        f"error: loss_fn(output, inputs) raised KeyError: 'labels' (at line {line} in loss_fn; "
+        "--traceback shows the traceback)\n"
+    )
+    # ...and the user's own frames with --traceback.
+    result = cli("estimate-memory", f"{lm}:failing_loss", "-m", "training", "--traceback")
+    assert result.exit_code == 3
     assert 'raise KeyError("labels")' in result.stderr
     assert "dtypecheck/memory" not in result.stderr
 

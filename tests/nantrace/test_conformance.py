@@ -515,7 +515,7 @@ def _assert_fails_as_plain(nantrace: NanTrace, script: Path, precision: str, tmp
         assert (doc["status"], doc["dtype_error"]["exception"]) == ("error", failed)
         assert last.startswith(f"error: {script.name} died of a dtype mismatch: {failed}; fix: "), last
     else:
-        assert last == f"error: {script.name} raised {failed}"
+        assert last.startswith(f"error: {script.name} raised {failed} (at line "), last
 
 
 CORPUS = [(c, p) for c in sorted(CASES) for p in PRECISIONS]

@@ -189,26 +189,30 @@ def test_half_model_fed_float32_exits_3_with_the_explanation_in_the_document(nan
         f"cast `x` with `x.to(torch.float16)` before `self.fc` (line {line_of(text, 'call')}), or where it is "
         f"created (half.py:{line_of(text, 'made')}); or keep the model in float32 with `model.float()`"
     )
-    # stderr: the script's own frames (no torch internals), then one error line carrying the fix; the full
-    # explanation is in the document.
-    assert "site-packages/torch" not in result.stderr
-    assert f'File "{script}", line {line_of(text, "call")}, in forward' in result.stderr
-    assert "<- the odd one" not in result.stderr
-    assert result.stderr.rstrip().splitlines()[-1] == (
+    # stderr: one error line carrying the fix; the full explanation is in the document.
+    line = (
         "error: half.py died of a dtype mismatch: RuntimeError: mat1 and mat2 must have the same dtype, "
         f"but got Float and Half; fix: {error['fix']}"
     )
+    assert result.stderr == line + "\n"
+    # --traceback: the script's own frames before it (no torch internals).
+    result = cli("nan-trace", str(script), "--format", "json", "--traceback")
+    assert result.exit_code == 3
+    assert "site-packages/torch" not in result.stderr
+    assert f'File "{script}", line {line_of(text, "call")}, in forward' in result.stderr
+    assert "<- the odd one" not in result.stderr
+    assert result.stderr.rstrip().splitlines()[-1] == line
 
 
-def test_table_shows_the_dtype_error_panel_and_stderr_keeps_only_the_traceback(nantrace: NanTrace, cli: Any) -> None:
+def test_table_shows_the_dtype_error_panel_and_stderr_keeps_only_the_error_line(nantrace: NanTrace, cli: Any) -> None:
     script, _ = nantrace.write("half.py", HALF_MODEL)
     result = cli("nan-trace", str(script))
     assert result.exit_code == 3
     assert "dtype mismatch" in result.stdout
     assert "x.to(torch.float16)" in result.stdout
     assert "<- the odd one" not in result.stderr  # not said twice
-    assert result.stderr.startswith("Traceback (most recent call last):")
-    assert result.stderr.rstrip().splitlines()[-1].startswith("error: half.py died of a dtype mismatch")
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith("error: half.py died of a dtype mismatch")
 
 
 def test_sequential_layer_error_names_the_variable_at_the_models_call(nantrace: NanTrace, tmp_path: Path) -> None:

@@ -152,7 +152,8 @@ def test_an_exception_with_nothing_nonfinite_still_exits_3(nantrace: NanTrace) -
     result = nantrace.run(str(script), "--format", "json")
     assert result.exit_code == 3
     assert result.stdout == ""
-    assert result.stderr.strip().splitlines()[-1].startswith(f"error: {script.name} raised RuntimeError: probability")
+    assert result.stderr.startswith(f"error: {script.name} raised RuntimeError: probability")
+    assert result.stderr.count("\n") == 1
     masked = nantrace.write(
         "masked.py",
         """
@@ -164,4 +165,6 @@ def test_an_exception_with_nothing_nonfinite_still_exits_3(nantrace: NanTrace) -
     )[0]
     result = nantrace.run(str(masked), "--format", "json")
     assert result.exit_code == 3
-    assert result.stderr.strip().splitlines()[-1] == f"error: {masked.name} raised ValueError: unrelated"
+    assert result.stderr == (
+        f"error: {masked.name} raised ValueError: unrelated (at line 4 in <module>; --traceback shows the traceback)\n"
+    )  # line 4: the dedented script starts with an empty line

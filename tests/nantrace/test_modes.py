@@ -101,8 +101,12 @@ def test_factory_that_raises_shows_its_own_traceback(nantrace: NanTrace, cli: An
     path, text = nantrace.write("factory.py", FACTORY)
     result = cli("nan-trace", f"{path}:raises")
     assert result.exit_code == 3
+    where = f"(at line {line_of(text, 'factory raises')} in raises; --traceback shows the traceback)"
+    assert result.stderr == f"error: {path}: raises() raised ValueError: no data here {where}\n"
+    result = cli("nan-trace", f"{path}:raises", "--traceback")
+    assert result.exit_code == 3
     assert f'File "{path}", line {line_of(text, "factory raises")}, in raises' in result.stderr
-    assert result.stderr.strip().splitlines()[-1] == f"error: {path}: raises() raised ValueError: no data here"
+    assert result.stderr.strip().splitlines()[-1] == f"error: {path}: raises() raised ValueError: no data here {where}"
 
 
 RAISES = """
@@ -118,6 +122,12 @@ helper(torch.ones(3))
 def test_script_that_raises_exits_3_with_only_its_own_frames(nantrace: NanTrace, cli: Any) -> None:
     path, text = nantrace.write("raises.py", RAISES)
     result = cli("nan-trace", str(path))
+    assert result.exit_code == 3
+    assert result.stdout == ""
+    assert result.stderr.count("\n") == 1  # one line, no traceback unless asked for
+    assert result.stderr.startswith("error: raises.py raised RuntimeError: shape '[7]' is invalid")
+    assert result.stderr.endswith(f"(at line {line_of(text, 'bad view')} in helper; --traceback shows the traceback)\n")
+    result = cli("nan-trace", str(path), "--traceback")
     assert result.exit_code == 3
     assert result.stdout == ""
     lines = result.stderr.strip().splitlines()
