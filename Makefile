@@ -50,7 +50,11 @@ docs: $(STAMP)
 screenshots: $(STAMP) browser
 	$(BIN)/python docs/screenshots.py
 
-test: lint typecheck unit docs
+# The four checks run side by side once the set-up is done: mypy and the docs build are one process each, and the
+# tests leave a core idle much of the time (subprocess-heavy tests wait; the last group runs alone). Each check's
+# output is printed whole when it ends; any failure fails `make test`.
+test: $(STAMP) browser
+	@$(MAKE) --no-print-directory -j4 --output-sync=target lint typecheck unit docs
 
 golden: $(STAMP)
 	$(BIN)/pytest -q tests --overwrite-golden
