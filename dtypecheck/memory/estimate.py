@@ -216,6 +216,19 @@ class TraceCache:
         return self.cache[key]
 
     def _profile(self, traceable: Traceable, row: Row, compute: DtypeSpec, amp: bool) -> Profile:
+        try:
+            return self._profile_of_blocks(traceable, row, compute, amp)
+        except InputError:
+            if not self.shallow or traceable.with_layers is None:
+                raise
+        # A shallower copy could not be traced (ConvNeXt's "layers" are its stages, each of another width: one stage
+        # feeds the final norm the wrong width). Its blocks are not identical: the model is traced whole.
+        traceable.with_layers = None
+        self.shallow.clear()
+        self.linear_from.clear()
+        return self._trace(traceable, row, compute, amp)
+
+    def _profile_of_blocks(self, traceable: Traceable, row: Row, compute: DtypeSpec, amp: bool) -> Profile:
         layers = traceable.layers
         training = row.mode == "training"
         if self.attribute or not (layers and layers > SHALLOW_LAYERS[-1] and self._shallow_built(SHALLOW_LAYERS)):

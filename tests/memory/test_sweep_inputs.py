@@ -257,3 +257,16 @@ def test_layerdrop_is_counted_as_keeping_every_layer(tmp_path):
     assert dropping == kept
     assert not any("LayerDrop" in note for note in kept_notes)
     assert any(note.startswith("LayerDrop (layerdrop 0.9) counted as keeping every layer") for note in notes)
+
+
+def test_a_model_whose_shallow_copy_cannot_run_is_traced_whole_and_within_5_percent_of_memtracker(tmp_path):
+    # ConvNeXt's "layers" are its stages, each of another width: a one-stage copy feeds the final norm 8 features
+    # where it expects 64, so its blocks cannot be extrapolated; the whole model is traced instead.
+    transformers.ConvNextConfig(
+        num_channels=3, patch_size=4, num_stages=4, hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1],
+        image_size=32, num_labels=3,
+    ).to_json_file(str(tmp_path / "config.json"))  # fmt: skip
+    report = estimate_memory(str(tmp_path), FP32, measure=True)
+    assert not any("extrapolated" in note for note in report.model.notes)
+    assert [str(m.mode) for m in report.measurements] == ["inference", "training"]
+    assert max(abs(m.error) for m in report.measurements) <= 0.05
