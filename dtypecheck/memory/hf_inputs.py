@@ -107,6 +107,11 @@ def hf_inputs(
         height, width = (side[0], side[-1])
         channels = size_of(config, "num_channels", 3)
         frames = size_of(config, "num_frames", 0)
+        if not frames and "pixel_attention_mask" in accepted and "spatial_shapes" not in accepted:
+            # Idefics-style models take each sample's images, (batch, images, C, H, W) beside a mask of their
+            # padded pixels (not given: every pixel real): one image a sample. (A mask beside spatial shapes is
+            # a NaFlex tower's, over flat patches: SigLIP2, LFM2-VL.)
+            frames = 1
         # A video model's config says how many frames a clip has (VideoMAE's 16): (batch, frames, C, H, W).
         kwargs["pixel_values"] = make(batch, *((frames,) if frames else ()), channels, height, width)
     if "pixel_values_videos" in required:

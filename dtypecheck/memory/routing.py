@@ -37,6 +37,12 @@ ROUTING_NOTE = (
 )
 
 
+MASK_NOTE = (
+    "{count} boolean mask(s) of values the trace does not know taken as selecting everything (the most memory: "
+    "Idefics' real-image mask, every image real)"
+)
+
+
 class DataDependentOpError(Exception):
     """An op whose output size depends on values the trace does not know."""
 
@@ -123,9 +129,12 @@ class Shadows:
         self.values = KnownValues()
         self.routed: set[tuple[int, int]] = set()
         """(k, experts) of every top-k replaced by balanced routing."""
+        self.assumed_masks = 0
+        """Unknown boolean masks indexed with, taken as all true."""
 
     def notes(self) -> tuple[str, ...]:
-        return tuple(ROUTING_NOTE.format(k=k, experts=e) for k, e in sorted(self.routed))
+        routing = tuple(ROUTING_NOTE.format(k=k, experts=e) for k, e in sorted(self.routed))
+        return routing + ((MASK_NOTE.format(count=self.assumed_masks),) if self.assumed_masks else ())
 
     # --- the dispatch hook -------------------------------------------------------------------------------
 
@@ -240,6 +249,8 @@ class Shadows:
             fake = self._to_fake(real)
             self._remember(fake, real)
             return fake
+        if name == "aten.index.Tensor":
+            self._assume_selected(args)
         masks = self._known_bool_indices(args)
         if masks is not None:
             return self.run(func, masks, kwargs, run_fake)
@@ -250,6 +261,26 @@ class Shadows:
                 count = int(torch.broadcast_to(mask, shape).sum())
             return run_fake(torch.ops.aten.new_empty.default, (args[0], (count,)), {})
         raise DataDependentOpError(name)
+
+    def _assume_selected(self, args: tuple[Any, ...]) -> bool:
+        """``x[mask]`` with a boolean mask of unknown values: the mask is taken as all true from here on (its
+        count, ``mask.sum()``, then agrees with what was selected), the largest selection and so the most memory
+        (a mask too large to shadow stays unknown). Whether one was."""
+        import torch
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        if len(args) < 2 or not isinstance(args[1], list | tuple):
+            return False
+        assumed = False
+        for index in args[1]:
+            if isinstance(index, torch.Tensor) and index.dtype == torch.bool and index not in self.values:
+                if index.numel() > SHADOW_LIMIT:
+                    return False
+                with unset_fake_temporarily():
+                    self.values[index] = torch.ones(tuple(index.shape), dtype=torch.bool)
+                assumed = True
+        self.assumed_masks += assumed
+        return assumed
 
     def _known_bool_indices(self, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
         """``index``/``index_put`` arguments with each known boolean mask replaced by its positions (as

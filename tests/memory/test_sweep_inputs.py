@@ -270,3 +270,54 @@ def test_a_model_whose_shallow_copy_cannot_run_is_traced_whole_and_within_5_perc
     assert not any("extrapolated" in note for note in report.model.notes)
     assert [str(m.mode) for m in report.measurements] == ["inference", "training"]
     assert max(abs(m.error) for m in report.measurements) <= 0.05
+
+
+MASKED = '''
+import torch
+from torch import nn
+
+
+class Select(nn.Module):
+    """Keeps the rows that are not all zero (Idefics' real images), then counts them as its own code does."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(256, 1024)
+
+    def forward(self, x):
+        keep = x.abs().sum(-1) > 0  # values the trace does not know
+        rows = x[keep]
+        count = int(keep.sum())
+        return self.proj(rows).reshape(count, 1024)
+
+
+def select():
+    torch.manual_seed(0)
+    return Select(), torch.randn(4096, 256) + 10.0, lambda out, inputs: out.pow(2).mean()  # every row real
+'''
+
+
+def test_an_unknown_boolean_mask_is_taken_as_selecting_everything(tmp_path):
+    path = tmp_path / "masked.py"
+    path.write_text(MASKED, encoding="utf-8")
+    report = estimate_memory(f"{path}:select", FP32, measure=True)
+    assert any("taken as selecting everything" in note for note in report.model.notes)
+    # The real step, whose every row is kept, is what the estimate counted (MemTracker on CPU).
+    assert [str(m.mode) for m in report.measurements] == ["inference", "training"]
+    assert max(abs(m.error) for m in report.measurements) <= 0.05
+    inference = next(row for row in report.estimates if str(row.mode) == "inference")
+    # At least the selected rows (4096 x 256 float32) and their projection (4096 x 1024) are live at once.
+    assert inference.bytes.activations >= 4096 * (256 + 1024) * 4
+
+
+def test_an_idefics_style_model_gets_each_samples_images():
+    config = transformers.Idefics3Config(
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                       "image_size": 64, "patch_size": 16},
+        text_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                     "num_key_value_heads": 2, "vocab_size": 128},
+        scale_factor=2,
+    )  # fmt: skip
+    found = _inputs(_on_meta(config), config)
+    # (batch, images, C, H, W) beside its pixel mask; a NaFlex tower's mask over flat patches is another input.
+    assert tuple(found["pixel_values"].shape) == (1, 1, 3, 64, 64)
