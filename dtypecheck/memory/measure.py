@@ -91,18 +91,22 @@ def run_step(
         return
     targets: list[torch.Tensor] = []  # a default loss's target is held as the batch that brings it is
     with watching_targets(targets.append):
+        held: tuple[Any, ...] = ()
         for micro in range(grad_accum):
             if micro:
                 if between_micro_batches is not None:
                     between_micro_batches()
+                held = ()  # a loop drops a micro-batch's output and loss when it loads the next
                 inputs = to_device(cast_inputs(make_inputs(), input_dtype), device)
                 targets.clear()
-            _output, value = forward_and_loss(module, inputs, loss, autocast)
+            output, value = forward_and_loss(module, inputs, loss, autocast)
             assert value is not None
             value.backward()  # type: ignore[no-untyped-call]
-            del _output, value
+            held = (output, value)  # the last one's are still referenced in the update, as the trace counts them
+            del output, value
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        del held
 
 
 def measured_peak(

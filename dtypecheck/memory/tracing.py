@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from dtypecheck.errors import DtypecheckError, InputError
 from dtypecheck.memory.routing import DataDependentOpError, Shadows, tensors_in
-from dtypecheck.memory.workspaces import op_name, real_workspace_bytes, run_op, workspace_output
+from dtypecheck.memory.workspaces import held_output_bytes, op_name, real_workspace_bytes, run_op, workspace_output
 from dtypecheck.training_step import DEFAULT_LOSS, StepLoss, forward_and_loss, watching_targets
 
 if TYPE_CHECKING:
@@ -358,7 +358,7 @@ class LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if workspace is not None and isinstance(out[workspace], torch.Tensor) and out[workspace].numel() == 0:
             self.track(out[workspace], real_workspace_bytes(func, workspace, args, kwargs))
         if isinstance(out, torch.Tensor):
-            self.track(out)
+            self.track(out, held_output_bytes(func, args, kwargs, out))
         elif isinstance(out, list | tuple):
             for tensor in tensors_in(tuple(out), {}, torch.Tensor):  # in order (a tuple may hold a ``Tensor[]``)
                 self.track(tensor)

@@ -9,6 +9,9 @@ primitive. The tracer asks the real kernel once per shape, on zero-filled CPU te
 
 ``aten._grouped_mm`` (mixture-of-experts layers in transformers) has a meta kernel that takes bfloat16 only, while
 the model runs it in float32 too; it is shaped in bfloat16 and its output given the inputs' dtype.
+
+A reduced MSE, smooth-L1, BCE or soft-margin loss returns its scalar in the elementwise buffer it reduced (the
+real kernel's storage is the inputs' size; the meta kernel's, 4 bytes): counted at its real size while it lives.
 """
 
 from __future__ import annotations
@@ -59,6 +62,54 @@ def run_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     out = func(*tree_map(to_bfloat16, args), **tree_map(to_bfloat16, kwargs))
     dtype = next(iter(dtypes)) if len(dtypes) == 1 else torch.float32
     return out.to(dtype)
+
+
+_REDUCED_LOSSES = frozenset(
+    {
+        "aten.mse_loss.default",
+        "aten.smooth_l1_loss.default",
+        "aten.binary_cross_entropy.default",
+        "aten.soft_margin_loss.default",
+    }
+)
+"""Losses whose real kernel, reducing, returns the mean or sum in its elementwise buffer: the structured kernel
+builds its output at the inputs' broadcast size, then resizes it to 0-dim, and the storage stays (torch 2.13 on
+the CPU: a 16 MiB storage behind the ``F.mse_loss`` of two 16 MiB tensors, kept as long as the loss lives, through
+backward and, in a loop that still holds ``loss``, the update). Fake tensors give a 4-byte scalar."""
+
+
+@functools.cache
+def _keeps_buffer(name: str, dtype: Any) -> bool:
+    """Whether this torch's real kernel of the reduced loss ``name`` returns its scalar in the elementwise buffer:
+    asked once per dtype on 4 x 4 CPU tensors (the behaviour is the kernel's, not the shape's)."""
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    op = getattr(torch.ops.aten, name.split(".")[1]).default
+    with unset_fake_temporarily(), torch.no_grad():
+        half = torch.full((4, 4), 0.5, dtype=dtype)
+        try:
+            loss = op(half, half.clone(), reduction=1)
+        except (RuntimeError, TypeError):
+            return False
+    return bool(loss.dim() == 0 and loss.untyped_storage().nbytes() >= half.nbytes)
+
+
+def held_output_bytes(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int | None:
+    """The bytes ``out``'s real storage holds where its fake one says less: a reduced loss of ``_REDUCED_LOSSES``
+    that keeps its elementwise buffer (the broadcast inputs' size); None for every other op."""
+    import torch
+
+    name = op_name(func)
+    if name not in _REDUCED_LOSSES or not isinstance(out, torch.Tensor) or out.dim() != 0:
+        return None
+    schema = [a.name for a in func._schema.arguments]
+    at = schema.index("reduction")
+    reduction = kwargs.get("reduction", args[at] if len(args) > at else 1)
+    if reduction == 0 or len(args) < 2 or not _keeps_buffer(name, args[0].dtype):
+        return None
+    shape = torch.broadcast_shapes(args[0].shape, args[1].shape)  # type: ignore[no-untyped-call]
+    return int(shape.numel()) * int(out.element_size())
 
 
 def workspace_output(func: Any) -> int | None:
