@@ -321,3 +321,21 @@ def test_an_idefics_style_model_gets_each_samples_images():
     found = _inputs(_on_meta(config), config)
     # (batch, images, C, H, W) beside its pixel mask; a NaFlex tower's mask over flat patches is another input.
     assert tuple(found["pixel_values"].shape) == (1, 1, 3, 64, 64)
+
+
+def test_m_rope_text_without_an_image_token_is_all_text(monkeypatch):
+    # MiniCPM-V's config names no image token (GLM-4V's validation refuses None: the lookup is made to find none):
+    # every token is text; comparing the ids with None gave a bool.
+    from dtypecheck.memory import hf_inputs
+
+    monkeypatch.setattr(hf_inputs, "_token_id", lambda config, *names: None)
+    config = transformers.Glm4vConfig(
+        text_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                     "num_key_value_heads": 2, "vocab_size": 128},
+        vision_config={"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 32},
+    )  # fmt: skip
+    found = _inputs(_on_meta(config), config)
+    kinds = found["mm_token_type_ids"]
+    assert kinds.dtype == torch.int32
+    assert kinds.shape == found["input_ids"].shape
+    assert int(kinds.abs().sum()) == 0
