@@ -49,7 +49,16 @@ def run_op(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     import torch
     from torch.utils._pytree import tree_map
 
-    if op_name(func) not in _BFLOAT16_META_ONLY:
+    name = op_name(func)
+    if name == "aten._unsafe_view.default":
+        # Below autograd ``_unsafe_view`` is ``view``: the same storage, sizes and strides. Fake tensors never cache
+        # it and shape it with a Python reference (0.55 ms an op against 0.17 for a cached view: 46 a T5 block
+        # trace, from every Linear on 3-D input).
+        try:
+            return torch.ops.aten.view.default(*args, **kwargs)
+        except RuntimeError:
+            return func(*args, **kwargs)
+    if name not in _BFLOAT16_META_ONLY:
         return func(*args, **kwargs)
     dtypes = {a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()}
     if dtypes <= {torch.bfloat16}:
