@@ -143,10 +143,10 @@ def hf_inputs(
         if "mm_token_type_ids" in accepted:
             # M-RoPE's positions need each token's kind (0 text, 1 image), as the processor returns beside the ids.
             token = _token_id(config, "image_token_id", "image_token_index")
-            ids = kwargs["input_ids"]
+            text = kwargs["input_ids"]
             # No image token in the config (MiniCPM-V's): every token is text.
             kwargs["mm_token_type_ids"] = (
-                (ids == token).to(torch.int32) if token is not None else torch.zeros_like(ids, dtype=torch.int32)
+                (text == token).to(torch.int32) if token is not None else torch.zeros_like(text, dtype=torch.int32)
             )
     if main in ("input_features", "input_values") or {"input_features", "input_values"} & required:
         _audio(kwargs, config, main, batch, seq, make)

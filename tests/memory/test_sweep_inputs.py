@@ -339,3 +339,11 @@ def test_m_rope_text_without_an_image_token_is_all_text(monkeypatch):
     assert kinds.dtype == torch.int32
     assert kinds.shape == found["input_ids"].shape
     assert int(kinds.abs().sum()) == 0
+    # A training step with labels goes on to make them from the ids, as the sweep's does.
+    from dtypecheck.memory.hf_inputs import hf_inputs
+
+    with torch.device("meta"):
+        model = transformers.Glm4vForConditionalGeneration(config)
+    model.train()
+    found = hf_inputs(model, config, "CausalLM", 1, 16, train=True, labels=True, real=False)
+    assert found["labels"].shape == found["input_ids"].shape
