@@ -326,9 +326,9 @@ def test_an_idefics_style_model_gets_each_samples_images():
 def test_m_rope_text_without_an_image_token_is_all_text(monkeypatch):
     # MiniCPM-V's config names no image token (GLM-4V's validation refuses None: the lookup is made to find none):
     # every token is text; comparing the ids with None gave a bool.
-    from dtypecheck.memory import hf_inputs
+    from dtypecheck.memory import hf_inputs as inputs_module
 
-    monkeypatch.setattr(hf_inputs, "_token_id", lambda config, *names: None)
+    monkeypatch.setattr(inputs_module, "_token_id", lambda config, *names: None)
     config = transformers.Glm4vConfig(
         text_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
                      "num_key_value_heads": 2, "vocab_size": 128},
@@ -340,10 +340,8 @@ def test_m_rope_text_without_an_image_token_is_all_text(monkeypatch):
     assert kinds.shape == found["input_ids"].shape
     assert int(kinds.abs().sum()) == 0
     # A training step with labels goes on to make them from the ids, as the sweep's does.
-    from dtypecheck.memory.hf_inputs import hf_inputs
-
     with torch.device("meta"):
         model = transformers.Glm4vForConditionalGeneration(config)
     model.train()
-    found = hf_inputs(model, config, "CausalLM", 1, 16, train=True, labels=True, real=False)
+    found = inputs_module.hf_inputs(model, config, "CausalLM", 1, 16, train=True, labels=True, real=False)
     assert found["labels"].shape == found["input_ids"].shape
