@@ -87,11 +87,19 @@ class NotACheckpointError(InputError):
 
 
 class UserCodeError(InputError):
-    """The user's own script or factory raised; ``formatted`` holds its traceback, its frames only."""
+    """The user's own script or factory raised; ``formatted`` holds its traceback, its frames only; ``where`` is the
+    user's line that raised (``line 12 in collate``), said in the message."""
 
-    def __init__(self, summary: str, formatted: str = "") -> None:
+    def __init__(self, summary: str, formatted: str = "", where: str | None = None) -> None:
         super().__init__(summary)
         self.formatted = formatted
+        self.where = where
+
+    def message(self, *, traceback_shown: bool = False) -> str:
+        if self.where is None:
+            return str(self)
+        hint = "" if traceback_shown else "; --traceback shows the traceback"
+        return f"{self} (at {self.where}{hint})"
 
 
 def describe(exc: BaseException) -> tuple[ExitCode, str] | None:

@@ -77,9 +77,7 @@ def raise_user_error(exc: BaseException, what: str, user_file: Path) -> NoReturn
     """Report that ``what`` (the file, ``factory()``) raised ``exc``: one line that says where, and the user's frames
     only for ``--traceback``."""
     summary = f"{what} raised {type(exc).__name__}: {exc}".rstrip(": ")
-    where = user_line(exc, user_file)
-    summary += f" (at {where}; --traceback shows the traceback)" if where else " (--traceback shows the traceback)"
-    raise UserCodeError(summary, user_traceback(exc, user_file)) from exc
+    raise UserCodeError(summary, user_traceback(exc, user_file), user_line(exc, user_file)) from exc
 
 
 def call_user(func: Callable[[], Any], what: str, user_file: Path) -> Any:

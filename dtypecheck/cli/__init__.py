@@ -64,8 +64,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         code, message = mapped
         end_if_forked_child(int(code))
-        if users and _wants_traceback(args):
+        if isinstance(exc, UserCodeError) and users and _wants_traceback(args):
             sys.stderr.write(users)
+            message = exc.message(traceback_shown=True)
         _error(message)
         return int(code)
     finally:
