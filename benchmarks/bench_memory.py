@@ -1,9 +1,9 @@
 """Accuracy and speed of ``dtypecheck estimate-memory`` (issues 5 and 12).
 
 The user's step (issue 12): for each model of ``memory_models.py`` (GPT-2 LM with cross-entropy, the same with a
-tied embedding, a BERT masked LM, a T5 encoder-decoder, a ViT, a CNN and an LSTM LM), the estimated peak of one
-training step with the factory's own ``loss_fn`` against the peak MemTracker measures on the second iteration of a
-plain loop written below (``train_step``: output referenced through backward, torch's default AdamW, which is the
+tied embedding, a BERT masked LM, a T5 encoder-decoder, a ViT, a CNN, an LSTM LM and a conv autoencoder on MSE),
+the estimated peak of one training step with the factory's own ``loss_fn`` against the peak MemTracker measures on
+the second iteration of a plain loop written below (``train_step``: output referenced through backward, torch's default AdamW, which is the
 for-loop implementation on the CPU). Rows: float32 and bfloat16 autocast. Target: |error| <= 5%.
 
 Accuracy: for an MLP, a CNN and a transformer (dtypecheck's Llama-style decoder from a config), each at a small

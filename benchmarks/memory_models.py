@@ -147,6 +147,26 @@ def lstm_lm() -> tuple[nn.Module, torch.Tensor, Any]:
     return LSTMLanguageModel(), _ids(tokens=64), next_token_loss
 
 
+def autoencoder() -> tuple[nn.Module, torch.Tensor, Any]:
+    """A conv autoencoder trained on reconstruction: ``F.mse_loss(output, images)``, whose CPU kernel keeps the
+    elementwise buffer (the images' size) behind the scalar loss."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 32, 3, stride=2, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(32, 64, 3, stride=2, padding=1),
+        nn.ReLU(),
+        nn.ConvTranspose2d(64, 32, 4, stride=2, padding=1),
+        nn.ReLU(),
+        nn.ConvTranspose2d(32, 3, 4, stride=2, padding=1),
+    )
+
+    def loss_fn(reconstruction: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
+        return F.mse_loss(reconstruction, images)
+
+    return model, torch.randn(32, 3, 64, 64), loss_fn
+
+
 MODELS = {
     "GPT-2 LM (cross-entropy)": "gpt",
     "GPT-2 LM, tied embedding": "gpt_tied",
@@ -155,5 +175,6 @@ MODELS = {
     "ViT classifier": "vit",
     "CNN (conv+BN) classifier": "cnn",
     "LSTM LM": "lstm_lm",
+    "Conv autoencoder (MSE)": "autoencoder",
 }
 """Report label -> factory name in this file."""
