@@ -3,8 +3,9 @@
 The user's step (issue 12): for each model of ``memory_models.py`` (GPT-2 LM with cross-entropy, the same with a
 tied embedding, a BERT masked LM, a T5 encoder-decoder, a ViT, a CNN, an LSTM LM and a conv autoencoder on MSE),
 the estimated peak of one training step with the factory's own ``loss_fn`` against the peak MemTracker measures on
-the second iteration of a plain loop written below (``train_step``: output referenced through backward, torch's default AdamW, which is the
-for-loop implementation on the CPU). Rows: float32 and bfloat16 autocast. Target: |error| <= 5%.
+the second iteration of a plain loop written below (``train_step``: output referenced through backward, torch's
+default AdamW, which is the for-loop implementation on the CPU). Rows: float32 and bfloat16 autocast. Target:
+|error| <= 5%.
 
 Accuracy: for an MLP, a CNN and a transformer (dtypecheck's Llama-style decoder from a config), each at a small
 batch (model states dominate) and a large one (activations dominate), the estimated peak of one AdamW training
