@@ -109,9 +109,26 @@ def _head_and_class(transformers: Any, config: Any) -> tuple[str, Any]:
         if candidate == "MaskedLM" and getattr(config, "is_decoder", False):
             continue
         found = _mapped(transformers, candidate, kind)
-        if found is not None:
+        if found is not None and _built_from(found, config):
             return candidate, found
+        if candidate == "CausalLM" and found is not None:
+            # The causal LM mapped is the text model's: the language model users train on the whole config is
+            # the image-text one (its LM head counted, which the bare model has not).
+            whole = _mapped(transformers, "ImageTextToText", kind)
+            if whole is not None and _built_from(whole, config):
+                return "ImageTextToText", whole
     return "Model", None
+
+
+def _built_from(model_class: Any, config: Any) -> bool:
+    """Whether ``model_class`` models the whole of ``config``: a composite config (Llama 4's, Qwen3.5's, MusicGen's)
+    is mapped to its text model's causal-LM class too, which takes a sub-config (and fails on the whole one, or
+    builds the text model alone); the whole model is another head's. A config mapped to another family's class
+    (InternLM3 to ``LlamaForCausalLM``) is that class's to build."""
+    expected = getattr(model_class, "config_class", None)
+    if not isinstance(expected, type) or isinstance(config, expected):
+        return True
+    return not any(isinstance(value, expected) for value in vars(config).values())  # a sub-config's class
 
 
 def _auto_class_names(transformers: Any) -> list[str]:

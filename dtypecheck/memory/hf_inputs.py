@@ -114,6 +114,8 @@ def hf_inputs(
             frames = 1
         # A video model's config says how many frames a clip has (VideoMAE's 16): (batch, frames, C, H, W).
         kwargs["pixel_values"] = make(batch, *((frames,) if frames else ()), channels, height, width)
+    if "aspect_ratio_ids" in accepted and "pixel_values" in kwargs:
+        _tiles(kwargs, config, batch, seq, ids)
     if "pixel_values_videos" in required:
         side = sizes_of(config, "image_size", (224,))
         frames = size_of(config, "num_frames", 8)
@@ -220,6 +222,20 @@ def _audio(kwargs: dict[str, Any], config: Any, main: str, batch: int, seq: int,
         kwargs["input_features"] = make(batch, bins or 80, frames)
     else:
         kwargs["input_values"] = make(batch, seq * stride)
+
+
+def _tiles(kwargs: dict[str, Any], config: Any, batch: int, seq: int, ids: Any) -> None:
+    """Mllama-style tiled images, as its processor gives them: one image a sample cut into every tile
+    (``max_num_tiles``), ``(batch, images, tiles, C, H, W)``, its aspect-ratio id and tile mask, and the text's
+    cross-attention mask onto the image's tiles."""
+    import torch
+
+    tiles = size_of(config, "max_num_tiles", 4)
+    pixels = kwargs["pixel_values"]
+    kwargs["pixel_values"] = pixels.new_zeros((batch, 1, tiles, *pixels.shape[-3:]))
+    kwargs["aspect_ratio_ids"] = ids(batch, 1, high=1) + size_of(config, "max_aspect_ratio_id", 1)
+    kwargs["aspect_ratio_mask"] = torch.ones((batch, 1, tiles), dtype=torch.long)
+    kwargs["cross_attention_mask"] = torch.ones((batch, seq, 1, tiles), dtype=torch.long)
 
 
 def _labels(config: Any, head: str, batch: int, seq: int, kwargs: dict[str, Any], ids: Any) -> Any:

@@ -345,3 +345,36 @@ def test_m_rope_text_without_an_image_token_is_all_text(monkeypatch):
     model.train()
     found = inputs_module.hf_inputs(model, config, "CausalLM", 1, 16, train=True, labels=True, real=False)
     assert found["labels"].shape == found["input_ids"].shape
+
+
+def test_a_composite_config_is_built_as_its_image_text_model_not_its_text_model():
+    # Qwen3.5's config maps to Qwen3_5ForCausalLM too, which takes the text sub-config and failed on the whole one.
+    from dtypecheck.memory.config_models import _head_and_class
+
+    assert _head_and_class(transformers, transformers.Qwen3_5Config()) == (
+        "ImageTextToText",
+        transformers.Qwen3_5ForConditionalGeneration,
+    )
+    assert _head_and_class(transformers, transformers.LlamaConfig()) == ("CausalLM", transformers.LlamaForCausalLM)
+
+
+def test_a_tiled_image_model_gets_its_tiles_and_their_masks():
+    # Llama 3.2 Vision: one image a sample in every tile, its aspect-ratio id, the tile mask and the text's
+    # cross-attention mask onto the tiles, as its processor returns them.
+    config = transformers.MllamaConfig(
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_global_layers": 1,
+                       "attention_heads": 2, "image_size": 32, "patch_size": 16, "max_num_tiles": 4,
+                       "vision_output_dim": 64, "intermediate_layers_indices": [0]},
+        text_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                     "num_key_value_heads": 2, "vocab_size": 128, "cross_attention_layers": [0], "pad_token_id": 0},
+        image_token_index=100,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = transformers.MllamaForConditionalGeneration(config)
+    found = _inputs(model, config)
+    batch, tokens = found["input_ids"].shape
+    assert tuple(found["pixel_values"].shape) == (batch, 1, 4, 3, 32, 32)
+    assert tuple(found["aspect_ratio_ids"].shape) == (batch, 1)
+    assert int(found["aspect_ratio_ids"].max()) <= config.vision_config.max_aspect_ratio_id
+    assert tuple(found["aspect_ratio_mask"].shape) == (batch, 1, 4)
+    assert tuple(found["cross_attention_mask"].shape) == (batch, tokens, 1, 4)
