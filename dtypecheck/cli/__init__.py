@@ -59,14 +59,14 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         mapped = describe(exc)
         # The user's code raised: with --traceback, its own frames (dtypecheck's would bury them), else one line.
-        users = exc.formatted if isinstance(exc, UserCodeError) else ""
-        if mapped is None or (_wants_traceback(args) and not users):
+        users = exc if isinstance(exc, UserCodeError) and exc.formatted else None
+        if mapped is None or (_wants_traceback(args) and users is None):
             raise
         code, message = mapped
         end_if_forked_child(int(code))
-        if isinstance(exc, UserCodeError) and users and _wants_traceback(args):
-            sys.stderr.write(users)
-            message = exc.message(traceback_shown=True)
+        if users is not None and _wants_traceback(args):
+            sys.stderr.write(users.formatted)
+            message = users.message(traceback_shown=True)
         _error(message)
         return int(code)
     finally:

@@ -113,9 +113,10 @@ def hf_inputs(
             # a NaFlex tower's, over flat patches: SigLIP2, LFM2-VL.)
             frames = 1
         # A video model's config says how many frames a clip has (VideoMAE's 16): (batch, frames, C, H, W).
-        kwargs["pixel_values"] = make(batch, *((frames,) if frames else ()), channels, height, width)
-    if "aspect_ratio_ids" in accepted and "pixel_values" in kwargs:
-        _tiles(kwargs, config, batch, seq, ids)
+        leading: tuple[int, ...] = (frames,) if frames else ()
+        if "aspect_ratio_ids" in accepted:
+            leading = _tiles(kwargs, config, batch, seq)
+        kwargs["pixel_values"] = make(batch, *leading, channels, height, width)
     if "pixel_values_videos" in required:
         side = sizes_of(config, "image_size", (224,))
         frames = size_of(config, "num_frames", 8)
@@ -224,18 +225,17 @@ def _audio(kwargs: dict[str, Any], config: Any, main: str, batch: int, seq: int,
         kwargs["input_values"] = make(batch, seq * stride)
 
 
-def _tiles(kwargs: dict[str, Any], config: Any, batch: int, seq: int, ids: Any) -> None:
+def _tiles(kwargs: dict[str, Any], config: Any, batch: int, seq: int) -> tuple[int, int]:
     """Mllama-style tiled images, as its processor gives them: one image a sample cut into every tile
-    (``max_num_tiles``), ``(batch, images, tiles, C, H, W)``, its aspect-ratio id and tile mask, and the text's
-    cross-attention mask onto the image's tiles."""
+    (``max_num_tiles``), its aspect-ratio id and tile mask, and the text's cross-attention mask onto the image's
+    tiles; the pixels' leading (images, tiles), ``(batch, images, tiles, C, H, W)``."""
     import torch
 
     tiles = size_of(config, "max_num_tiles", 4)
-    pixels = kwargs["pixel_values"]
-    kwargs["pixel_values"] = pixels.new_zeros((batch, 1, tiles, *pixels.shape[-3:]))
-    kwargs["aspect_ratio_ids"] = ids(batch, 1, high=1) + size_of(config, "max_aspect_ratio_id", 1)
+    kwargs["aspect_ratio_ids"] = torch.full((batch, 1), size_of(config, "max_aspect_ratio_id", 1), dtype=torch.long)
     kwargs["aspect_ratio_mask"] = torch.ones((batch, 1, tiles), dtype=torch.long)
     kwargs["cross_attention_mask"] = torch.ones((batch, seq, 1, tiles), dtype=torch.long)
+    return 1, tiles
 
 
 def _labels(config: Any, head: str, batch: int, seq: int, kwargs: dict[str, Any], ids: Any) -> Any:

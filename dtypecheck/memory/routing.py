@@ -262,25 +262,22 @@ class Shadows:
             return run_fake(torch.ops.aten.new_empty.default, (args[0], (count,)), {})
         raise DataDependentOpError(name)
 
-    def _assume_selected(self, args: tuple[Any, ...]) -> bool:
+    def _assume_selected(self, args: tuple[Any, ...]) -> None:
         """``x[mask]`` with a boolean mask of unknown values: the mask is taken as all true from here on (its
         count, ``mask.sum()``, then agrees with what was selected), the largest selection and so the most memory
-        (a mask too large to shadow stays unknown). Whether one was."""
+        (a mask too large to shadow stays unknown)."""
         import torch
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
         if len(args) < 2 or not isinstance(args[1], list | tuple):
-            return False
-        assumed = False
+            return
         for index in args[1]:
             if isinstance(index, torch.Tensor) and index.dtype == torch.bool and index not in self.values:
                 if index.numel() > SHADOW_LIMIT:
-                    return False
+                    return
                 with unset_fake_temporarily():
                     self.values[index] = torch.ones(tuple(index.shape), dtype=torch.bool)
-                assumed = True
-        self.assumed_masks += assumed
-        return assumed
+                self.assumed_masks += 1
 
     def _known_bool_indices(self, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
         """``index``/``index_put`` arguments with each known boolean mask replaced by its positions (as

@@ -271,9 +271,8 @@ class BufferSnapshot:
 class OptimizerSnapshot:
     """An optimizer's parameters and state tensors before its update, in buffers allocated once and refilled
     each step with one C++ call per (device, dtype) (a ``native.Group``'s ``copy_from``; ``_foreach_copy_`` without
-    it). The
-    state an optimizer creates at its first step is noted as absent; plain values in its state (a Python step
-    counter) are copied as they are."""
+    it). The state an optimizer creates at its first step is noted as absent; plain values in its state (a Python
+    step counter) are copied as they are."""
 
     def __init__(self, *, copies: bool = True) -> None:
         self.copies = copies
