@@ -13,7 +13,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -220,6 +221,48 @@ def _buffers_of(module: nn.Module) -> list[torch.Tensor]:
     return found
 
 
+class _Tree:
+    """A module's buffers (``_buffers_of``), read once and kept while its tree holds: no module or buffer registered
+    anywhere since and no ``_apply`` (``module.to()``) or ``insert``/``del`` of a container, which write the dicts
+    directly (``BufferSnapshot.install`` counts them all), and each buffer still the same tensor. Walking the tree
+    at each step's first model call was a tenth of watch mode's cost on a small model (issue 30.5)."""
+
+    def __init__(self, module: nn.Module, generation: int) -> None:
+        self.module = weakref.ref(module)
+        """Kept by ``id``: another module may later have this one's."""
+        self.generation = generation
+        self.buffers = _buffers_of(module)
+        self.entries = [
+            (m._buffers, key, b) for m in _modules_of(module) for key, b in m._buffers.items() if b is not None
+        ]
+
+    def holds(self, generation: int) -> bool:
+        return generation == self.generation and all(held.get(key) is buffer for held, key, buffer in self.entries)
+
+
+def _modules_of(module: nn.Module) -> Iterator[nn.Module]:
+    """Each module of the tree once (``module.modules()``'s set, without its dotted names)."""
+    seen: set[int] = set()
+    stack = [module]
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        stack.extend(child for child in current._modules.values() if child is not None)
+
+
+DIRECT_WRITERS = (
+    ("Module", "_apply"),
+    ("ModuleList", "insert"),
+    ("ModuleList", "__delitem__"),
+    ("Sequential", "insert"),
+    ("Sequential", "__delitem__"),
+)
+"""The methods of ``torch.nn`` that write a module's ``_buffers`` or ``_modules`` without torch's registration hooks."""
+
+
 class BufferSnapshot:
     """The buffers of the watched models as a step began. Only buffers that the first step changed are copied
     (batch-norm statistics, counters): a causal mask is never written, and copying it each step would cost for
@@ -230,12 +273,54 @@ class BufferSnapshot:
         self._changing: set[int] = set()
         self._learned = False
         self._saved: list[tuple[torch.Tensor, torch.Tensor | None, int]] = []
+        self._trees: dict[int, _Tree] = {}
+        self._generation = 0
+        """Changes to any module tree while watching: registrations, and the direct writers patched."""
+        self._counted = False
+
+    def install(self, patch: Callable[[Any, str, Callable[[Any], Any]], None]) -> list[Any]:
+        """Count every change to a module tree from now on; the registration hooks' handles to remove. Without
+        the hooks (an older torch) every step walks the tree."""
+        from torch import nn
+        from torch.nn.modules import module as module_module
+
+        handles = []
+        for name in ("register_module_buffer_registration_hook", "register_module_module_registration_hook"):
+            register = getattr(module_module, name, None)
+            if register is not None:
+                handles.append(register(self._changed))
+        self._counted = len(handles) == 2
+        if self._counted:
+            for owner, method in DIRECT_WRITERS:
+                patch(getattr(nn, owner), method, self._counting)
+        return handles
+
+    def _changed(self, *_: Any) -> None:
+        self._generation += 1
+
+    def _counting(self, original: Any) -> Any:
+        snapshot = self
+
+        @functools.wraps(original)
+        def method(*args: Any, **kwargs: Any) -> Any:
+            snapshot._generation += 1
+            return original(*args, **kwargs)
+
+        return method
 
     def clear(self) -> None:
         self._saved = []
 
+    def _buffers_of(self, module: nn.Module) -> list[torch.Tensor]:
+        if not self._counted:
+            return _buffers_of(module)
+        tree = self._trees.get(id(module))
+        if tree is None or tree.module() is not module or not tree.holds(self._generation):
+            tree = self._trees[id(module)] = _Tree(module, self._generation)
+        return tree.buffers
+
     def take(self, module: nn.Module) -> None:
-        for buffer in _buffers_of(module):
+        for buffer in self._buffers_of(module):
             copy = buffer.detach().clone() if not self._learned or id(buffer) in self._changing else None
             self._saved.append((buffer, copy, buffer._version))
 

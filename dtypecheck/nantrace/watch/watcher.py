@@ -138,6 +138,7 @@ class Watcher(StepReplay):
             register_module_forward_pre_hook(self._global_enter),
             register_module_forward_hook(self._exit, always_call=True),
         ]
+        self._handles.extend(self._buffers.install(self._patch))
         self._patch(torch.autograd, "backward", self._wrap_backward)
         self._held.install(self._patch, self._model)
         self._workers.install()
@@ -269,8 +270,9 @@ class Watcher(StepReplay):
         if call is None or call.module is not module:
             return
         for position, tensor in enumerate(tensors_in(output)):
-            if tensor.requires_grad and tensor.grad_fn is not None:
-                tensor.register_hook(functools.partial(keep_grad, call, position))  # type: ignore[no-untyped-call]
+            node = tensor.grad_fn
+            if node is not None and tensor.requires_grad:
+                node.register_prehook(functools.partial(keep_grad, call, position, tensor.output_nr))
 
     # -- backward and the update -------------------------------------------------------------------------------
     def _wrap_backward(self, original: Any) -> Any:
