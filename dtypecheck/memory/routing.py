@@ -16,6 +16,7 @@ router's imbalance shifts bytes between experts (within the 5% the tests check a
 
 from __future__ import annotations
 
+import math
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,38 @@ ROUTING_NOTE = (
     "data-dependent routing traced as balanced: each token's top-{k} of {experts} experts chosen in turn, so "
     "that every expert receives its share of the tokens"
 )
+
+
+FINITE_NOTE = (
+    "{count} finiteness check(s) of values the trace does not know (torch.isfinite(x).all() and the like) taken as "
+    "a healthy run answers them: every value finite"
+)
+FINITENESS = {
+    "aten.isfinite.default": True,
+    "aten.isinf.default": False,
+    "aten.isnan.default": False,
+    "aten.isposinf.default": False,
+    "aten.isneginf.default": False,
+}
+"""Elementwise finiteness ops and their answer on every value of a healthy run (what an estimate assumes)."""
+
+
+def healthy_answer(name: str, args: tuple[Any, ...]) -> bool | None:
+    """The answer a healthy run (every floating value finite) gives everywhere to a finiteness check, or None for
+    another op. ``torch.isfinite(x)`` reaches the trace as ``abs(x) != inf`` times ``x == x``."""
+    import torch
+
+    first = args[0] if args else None
+    if not isinstance(first, torch.Tensor) or not first.is_floating_point():
+        return None
+    if name in FINITENESS:
+        return FINITENESS[name]
+    if name in ("aten.eq.Tensor", "aten.ne.Tensor") and len(args) > 1 and args[1] is first:
+        return name == "aten.eq.Tensor"  # x == x: false only at NaN
+    infinite = len(args) > 1 and isinstance(args[1], float) and math.isinf(args[1])
+    if name in ("aten.eq.Scalar", "aten.ne.Scalar") and infinite:
+        return name == "aten.ne.Scalar"
+    return None
 
 
 MASK_NOTE = (
@@ -131,10 +164,14 @@ class Shadows:
         """(k, experts) of every top-k replaced by balanced routing."""
         self.assumed_masks = 0
         """Unknown boolean masks indexed with, taken as all true."""
+        self.assumed_finite = 0
+        """Finiteness checks of unknown values, taken as all finite."""
 
     def notes(self) -> tuple[str, ...]:
         routing = tuple(ROUTING_NOTE.format(k=k, experts=e) for k, e in sorted(self.routed))
-        return routing + ((MASK_NOTE.format(count=self.assumed_masks),) if self.assumed_masks else ())
+        masks = (MASK_NOTE.format(count=self.assumed_masks),) if self.assumed_masks else ()
+        finite = (FINITE_NOTE.format(count=self.assumed_finite),) if self.assumed_finite else ()
+        return routing + masks + finite
 
     # --- the dispatch hook -------------------------------------------------------------------------------
 
@@ -160,7 +197,14 @@ class Shadows:
             out = run_fake(func, args, kwargs)
         except (DynamicOutputShapeException, DataDependentOutputException):
             return self._data_dependent(func, args, kwargs, known, run_fake)
-        if name == "aten.topk.default":
+        healthy = None if known or not isinstance(out, torch.Tensor) else healthy_answer(name, args)
+        if healthy is not None:
+            # RT-DETR's encoder layer clamps only ``if not torch.isfinite(hidden_states).all()``: the check's answer
+            # is known for a healthy run, as one value broadcast (nothing allocated, at any size).
+            with unset_fake_temporarily():
+                self.values[out] = torch.full((), healthy, dtype=torch.bool).expand(out.shape)
+            self.assumed_finite += name != "aten.eq.Tensor"  # isfinite: one check, two ops
+        elif name == "aten.topk.default":
             self._balance(args, kwargs, out)
         elif known:
             self._follow(func, args, kwargs, out)

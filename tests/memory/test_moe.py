@@ -205,3 +205,65 @@ def test_a_random_scalar_deciding_the_step_is_drawn_for_real(tmp_path):
     training = report.measurements[-1]
     assert training.mode == Mode.training
     assert abs(training.error) < 0.05
+
+
+FINITENESS_CHECKS = """
+import torch
+from torch import nn
+
+
+class Clamped(nn.Module):
+    # RT-DETR's encoder layer: clamp only when a value went non-finite, as the check reads the values.
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 64)
+
+    def forward(self, x):
+        h = self.fc(x)
+        if not torch.isfinite(h).all():
+            h = h.clamp(-1e4, 1e4)
+        if torch.isinf(h).any() or torch.isnan(h).any():
+            h = h * 0
+        return h
+
+
+def clamped():
+    return Clamped(), torch.randn(4, 64)
+"""
+
+
+def test_a_finiteness_check_is_answered_as_a_healthy_run_and_said_so(tmp_path):
+    path = tmp_path / "clamped.py"
+    path.write_text(FINITENESS_CHECKS, encoding="utf-8")
+    report = estimate_memory(f"{path}:clamped", FP32, measure=True)
+    assert [m.mode for m in report.measurements] == [Mode.inference, Mode.training]
+    for measured in report.measurements:
+        assert abs(measured.error) < 0.05, (measured.mode, measured.error)  # the real step: no clamp taken
+    notes = [n for n in report.model.notes if "finiteness check" in n]
+    assert notes == [
+        "3 finiteness check(s) of values the trace does not know (torch.isfinite(x).all() and the like) taken as a "
+        "healthy run answers them: every value finite"
+    ]
+
+
+def test_bart_in_float16_estimates_past_its_inf_clamp(tmp_path):
+    # BART's encoder layer: ``if hidden_states.dtype == torch.float16 and (torch.isinf(h).any() or ...)``: the
+    # check stopped every float16 estimate of the BART family at its first layer.
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BartConfig(
+        d_model=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        vocab_size=1000,
+        architectures=["BartForConditionalGeneration"],
+    )
+    folder = _write(tmp_path / "bart", config)
+    report = estimate_memory(str(folder), EstimateOptions(dtypes=(lookup("float16"),)), seq_len=32, measure=True)
+    assert [m.mode for m in report.measurements] == [Mode.inference, Mode.training]
+    for measured in report.measurements:
+        assert abs(measured.error) < 0.05, (measured.mode, measured.error)
+    assert any("finiteness check" in note for note in report.model.notes)
