@@ -198,10 +198,15 @@ def layerdrop():
 """
 
 
+def _measured_factory(tmp_path: Path, source: str, factory: str):
+    """The float32 estimate of ``factory`` in a script of ``source``, measured against MemTracker."""
+    path = tmp_path / f"{factory}.py"
+    path.write_text(source, encoding="utf-8")
+    return estimate_memory(f"{path}:{factory}", FP32, measure=True)
+
+
 def test_a_random_scalar_deciding_the_step_is_drawn_for_real(tmp_path):
-    path = tmp_path / "drop.py"
-    path.write_text(LAYERDROP, encoding="utf-8")
-    report = estimate_memory(f"{path}:layerdrop", FP32, measure=True)
+    report = _measured_factory(tmp_path, LAYERDROP, "layerdrop")
     training = report.measurements[-1]
     assert training.mode == Mode.training
     assert abs(training.error) < 0.05
@@ -233,9 +238,7 @@ def clamped():
 
 
 def test_a_finiteness_check_is_answered_as_a_healthy_run_and_said_so(tmp_path):
-    path = tmp_path / "clamped.py"
-    path.write_text(FINITENESS_CHECKS, encoding="utf-8")
-    report = estimate_memory(f"{path}:clamped", FP32, measure=True)
+    report = _measured_factory(tmp_path, FINITENESS_CHECKS, "clamped")
     assert [m.mode for m in report.measurements] == [Mode.inference, Mode.training]
     for measured in report.measurements:
         assert abs(measured.error) < 0.05, (measured.mode, measured.error)  # the real step: no clamp taken
