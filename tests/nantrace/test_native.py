@@ -185,6 +185,9 @@ def test_the_buffer_walk_finds_what_module_buffers_does() -> None:
     expected = list(model.buffers())
     assert len(walked) == len(expected) == 1 + 3 + 3  # mask, the shared norm's three, the second norm's three
     assert all(a is b for a, b in zip(walked, expected, strict=True))
+    modules = state._modules_of(model)
+    assert len(modules) == len(list(model.modules())) == 6  # the shared norm once
+    assert all(a is b for a, b in zip(modules, model.modules(), strict=True))
 
 
 def test_a_first_use_without_the_module_starts_one_background_build(

@@ -200,25 +200,38 @@ def call_of(
     return ModelCall(module, args, dict(kwargs), versions, AutocastState.take(), where=where)
 
 
-def _buffers_of(module: nn.Module) -> list[torch.Tensor]:
-    """``list(module.buffers())``, in its order (pre-order, each module and buffer once), without building the
-    dotted names that ``named_modules`` makes on the way: a third of watch mode's per-step cost in the model calls."""
-    modules: set[int] = set()
+def _modules_of(module: nn.Module) -> list[nn.Module]:
+    """``list(module.modules())``, in its order (pre-order, each module once), without building the dotted names
+    that ``named_modules`` makes on the way."""
+    seen: set[int] = set()
+    found: list[nn.Module] = []
+    stack = [module]
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        found.append(current)
+        stack.extend(child for child in reversed(current._modules.values()) if child is not None)
+    return found
+
+
+def _buffers_in(modules: list[nn.Module]) -> list[torch.Tensor]:
+    """Their buffers, each once, in ``module.buffers()``'s order."""
     seen: set[int] = set()
     found: list[torch.Tensor] = []
-
-    def walk(current: nn.Module) -> None:
-        modules.add(id(current))
+    for current in modules:
         for buffer in current._buffers.values():
             if buffer is not None and id(buffer) not in seen:
                 seen.add(id(buffer))
                 found.append(buffer)
-        for child in current._modules.values():
-            if child is not None and id(child) not in modules:
-                walk(child)
-
-    walk(module)
     return found
+
+
+def _buffers_of(module: nn.Module) -> list[torch.Tensor]:
+    """``list(module.buffers())``: a third of watch mode's per-step cost in the model calls when ``named_modules``
+    built the dotted names on the way."""
+    return _buffers_in(_modules_of(module))
 
 
 class _Tree:
@@ -231,26 +244,12 @@ class _Tree:
         self.module = weakref.ref(module)
         """Kept by ``id``: another module may later have this one's."""
         self.generation = generation
-        self.buffers = _buffers_of(module)
-        self.entries = [
-            (m._buffers, key, b) for m in _modules_of(module) for key, b in m._buffers.items() if b is not None
-        ]
+        modules = _modules_of(module)
+        self.buffers = _buffers_in(modules)
+        self.entries = [(m._buffers, key, b) for m in modules for key, b in m._buffers.items() if b is not None]
 
     def holds(self, generation: int) -> bool:
         return generation == self.generation and all(held.get(key) is buffer for held, key, buffer in self.entries)
-
-
-def _modules_of(module: nn.Module) -> Iterator[nn.Module]:
-    """Each module of the tree once (``module.modules()``'s set, without its dotted names)."""
-    seen: set[int] = set()
-    stack = [module]
-    while stack:
-        current = stack.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        yield current
-        stack.extend(child for child in current._modules.values() if child is not None)
 
 
 DIRECT_WRITERS = (
@@ -311,7 +310,8 @@ class BufferSnapshot:
     def clear(self) -> None:
         self._saved = []
 
-    def _buffers_of(self, module: nn.Module) -> list[torch.Tensor]:
+    def _listed(self, module: nn.Module) -> list[torch.Tensor]:
+        """``_buffers_of(module)``, from its kept ``_Tree`` while that holds."""
         if not self._counted:
             return _buffers_of(module)
         tree = self._trees.get(id(module))
@@ -320,7 +320,7 @@ class BufferSnapshot:
         return tree.buffers
 
     def take(self, module: nn.Module) -> None:
-        for buffer in self._buffers_of(module):
+        for buffer in self._listed(module):
             copy = buffer.detach().clone() if not self._learned or id(buffer) in self._changing else None
             self._saved.append((buffer, copy, buffer._version))
 
