@@ -246,6 +246,7 @@ SECTION_KEYS: dict[str, dict[str, Validator]] = {
         "device": _one_of(*DeviceKind.names()),
         "fit": _string,
         "reserve": _string,
+        "fit-workers": _positive_int,
     },
 }
 

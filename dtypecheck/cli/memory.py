@@ -139,6 +139,14 @@ def estimate_memory(
         float,
         typer.Option(help="With --fit: seconds the search may take before it reports the best bounds so far (>=)."),
     ] = 60.0,
+    fit_workers: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="With --fit: processes that share each check's traces (forked; the answers are the same with any "
+            "number)." + default_is("one per core, at most 4"),
+        ),
+    ] = None,
     measure: Annotated[
         bool,
         typer.Option(
@@ -195,6 +203,7 @@ def estimate_memory(
         fit=fit,
         reserve=reserve,
         fit_timeout=fit_timeout,
+        fit_workers=fit_workers,
         measure=measure,
         fmt=fmt,
         output=output,
@@ -224,6 +233,8 @@ class MemoryCommand:
     quiet: bool
     plot: Path | None = None
     """``--plot FILE``: .png or .html."""
+    fit_workers: int | None = None
+    """Processes sharing the fit's traces; None: one per core."""
 
 
 PLOT_SUFFIXES = (".png", ".html")
@@ -258,6 +269,7 @@ def resolve_memory_options(
     quiet: bool,
     by_module: int | None = None,
     plot: Path | None = None,
+    fit_workers: int | None = None,
 ) -> MemoryCommand:
     """Merge the command line over the project config (``[tool.dtypecheck.estimate-memory]``); runs nothing."""
     from dtypecheck.dtypes import parse_dtype_list
@@ -303,6 +315,7 @@ def resolve_memory_options(
         output=output,
         quiet=quiet,
         plot=plot,
+        fit_workers=pick(fit_workers, settings, section, "fit-workers", None),
     )
 
 
@@ -329,6 +342,7 @@ def execute_memory(command: MemoryCommand) -> int:
             fit=command.fit,
             reserve=command.reserve,
             fit_timeout=command.fit_timeout,
+            fit_workers=command.fit_workers,
             measure=command.measure,
         )
     if command.plot is not None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
@@ -301,10 +302,39 @@ class TraceCache:
         found = (note for profile in self.cache.values() if profile is not None for note in profile.notes)
         return tuple(dict.fromkeys(found))
 
-    def _trace(self, traceable: Traceable, row: Row, compute: DtypeSpec, amp: bool) -> ActivationProfile:
+    def planned(self, row: Row) -> list[tuple[tuple[object, ...], Callable[[], ActivationProfile], int]]:
+        """The traces ``get(row)`` takes first and has not taken yet (a deep model's first block counts; a fourth,
+        where the first block differs, is decided from these), each as (memo key, the trace, its block count or 1):
+        ``--fit`` takes them side by side before asking ``get``. Builds what they need (shallow copies, inputs)
+        here, so that a forked child that takes one changes nothing the next trace depends on."""
+        traceable = self.subject.traceable
+        compute = _compute_dtype(row)
+        amp = row.mode == "training" and row.precision == "amp"
+        if traceable is None or (compute.bits, "amp" if amp else "cast", row.mode == "training") in self.cache:
+            return []
+        training = row.mode == "training"
+        layers = traceable.layers
+        subjects: list[tuple[Traceable, int]] = [(traceable, 1)]
+        if not self.attribute and layers and layers > SHALLOW_LAYERS[-1] and self._shallow_built(SHALLOW_LAYERS):
+            start = self.linear_from.get(training, SHALLOW_LAYERS[0])
+            counts = SHALLOW_LAYERS if training not in self.linear_from else (start, start + 1) if start else ()
+            if counts and self._shallow_built(counts):
+                subjects = [(self.shallow[count], count) for count in counts]
+        planned: list[tuple[tuple[object, ...], Callable[[], ActivationProfile], int]] = []
+        for subject, count in subjects:
+            key = self._memo_key(subject, row, compute, amp)
+            if key not in self.memo:
+                subject.ready()
+                planned.append((key, functools.partial(self._trace_once, subject, row, compute, amp), count))
+        return planned
+
+    def _memo_key(self, traceable: Traceable, row: Row, compute: DtypeSpec, amp: bool) -> tuple[object, ...]:
         # The module itself is in the key (not its id): the memo keeps it alive, so no other module takes its place.
         shape = (traceable.batch_size, traceable.seq_len)
-        key = (traceable.module, *shape, compute.bits, amp, row.mode, self.checkpointing, self.attribute)
+        return (traceable.module, *shape, compute.bits, amp, row.mode, self.checkpointing, self.attribute)
+
+    def _trace(self, traceable: Traceable, row: Row, compute: DtypeSpec, amp: bool) -> ActivationProfile:
+        key = self._memo_key(traceable, row, compute, amp)
         if key not in self.memo:
             self.memo[key] = self._trace_once(traceable, row, compute, amp)
         return self.memo[key]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -20,7 +20,14 @@ from dtypecheck.memory.estimate import EstimateOptions, Row, TraceCache, _comput
 from dtypecheck.memory.names import Mode
 from dtypecheck.memory.report import Fit, MemoryEstimate, MemoryReport
 from dtypecheck.memory.scaling import scale
-from dtypecheck.memory.tracing import ExtrapolatedProfile, Profile, TraceDeadlineError, trace_deadline
+from dtypecheck.memory.side_by_side import available_workers, can_fork, side_by_side
+from dtypecheck.memory.tracing import (
+    ActivationProfile,
+    ExtrapolatedProfile,
+    Profile,
+    TraceDeadlineError,
+    trace_deadline,
+)
 from dtypecheck.progress import ProgressCallback, no_progress
 
 if TYPE_CHECKING:
@@ -64,8 +71,11 @@ class _Shapes:
         progress: ProgressCallback,
         deadline: float | None,
         base: TraceCache | None = None,
+        workers: int = 1,
     ) -> None:
         self.subject = subject
+        self.workers = workers
+        """Processes the traces of one check may be shared among (``side_by_side``)."""
         self.options = options
         self.progress = progress
         self.deadline = deadline
@@ -119,6 +129,29 @@ class _Shapes:
                 self.base.shallow.setdefault(count, shallow.reshaped(*own))
         return profile
 
+    def prefetch(self, row: Row, shapes: Sequence[tuple[int | None, int | None]], *, plain: bool = True) -> None:
+        """Take the traces the row's profiles at ``shapes`` start with side by side, so that ``profile`` finds them
+        taken (the same traces, by the same code, in forked copies of this process); nothing with one worker."""
+        if self.workers <= 1 or not can_fork(self.subject.user_file is not None):
+            return
+        keys: list[tuple[object, ...]] = []
+        tasks: list[Callable[[], ActivationProfile]] = []
+        weights: list[float] = []
+        for batch, seq in dict.fromkeys(shapes):
+            for key, task, count in self._traces(batch, seq, plain=plain).planned(row):
+                if key not in keys:
+                    keys.append(key)
+                    tasks.append(task)
+                    weights.append(count)
+        if len(tasks) < 2:
+            return
+        with trace_deadline(self.deadline):
+            results = side_by_side(tasks, weights, self.workers, self.deadline)
+        for key, profile in zip(keys, results, strict=True):
+            if profile is not None and key not in self.memo:
+                self.memo[key] = profile
+                self.traced += 1
+
     def estimate(self, row: Row, batch: int | None, seq: int | None, profile: Profile | None, *, kv: bool) -> int:
         """The row's total at (batch, seq) with the pass ``profile``; ``kv``: a decoder's inference holds the KV
         cache of its ``seq`` tokens."""
@@ -139,13 +172,18 @@ class _Shapes:
             return (batch, x) if along_seq else (x, seq)
 
         def real(x: int) -> int:
+            self.prefetch(row, [shape(x)])
             return self.total(row, *shape(x), kv_for_seq=along_seq)
+
+        def prefetch(xs: Sequence[int]) -> None:
+            self.prefetch(row, [shape(x) for x in xs])
 
         def modeled(start: int, degree: int) -> Callable[[int], int] | None:
             scaled = None
             # Probes first; where a plain trace among them extrapolated from other block counts, all plain (a
             # plain trace cannot mend probes that agree on their block counts: it traces the same ones).
             for plain in (False, True):
+                self.prefetch(row, [shape(start + i) for i in range(degree + 1)], plain=plain)
                 profiles = [self.profile(row, *shape(start + i), plain=plain) for i in range(degree + 1)]
                 if any(p is None for p in profiles):
                     return None
@@ -158,7 +196,7 @@ class _Shapes:
                 return _constant
             return lambda x: self.estimate(row, *shape(x), scaled.at(x), kv=along_seq)
 
-        return _Dimension(real, modeled, 2 if along_seq else 1)
+        return _Dimension(real, modeled, 2 if along_seq else 1, prefetch)
 
 
 def _extrapolated_from(profile: Profile | None) -> int | None:
@@ -178,6 +216,8 @@ class _Dimension:
     real: Callable[[int], int]
     modeled: Callable[[int, int], Callable[[int], int] | None]
     degree: int
+    prefetch: Callable[[Sequence[int]], None] = lambda _xs: None
+    """Take the traces at these sizes side by side before they are asked for (the check at x and x + 1)."""
 
 
 def _largest_by(total: Callable[[int], int], usable: int, limit: int) -> int:
@@ -222,6 +262,7 @@ def modeled_fitting(dimension: _Dimension, usable: int, limit: int, start: int) 
             if model is _constant:
                 return (None, "constant") if fits(start) else (0, "direct")
             answer = _largest_by(model, usable, limit)
+            dimension.prefetch([x for x in (answer, answer + 1) if 1 <= x <= limit] or [1])
             if answer == 0:
                 verified = not fits(1)
             elif answer == limit:
@@ -334,12 +375,15 @@ def fit_report(
     progress: ProgressCallback = no_progress,
     timeout: float | None = DEFAULT_FIT_TIMEOUT,
     traces: TraceCache | None = None,
+    workers: int | None = None,
 ) -> MemoryReport:
     """``report`` with each row's ``fit`` on ``budget``; the search stops after ``timeout`` seconds with the
-    best bounds found so far, marked as such. ``traces`` are the estimate's own (its shape is not traced again)."""
+    best bounds found so far, marked as such. ``traces`` are the estimate's own (its shape is not traced again).
+    ``workers``: processes each check's traces are shared among (None: one per core, ``available_workers``); the
+    answers are the same with any number."""
     rows, _ = plan_rows(options)
     deadline = None if timeout is None else time.monotonic() + timeout
-    shapes = _Shapes(subject, options, progress, deadline, traces)
+    shapes = _Shapes(subject, options, progress, deadline, traces, available_workers() if workers is None else workers)
     usable = budget.usable_bytes
     batch, seq = subject.batch_size, subject.seq_len
     seq_limit = subject.seq_limit

@@ -44,13 +44,15 @@ def estimate_memory(
     reserve: str | None = None,
     fit_timeout: float | None = DEFAULT_FIT_TIMEOUT,
     measure: bool = False,
+    fit_workers: int | None = None,
 ) -> MemoryReport:
     """What ``model`` needs per device, for every row ``options`` asks for; nothing is allocated unless ``measure``.
 
     ``model`` is ``file.py:factory``, a checkpoint file or folder, a ``config.json`` (or a folder with one), or a
     ``Subject`` already opened by ``open_subject`` (then ``batch_size``, ``seq_len`` and ``loss`` were given
     there). ``fit`` is a device name (``h100-80gb``) or a size (``80GiB``), ``reserve`` what of it is held back,
-    ``fit_timeout`` the seconds its search may take (None: no bound) before it reports the bounds found so far;
+    ``fit_timeout`` the seconds its search may take (None: no bound) before it reports the bounds found so far,
+    ``fit_workers`` the processes its traces are shared among (None: one per core; the answers do not change);
     ``measure`` runs one real step of every float row and puts the first training one in ``measured``.
     """
     with fixed_host_random(None):  # the caller's random states as they were, whatever the model's code drew
@@ -74,7 +76,7 @@ def estimate_memory(
         if budget is not None:
             from dtypecheck.memory.fit import fit_report
 
-            report = fit_report(subject, options, report, budget, progress, fit_timeout, traces)
+            report = fit_report(subject, options, report, budget, progress, fit_timeout, traces, fit_workers)
         if measure:
             from dtypecheck.memory.measure import measure_rows
 

@@ -436,10 +436,39 @@ def test_the_search_traces_each_block_count_at_each_shape_once(tmp_path, monkeyp
         return trace_once(self, traceable, row, compute, amp)
 
     monkeypatch.setattr(TraceCache, "_trace_once", counted)
-    report = estimate_memory(str(folder), _options("training"), seq_len=32, fit="16MiB", reserve="0", fit_timeout=None)
+    # One process: the protocol itself, without the speculative check at N + 1 that workers take side by side.
+    report = estimate_memory(
+        str(folder), _options("training"), seq_len=32, fit="16MiB", reserve="0", fit_timeout=None, fit_workers=1
+    )
     fit = report.estimates[0].fit
     assert fit is not None
     assert fit.max_batch_size_bound is None
     assert fit.max_seq_len_bound is None
     assert len(traced) == len(set(traced))
     assert len(traced) == 3 + (2 + 3 + 3) + (2 + 2 + 3 + 3)
+
+
+def test_traces_shared_among_forked_workers_give_the_same_report_as_one_process(tmp_path):
+    import json
+
+    from dtypecheck.dtypes import lookup
+    from dtypecheck.memory import EstimateOptions, MemoryReport, estimate_memory
+    from tests.memory._fixtures import DECODER
+
+    # Six blocks, both modes: every kind of check (probes, plain estimates at N and N + 1, a fourth block count)
+    # is taken side by side with two workers; the answers and every byte must be the one process's.
+    folder = tmp_path / "deep"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({**DECODER, "num_hidden_layers": 6}), "utf-8")
+    options = EstimateOptions(dtypes=(lookup("fp32"),))
+
+    def report(workers: int) -> MemoryReport:
+        return estimate_memory(
+            str(folder), options, seq_len=32, fit="16MiB", reserve="0", fit_timeout=None, fit_workers=workers
+        )
+
+    alone, shared = report(1), report(2)
+    assert [e.fit.max_batch_size for e in alone.estimates if e.fit] == [
+        e.fit.max_batch_size for e in shared.estimates if e.fit
+    ]
+    assert shared == alone
