@@ -112,6 +112,8 @@ def hf_inputs(
             # padded pixels (not given: every pixel real): one image a sample. (A mask beside spatial shapes is
             # a NaFlex tower's, over flat patches: SigLIP2, LFM2-VL.)
             frames = 1
+        if _matches_keypoints(model, config):
+            frames = 2  # a keypoint matcher (SuperGlue, LightGlue, EfficientLoFTR) takes an image pair a sample
         # A video model's config says how many frames a clip has (VideoMAE's 16): (batch, frames, C, H, W).
         leading: tuple[int, ...] = (frames,) if frames else ()
         if "aspect_ratio_ids" in accepted:
@@ -132,6 +134,8 @@ def hf_inputs(
             dim=1,
         )
     image_tokens = None
+    if "spatial_shapes" in accepted and "pixel_values" in kwargs:
+        _flat_patches(kwargs, config, batch, make)
     if "image_grid_thw" in accepted and "pixel_values" in kwargs:
         image_tokens = _patch_grid(kwargs, config, batch, make)
     elif "grid_thw" in accepted and ("pixel_values" in kwargs or {"hidden_states", "grid_thw"} <= required):
@@ -151,6 +155,16 @@ def hf_inputs(
             kwargs["mm_token_type_ids"] = (
                 (text == token).to(torch.int32) if token is not None else torch.zeros_like(text, dtype=torch.int32)
             )
+    if main == "past_values" or "past_values" in required:
+        # A time-series model's history: its config's ``context_length`` steps of each input channel (TimesFM's
+        # one series a sample, with its padding mask, none padded, and a frequency class).
+        steps = size_of(config, "context_length", seq)
+        channels = size_of(config, "num_input_channels", 0)
+        kwargs["past_values"] = make(batch, steps, channels) if channels else make(batch, steps)
+        if "past_values_padding" in accepted:
+            kwargs["past_values_padding"] = torch.zeros((batch, steps), dtype=torch.long)
+        if "freq" in required:
+            kwargs["freq"] = torch.zeros((batch, 1), dtype=torch.long)
     if main in ("input_features", "input_values") or {"input_features", "input_values"} & required:
         _audio(kwargs, config, main, batch, seq, make)
     if not kwargs and main in accepted:
@@ -169,6 +183,14 @@ def hf_inputs(
         if label is not None:
             kwargs["labels"] = label
     return kwargs
+
+
+def _matches_keypoints(model: torch.nn.Module, config: Any) -> bool:
+    """Whether the model is one of transformers' keypoint matchers, whose ``pixel_values`` are image pairs."""
+    from transformers.models.auto import modeling_auto
+
+    matchers = getattr(modeling_auto, "MODEL_FOR_KEYPOINT_MATCHING_MAPPING_NAMES", {})
+    return type(model).__name__.endswith("ForKeypointMatching") or getattr(config, "model_type", None) in matchers
 
 
 def _cache_has_no_length(model: torch.nn.Module, accepted: set[str]) -> bool:
@@ -272,8 +294,9 @@ def _patch_grid(kwargs: dict[str, Any], config: Any, batch: int, make: Any) -> i
 
     vision = getattr(config, "vision_config", None) or config
     patch = size_of(vision, "patch_size", 14)
-    merge = size_of(vision, "spatial_merge_size", 1)
-    temporal = size_of(vision, "temporal_patch_size", 1)
+    # MuseSpark's tower names them ``merge_size`` and ``patch_temporal``.
+    merge = size_of(vision, "spatial_merge_size", 0) or size_of(vision, "merge_size", 1)
+    temporal = size_of(vision, "temporal_patch_size", 0) or size_of(vision, "patch_temporal", 1)
     channels = size_of(vision, "in_channels", 0) or size_of(vision, "num_channels", 3)
     side = sizes_of(config, "image_size", (224,))[0]
     cells = max(side // (patch * merge), 1) * merge  # whole merged cells per side
@@ -283,6 +306,26 @@ def _patch_grid(kwargs: dict[str, Any], config: Any, batch: int, make: Any) -> i
         [torch.ones((batch, 1), dtype=torch.long), torch.full((batch, 2), cells, dtype=torch.long)], dim=1
     )
     return cells * cells // (merge * merge)
+
+
+def _flat_patches(kwargs: dict[str, Any], config: Any, batch: int, make: Any) -> None:
+    """A NaFlex tower's images (SigLIP2, LFM2-VL): ``pixel_values`` as each image's ``num_patches`` flat patches
+    (``channels x patch_size**2`` values each, a square grid), a mask of the real ones (all of them) and the
+    grid's (rows, columns) as ``spatial_shapes``. A VLM's image tokens are then counted from its tower's features
+    (LFM2-VL's projector merges patches)."""
+    import math
+
+    import torch
+
+    vision = getattr(config, "vision_config", None) or config
+    patch = size_of(vision, "patch_size", 16)
+    channels = size_of(vision, "num_channels", 3)
+    side = max(math.isqrt(size_of(vision, "num_patches", 256)), 1)
+    patches = side * side
+    kwargs["pixel_values"] = make(batch, patches, channels * patch * patch)
+    kwargs["pixel_attention_mask"] = torch.ones((batch, patches), dtype=torch.long)
+    # Made of factory ops, whose values the trace knows (the tower reads them to resize its position grid).
+    kwargs["spatial_shapes"] = torch.full((batch, 2), side, dtype=torch.long)
 
 
 def _image_tokens(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, per_image: int | None) -> None:

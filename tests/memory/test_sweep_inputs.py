@@ -378,3 +378,85 @@ def test_a_tiled_image_model_gets_its_tiles_and_their_masks():
     assert int(found["aspect_ratio_ids"].max()) <= config.vision_config.max_aspect_ratio_id
     assert tuple(found["aspect_ratio_mask"].shape) == (batch, 1, 4)
     assert tuple(found["cross_attention_mask"].shape) == (batch, tokens, 1, 4)
+
+
+def test_a_naflex_tower_gets_flat_patches_their_mask_and_grid():
+    config = transformers.Siglip2VisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_patches=64,
+        patch_size=4,
+    )  # fmt: skip
+    found = _inputs(_on_meta(config), config)
+    # 64 patches: an 8 x 8 grid, each patch 3 x 4 x 4 values, all of them real
+    assert tuple(found["pixel_values"].shape) == (1, 64, 3 * 4 * 4)
+    assert found["pixel_attention_mask"].tolist() == [[1] * 64]
+    assert found["spatial_shapes"].tolist() == [[8, 8]]
+
+
+def test_a_tower_naming_its_merge_and_temporal_patch_otherwise_gets_their_patches():
+    config = transformers.MuseSparkVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, patch_size=14,
+        patch_temporal=2, merge_size=2, layer_types=["full_attention"],
+    )  # fmt: skip
+    found = _inputs(_on_meta(config), config)
+    # As Qwen-VL's: 224 // (14 * 2) = 8 merged cells a side, 16 patches a side, each 3 x 2 x 14 x 14 values.
+    # Before: 3 x 1 x 14 x 14 values a patch ("a and b must have same reduction dim").
+    assert tuple(found["pixel_values"].shape) == (16 * 16, 3 * 2 * 14 * 14)
+    assert found["grid_thw"].tolist() == [[1, 16, 16]]
+
+
+def test_a_time_series_model_gets_its_context_of_each_channel():
+    config = transformers.PatchTSTConfig(
+        context_length=24, num_input_channels=3, patch_length=4, patch_stride=4, d_model=16, num_hidden_layers=1,
+        num_attention_heads=2, ffn_dim=32,
+    )  # fmt: skip
+    found = _inputs(_on_meta(config), config)
+    assert set(found) == {"past_values"}
+    assert tuple(found["past_values"].shape) == (1, 24, 3)  # before: 16 token ids, "sequence length (1)"
+
+
+def test_timesfm_gets_one_series_a_sample_its_padding_and_frequency():
+    config = transformers.TimesFmConfig(
+        context_length=64, patch_length=32, horizon_length=32, hidden_size=16, intermediate_size=32,
+        num_hidden_layers=1, num_attention_heads=2, head_dim=8,
+    )  # fmt: skip
+    found = _inputs(_on_meta(config), config)
+    assert tuple(found["past_values"].shape) == (1, 64)
+    assert found["past_values_padding"].tolist() == [[0] * 64]
+    assert found["freq"].tolist() == [[0]]
+
+
+def test_a_keypoint_matcher_gets_an_image_pair_a_sample():
+    from dtypecheck.memory.hf_inputs import hf_inputs
+
+    config = transformers.EfficientLoFTRConfig()
+
+    class EfficientLoFTRForKeypointMatching(torch.nn.Module):  # the task's class, by its name
+        def forward(self, pixel_values):
+            return pixel_values
+
+    found = hf_inputs(EfficientLoFTRForKeypointMatching(), config, "Model", 1, 16, train=False, labels=False,
+                      real=False)  # fmt: skip
+    side = 224  # the EfficientLoFTR config has no image_size: the default side
+    # Before: (1, 3, 224, 224), "Input must be a 5D tensor of shape (batch_size, 2, num_channels, height, width)".
+    assert tuple(found["pixel_values"].shape) == (1, 2, 3, side, side)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        lambda: transformers.PatchTSTConfig(
+            context_length=24, num_input_channels=3, patch_length=4, patch_stride=4, d_model=16, num_hidden_layers=1,
+            num_attention_heads=2, ffn_dim=32,
+        ),
+        lambda: transformers.TimesFmConfig(
+            context_length=64, patch_length=32, horizon_length=32, hidden_size=16, intermediate_size=32,
+            num_hidden_layers=1, num_attention_heads=2, head_dim=8,
+        ),
+    ],
+    ids=["patchtst", "timesfm"],
+)  # fmt: skip
+def test_a_time_series_model_is_within_5_percent_of_memtracker(tmp_path, config):
+    config().to_json_file(str(tmp_path / "config.json"))
+    report = estimate_memory(str(tmp_path), FP32, measure=True)
+    assert [str(m.mode) for m in report.measurements] == ["inference", "training"]
+    assert max(abs(m.error) for m in report.measurements) <= 0.05
