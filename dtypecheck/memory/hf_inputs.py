@@ -137,11 +137,11 @@ def hf_inputs(
     if "spatial_shapes" in accepted and "pixel_values" in kwargs:
         _flat_patches(kwargs, config, batch, make)
     if "image_grid_thw" in accepted and "pixel_values" in kwargs:
-        image_tokens = _patch_grid(kwargs, config, batch, make)
+        image_tokens = _patch_grid(kwargs, model, config, batch, make)
     elif "grid_thw" in accepted and ("pixel_values" in kwargs or {"hidden_states", "grid_thw"} <= required):
         # A Qwen-VL-style vision tower on its own: the same flat patches (as ``hidden_states`` where its forward
         # names them so) and their ``grid_thw``.
-        _patch_grid(kwargs, config, batch, make)
+        _patch_grid(kwargs, model, config, batch, make)
         kwargs["grid_thw"] = kwargs.pop("image_grid_thw")
         if "pixel_values" not in accepted:
             kwargs["hidden_states"] = kwargs.pop("pixel_values")
@@ -243,6 +243,9 @@ def _audio(kwargs: dict[str, Any], config: Any, main: str, batch: int, seq: int,
     elif main == "input_features":
         frames = 2 * size_of(config, "max_source_positions", seq)
         kwargs["input_features"] = make(batch, bins or 80, frames)
+    elif size_of(config, "audio_channels", 0):
+        # A codec's encoder on its own (Mimi's): (batch, channels, samples), as its model's extractor gives them.
+        kwargs["input_values"] = make(batch, size_of(config, "audio_channels", 1), seq * stride)
     else:
         kwargs["input_values"] = make(batch, seq * stride)
 
@@ -286,7 +289,7 @@ def _token_id(config: Any, *names: str) -> int | None:
     return None
 
 
-def _patch_grid(kwargs: dict[str, Any], config: Any, batch: int, make: Any) -> int:
+def _patch_grid(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, batch: int, make: Any) -> int:
     """Qwen-VL's images: ``pixel_values`` as the flat patches of one ``image_size`` image per sample (each
     ``channels x temporal_patch_size x patch_size**2`` values) and ``image_grid_thw`` their (1, rows, columns).
     Returns the image tokens each image stands for (its patches over the merged cells)."""
@@ -294,18 +297,36 @@ def _patch_grid(kwargs: dict[str, Any], config: Any, batch: int, make: Any) -> i
 
     vision = getattr(config, "vision_config", None) or config
     patch = size_of(vision, "patch_size", 14)
-    # MuseSpark's tower names them ``merge_size`` and ``patch_temporal``.
-    merge = size_of(vision, "spatial_merge_size", 0) or size_of(vision, "merge_size", 1)
+    # MuseSpark's tower names them ``merge_size`` and ``patch_temporal``, Kimi-K2.5's ``merge_kernel_size``.
+    merge = (
+        size_of(vision, "spatial_merge_size", 0)
+        or size_of(vision, "merge_size", 0)
+        or size_of(vision, "merge_kernel_size", 1)
+    )
     temporal = size_of(vision, "temporal_patch_size", 0) or size_of(vision, "patch_temporal", 1)
     channels = size_of(vision, "in_channels", 0) or size_of(vision, "num_channels", 3)
     side = sizes_of(config, "image_size", (224,))[0]
     cells = max(side // (patch * merge), 1) * merge  # whole merged cells per side
-    kwargs["pixel_values"] = make(batch * cells * cells, channels * temporal * patch * patch)
+    if temporal == 1 and _patch_conv2d(model, channels, patch):
+        # A tower whose patch embedding is a 2-D convolution over each patch (Kimi-K2.5's) takes them unflattened.
+        kwargs["pixel_values"] = make(batch * cells * cells, channels, patch, patch)
+    else:
+        kwargs["pixel_values"] = make(batch * cells * cells, channels * temporal * patch * patch)
     # Made of factory ops, whose values the trace knows (the vision tower reads them).
     kwargs["image_grid_thw"] = torch.cat(
         [torch.ones((batch, 1), dtype=torch.long), torch.full((batch, 2), cells, dtype=torch.long)], dim=1
     )
     return cells * cells // (merge * merge)
+
+
+def _patch_conv2d(model: torch.nn.Module, channels: int, patch: int) -> bool:
+    """Whether the model's first convolution over ``channels`` inputs is 2-D with a ``patch``-sized kernel."""
+    import torch
+
+    for module in model.modules():
+        if isinstance(module, torch.nn.Conv2d | torch.nn.Conv3d) and module.in_channels == channels:
+            return isinstance(module, torch.nn.Conv2d) and tuple(module.kernel_size) == (patch, patch)
+    return False
 
 
 def _flat_patches(kwargs: dict[str, Any], config: Any, batch: int, make: Any) -> None:

@@ -378,3 +378,110 @@ class KnownValuesMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
         return self.shadows.run(func, args, kwargs or {}, run_op)
+
+
+BUILD_VALUES = "_dtypecheck_build_values"
+"""The attribute (in a module's ``__dict__``) holding the values ``BuildValues`` knew of its buffers."""
+
+
+class BuildValues(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """The values of the small integer buffers a model's constructor makes, kept for the trace, which makes every
+    buffer fake: ``torch.tensor(stride)`` (Encodec's ``padding_total = kernel_size - stride`` buffers, which its
+    forward reads to size its padding), real or on the meta device (which drops the data: ``torch.tensor`` is
+    wrapped for the duration, as it does not reach the dispatcher with its data), and what the meta device
+    computes from known values only (``torch.arange(n)``), followed here as the trace follows it."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.values = KnownValues()
+        self._original: Any = None
+
+    def __enter__(self) -> BuildValues:
+        import torch
+
+        original = self._original = torch.tensor
+        values = self.values
+
+        def tensor(data: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+            made = original(data, *args, **kwargs)
+            if made.device.type == "meta" and _is_index_dtype(made) and made.numel() <= SHADOW_LIMIT:
+                try:
+                    real = original(data, *args, **{**kwargs, "device": "cpu"})
+                except (TypeError, RuntimeError, ValueError, NotImplementedError):  # data of meta tensors
+                    return made
+                values[made] = real
+            return made
+
+        torch.tensor = tensor
+        super().__enter__()  # type: ignore[no-untyped-call]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import torch
+
+        super().__exit__(*exc)  # type: ignore[no-untyped-call]
+        torch.tensor = self._original
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        import torch
+        from torch.utils._pytree import tree_flatten, tree_map
+
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func._schema.is_mutable:
+            for value in tensors_in(args, kwargs, torch.Tensor):
+                self.values.pop(value)  # written in place: its values are not followed
+            return out
+        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        if not outs or not all(t.device.type == "meta" and _is_index_dtype(t) for t in outs):
+            return out
+        if any(t.numel() > SHADOW_LIMIT for t in outs):
+            return out
+        if not all(t in self.values for t in tensors_in(args, kwargs, torch.Tensor)):
+            return out
+
+        def real(value: Any) -> Any:
+            if isinstance(value, torch.Tensor):
+                return self.values[value]
+            return torch.device("cpu") if isinstance(value, torch.device) and value.type == "meta" else value
+
+        try:
+            found = func(*tree_map(real, args), **tree_map(real, kwargs))
+        except (TypeError, RuntimeError, ValueError, NotImplementedError):
+            return out
+        for fake, value in zip(outs, [t for t in tree_flatten(found)[0] if isinstance(t, torch.Tensor)], strict=False):
+            if tuple(fake.shape) == tuple(value.shape):
+                self.values[fake] = value
+        return out
+
+    def keep_on(self, module: torch.nn.Module) -> None:
+        """Record on ``module`` the known values of its buffers (``known_buffer_values`` reads them back), before
+        they are made fake."""
+        known = {
+            name: self.values[buffer]
+            for name, buffer in module.named_buffers()
+            if _is_index_dtype(buffer) and buffer.numel() <= SHADOW_LIMIT and buffer in self.values
+        }
+        if known:
+            module.__dict__[BUILD_VALUES] = known
+
+
+def known_buffer_values(module: torch.nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(buffer, its known value) for the buffers ``BuildValues.keep_on`` recorded, as the module holds them now
+    (made fake, reshaped copies sharing them)."""
+    known: dict[str, torch.Tensor] = module.__dict__.get(BUILD_VALUES, {})
+    if not known:
+        return []
+    buffers = dict(module.named_buffers())
+    found = ((buffers.get(name), value) for name, value in known.items())
+    return [
+        (buffer, value)
+        for buffer, value in found
+        if buffer is not None and _is_index_dtype(buffer) and tuple(buffer.shape) == tuple(value.shape)
+    ]
