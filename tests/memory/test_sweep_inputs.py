@@ -162,6 +162,11 @@ def test_the_sweep_pairs_a_vision_merger_with_its_text_width():
     assert config.vision_config.out_hidden_size == config.text_config.hidden_size == 8192
     bert = transformers.BertConfig()
     assert coherent(bert).to_dict() == transformers.BertConfig().to_dict()
+    # Qwen2-VL names its merger's output ``hidden_size`` (3584 by default, against a text width of 8192); the
+    # tower's own width, ``embed_dim``, stays.
+    qwen2 = coherent(transformers.Qwen2VLConfig())
+    assert qwen2.vision_config.hidden_size == qwen2.text_config.hidden_size == 8192
+    assert qwen2.vision_config.embed_dim == transformers.Qwen2VLConfig().vision_config.embed_dim == 1280
 
 
 def test_a_pixtral_vlm_counts_its_image_tokens_with_the_values_the_trace_knows(tmp_path):
