@@ -127,9 +127,9 @@ def coherent(config: Any) -> Any:
     # Qwen2-VL's vision config names the tower's own width ``embed_dim`` and its merger's output ``hidden_size``.
     merged = getattr(vision, "hidden_size", None)
     qwen2_vl = out is None and isinstance(getattr(vision, "embed_dim", None), int)
-    if qwen2_vl and getattr(vision, "spatial_merge_size", None) and isinstance(merged, int) and merged != width:
-        if isinstance(width, int):
-            vision.hidden_size = width
+    pair = isinstance(merged, int) and isinstance(width, int) and merged != width
+    if qwen2_vl and getattr(vision, "spatial_merge_size", None) and pair:
+        vision.hidden_size = width
     return config
 
 
