@@ -128,7 +128,7 @@ def coherent(config: Any) -> Any:
     merged = getattr(vision, "hidden_size", None)
     qwen2_vl = out is None and isinstance(getattr(vision, "embed_dim", None), int)
     pair = isinstance(merged, int) and isinstance(width, int) and merged != width
-    if qwen2_vl and getattr(vision, "spatial_merge_size", None) and pair:
+    if vision is not None and qwen2_vl and getattr(vision, "spatial_merge_size", None) and pair:
         vision.hidden_size = width
     return config
 
