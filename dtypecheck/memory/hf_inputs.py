@@ -167,6 +167,11 @@ def hf_inputs(
             kwargs["freq"] = torch.zeros((batch, 1), dtype=torch.long)
     if main in ("input_features", "input_values") or {"input_features", "input_values"} & required:
         _audio(kwargs, config, main, batch, seq, make)
+        features = kwargs.get("input_features")
+        if "input_features_mask" in accepted and features is not None and features.ndim == 3:
+            # Which frames are real (AudioFlamingo3's encoder counts them): every one, as the extractor says of
+            # unpadded audio.
+            kwargs["input_features_mask"] = torch.ones((batch, int(features.shape[-1])), dtype=torch.long)
     if not kwargs and main in accepted:
         kwargs[main] = ids(batch, seq)
     decoder = head in ("Seq2SeqLM", "SpeechSeq2Seq") or bool(getattr(config, "is_encoder_decoder", False))

@@ -522,3 +522,15 @@ def test_a_codecs_encoder_on_its_own_gets_channels_of_samples():
     found = hf_inputs(MimiEncoderModel(), config, "Model", 1, 16, train=False, labels=False, real=False)
     # 16 frames of 320 samples (no conv_stride in the config), one audio channel; before: (1, 5120)
     assert tuple(found["input_values"].shape) == (1, config.audio_channels, 16 * 320)
+
+
+def test_an_audio_encoder_that_counts_its_real_frames_gets_a_mask_of_every_frame():
+    config = transformers.AudioFlamingo3EncoderConfig(
+        d_model=16, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=32, num_mel_bins=8,
+        max_source_positions=12,
+    )  # fmt: skip
+    found = _inputs(_on_meta(config), config)
+    features = found["input_features"]
+    # Before: no mask, and the encoder's input_features_mask.sum(-1) failed on None.
+    assert tuple(features.shape[:2]) == (1, 8)
+    assert found["input_features_mask"].tolist() == [[1] * int(features.shape[-1])]
