@@ -133,6 +133,11 @@ def hf_inputs(
             ],
             dim=1,
         )
+    if "target_sizes" in accepted and "pixel_values" in kwargs and kwargs["pixel_values"].ndim == 4:
+        # MiniCPM-V's tower takes each image's patch grid (rows, columns): the whole image's, factory-made.
+        vision = getattr(config, "vision_config", None) or config
+        cells = max(kwargs["pixel_values"].shape[-1] // size_of(vision, "patch_size", 14), 1)
+        kwargs["target_sizes"] = torch.full((batch, 2), cells, dtype=torch.int32)
     image_tokens = None
     if "spatial_shapes" in accepted and "pixel_values" in kwargs:
         _flat_patches(kwargs, config, batch, make)

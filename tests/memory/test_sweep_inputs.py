@@ -534,3 +534,15 @@ def test_an_audio_encoder_that_counts_its_real_frames_gets_a_mask_of_every_frame
     # Before: no mask, and the encoder's input_features_mask.sum(-1) failed on None.
     assert tuple(features.shape[:2]) == (1, 8)
     assert found["input_features_mask"].tolist() == [[1] * int(features.shape[-1])]
+
+
+def test_a_minicpm_v_tower_gets_its_images_patch_grid():
+    config = transformers.MiniCPMV4_7VisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=56,
+        patch_size=14,
+    )  # fmt: skip
+    found = _inputs(_on_meta(config), config)
+    assert tuple(found["pixel_values"].shape) == (1, 3, 56, 56)
+    # 56 // 14 = 4 patches a side; before: no target_sizes, and the tower's position ids failed on None
+    assert found["target_sizes"].tolist() == [[4, 4]]
+    assert found["target_sizes"].dtype == torch.int32
