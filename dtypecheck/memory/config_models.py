@@ -291,7 +291,6 @@ def build_from_config(path: Path, data: dict[str, Any], *, batch_size: int, seq_
     import torch
 
     from dtypecheck.memory.fakes import fakify_module, new_fake_mode, on_meta_without_init
-    from dtypecheck.memory.routing import BuildValues
     from dtypecheck.memory.tracing import Traceable
 
     choice = _choose_builder(path, data)
@@ -300,10 +299,8 @@ def build_from_config(path: Path, data: dict[str, Any], *, batch_size: int, seq_
 
     def build_on_meta(layers: int | None) -> torch.nn.Module:
         try:
-            with on_meta_without_init(), BuildValues() as known:
-                built = build(layers)
-            known.keep_on(built)
-            return built
+            with on_meta_without_init():
+                return build(layers)
         except Exception as exc:  # noqa: BLE001  (whatever a model class raises on a config it cannot build)
             raise InputError(f"{path}: cannot build a model from this config ({_one_line(exc)})") from None
 

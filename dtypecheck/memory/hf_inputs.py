@@ -317,8 +317,9 @@ def _patch_grid(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, bat
     channels = size_of(vision, "in_channels", 0) or size_of(vision, "num_channels", 3)
     side = sizes_of(config, "image_size", (224,))[0]
     cells = max(side // (patch * merge), 1) * merge  # whole merged cells per side
-    if temporal == 1 and _patch_conv2d(model, channels, patch):
-        # A tower whose patch embedding is a 2-D convolution over each patch (Kimi-K2.5's) takes them unflattened.
+    if temporal == 1 and size_of(vision, "merge_kernel_size", 0) and _patch_conv2d(model, channels, patch):
+        # Kimi-K2.5's tower (its config names ``merge_kernel_size``) runs a 2-D convolution over each patch as
+        # given, unflattened (HunYuan-VL's, also 2-D, reshapes flat patches itself).
         kwargs["pixel_values"] = make(batch * cells * cells, channels, patch, patch)
     else:
         kwargs["pixel_values"] = make(batch * cells * cells, channels * temporal * patch * patch)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dtypecheck.errors import DtypecheckError, InputError
-from dtypecheck.memory.routing import DataDependentOpError, Shadows, known_buffer_values, tensors_in
+from dtypecheck.memory.routing import DataDependentOpError, Shadows, tensors_in
 from dtypecheck.memory.workspaces import held_output_bytes, op_name, real_workspace_bytes, run_op, workspace_output
 from dtypecheck.training_step import DEFAULT_LOSS, StepLoss, forward_and_loss, watching_targets
 
@@ -527,8 +527,6 @@ def trace_pass(
     tracker.attributing = attribute
     for tensor in (*module.parameters(), *module.buffers()):
         tracker.register_external(tensor)
-    for buffer, value in known_buffer_values(module):
-        shadows.values[buffer] = value  # an integer buffer its constructor made of Python values
     hooks = []
     if train:
         for param in module.parameters():
