@@ -112,7 +112,7 @@ def hf_inputs(
             # padded pixels (not given: every pixel real): one image a sample. (A mask beside spatial shapes is
             # a NaFlex tower's, over flat patches: SigLIP2, LFM2-VL.)
             frames = 1
-        if _matches_keypoints(model, config):
+        if _matches_keypoints(config):
             frames = 2  # a keypoint matcher (SuperGlue, LightGlue, EfficientLoFTR) takes an image pair a sample
         # A video model's config says how many frames a clip has (VideoMAE's 16): (batch, frames, C, H, W).
         leading: tuple[int, ...] = (frames,) if frames else ()
@@ -195,12 +195,13 @@ def hf_inputs(
     return kwargs
 
 
-def _matches_keypoints(model: torch.nn.Module, config: Any) -> bool:
-    """Whether the model is one of transformers' keypoint matchers, whose ``pixel_values`` are image pairs."""
+def _matches_keypoints(config: Any) -> bool:
+    """Whether the config's model type is one of transformers' keypoint matchers, whose ``pixel_values`` are image
+    pairs."""
     from transformers.models.auto import modeling_auto
 
     matchers = getattr(modeling_auto, "MODEL_FOR_KEYPOINT_MATCHING_MAPPING_NAMES", {})
-    return type(model).__name__.endswith("ForKeypointMatching") or getattr(config, "model_type", None) in matchers
+    return getattr(config, "model_type", None) in matchers
 
 
 def _cache_has_no_length(model: torch.nn.Module, accepted: set[str]) -> bool:
@@ -253,9 +254,9 @@ def _audio(kwargs: dict[str, Any], config: Any, main: str, batch: int, seq: int,
     elif main == "input_features":
         frames = 2 * size_of(config, "max_source_positions", seq)
         kwargs["input_features"] = make(batch, bins or 80, frames)
-    elif size_of(config, "audio_channels", 0):
+    elif channels := size_of(config, "audio_channels", 0):
         # A codec's encoder on its own (Mimi's): (batch, channels, samples), as its model's extractor gives them.
-        kwargs["input_values"] = make(batch, size_of(config, "audio_channels", 1), seq * stride)
+        kwargs["input_values"] = make(batch, channels, seq * stride)
     else:
         kwargs["input_values"] = make(batch, seq * stride)
 
