@@ -80,7 +80,8 @@ class _Shapes:
         self.progress = progress
         self.deadline = deadline
         self.base = base
-        self.cache: dict[tuple[int | None, int | None, bool], TraceCache] = {}
+        self.cache: dict[tuple[object, ...], TraceCache] = {}
+        """Per (batch, seq, True) the plain traces; per (batch, seq, False, block counts) the probes."""
         self.memo = base.memo if base is not None else {}
         """Every block count's trace at every shape, shared by the caches of all shapes and both kinds."""
         self.traced = 0
@@ -88,14 +89,21 @@ class _Shapes:
         if base is not None:
             self.cache[(subject.batch_size, subject.seq_len, True)] = base
 
-    def _traces(self, batch: int | None, seq: int | None, *, plain: bool) -> TraceCache:
+    def _traces(
+        self, batch: int | None, seq: int | None, *, plain: bool, linear_from: dict[bool, int | None] | None = None
+    ) -> TraceCache:
         """The traces at (batch, seq): ``plain``, as an estimate at that shape would take them (a deep model's
         steps per block checked again there: a T5's agree at 512 tokens and not at 1,024); else a probe for the
-        model, extrapolated from the block counts the estimate's own traces were checked from (one trace fewer).
-        Either way the shallow modules of the estimate are reused, not rebuilt."""
-        key = (batch, seq, plain)
-        if not plain and (batch, seq, True) in self.cache:
-            key = (batch, seq, True)
+        model, extrapolated from the block counts ``linear_from`` names (by default those the estimate's own
+        traces were checked from), one trace fewer. Either way the shallow modules of the estimate are reused, not
+        rebuilt."""
+        if plain:
+            key: tuple[object, ...] = (batch, seq, True)
+        else:
+            counts = linear_from if linear_from is not None else self.base.linear_from if self.base else {}
+            key = (batch, seq, False, tuple(sorted(counts.items())))
+            if (batch, seq, True) in self.cache:
+                key = (batch, seq, True)
         if key not in self.cache:
             if self.deadline is not None and time.monotonic() > self.deadline:
                 raise FitTimeoutError(0)
@@ -108,12 +116,20 @@ class _Shapes:
             if self.base is not None:
                 traces.shallow = {n: t.reshaped(batch, seq) for n, t in self.base.shallow.items()}
                 if not plain:
-                    traces.linear_from = dict(self.base.linear_from)
+                    traces.linear_from = dict(self.base.linear_from if linear_from is None else linear_from)
             self.cache[key] = traces
         return self.cache[key]
 
-    def profile(self, row: Row, batch: int | None, seq: int | None, *, plain: bool = True) -> Profile | None:
-        traces = self._traces(batch, seq, plain=plain)
+    def profile(
+        self,
+        row: Row,
+        batch: int | None,
+        seq: int | None,
+        *,
+        plain: bool = True,
+        linear_from: dict[bool, int | None] | None = None,
+    ) -> Profile | None:
+        traces = self._traces(batch, seq, plain=plain, linear_from=linear_from)
         before = len(self.memo)
         with trace_deadline(self.deadline):
             try:
@@ -129,7 +145,14 @@ class _Shapes:
                 self.base.shallow.setdefault(count, shallow.reshaped(*own))
         return profile
 
-    def prefetch(self, row: Row, shapes: Sequence[tuple[int | None, int | None]], *, plain: bool = True) -> None:
+    def prefetch(
+        self,
+        row: Row,
+        shapes: Sequence[tuple[int | None, int | None]],
+        *,
+        plain: bool = True,
+        linear_from: dict[bool, int | None] | None = None,
+    ) -> None:
         """Take the traces the row's profiles at ``shapes`` start with side by side, so that ``profile`` finds them
         taken (the same traces, by the same code, in forked copies of this process); nothing with one worker."""
         if self.workers <= 1 or not can_fork(self.subject.user_file is not None):
@@ -138,7 +161,7 @@ class _Shapes:
         tasks: list[Callable[[], ActivationProfile]] = []
         weights: list[float] = []
         for batch, seq in dict.fromkeys(shapes):
-            for key, task, count in self._traces(batch, seq, plain=plain).planned(row):
+            for key, task, count in self._traces(batch, seq, plain=plain, linear_from=linear_from).planned(row):
                 if key not in keys:
                     keys.append(key)
                     tasks.append(task)
@@ -180,11 +203,20 @@ class _Shapes:
 
         def modeled(start: int, degree: int) -> Callable[[int], int] | None:
             scaled = None
-            # Probes first; where a plain trace among them extrapolated from other block counts, all plain (a
-            # plain trace cannot mend probes that agree on their block counts: it traces the same ones).
+            # Probes first, from the block counts the plain traces at ``start`` were checked from where there are
+            # some (a refit where a check found other counts: T5's first block differs at 15,000 tokens and not at
+            # 512), else from the estimate's own; where a plain trace among them extrapolated from other block
+            # counts, all plain (a plain trace cannot mend probes that agree on their block counts: it traces the
+            # same ones).
+            anchor = self.cache.get((*shape(start), True))
+            kind = row.mode == Mode.training
+            counts = None
+            if anchor is not None and self.base is not None and kind in anchor.linear_from:
+                counts = {**self.base.linear_from, kind: anchor.linear_from[kind]}
             for plain in (False, True):
-                self.prefetch(row, [shape(start + i) for i in range(degree + 1)], plain=plain)
-                profiles = [self.profile(row, *shape(start + i), plain=plain) for i in range(degree + 1)]
+                shapes = [shape(start + i) for i in range(degree + 1)]
+                self.prefetch(row, shapes, plain=plain, linear_from=counts)
+                profiles = [self.profile(row, *at, plain=plain, linear_from=counts) for at in shapes]
                 if any(p is None for p in profiles):
                     return None
                 scaled = scale([p for p in profiles if p is not None], start)

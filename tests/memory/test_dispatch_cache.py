@@ -1,0 +1,123 @@
+"""The cheaper front of fake tensors' dispatch cache gives what the fake mode itself gives, op by op and pass by pass."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from dtypecheck.memory import dispatch_cache
+from dtypecheck.memory.dispatch_cache import cached_call
+from dtypecheck.memory.fakes import fake_inputs, fakify_module, new_fake_mode
+from dtypecheck.memory.tracing import Traceable, trace_pass
+
+aten = torch.ops.aten
+
+
+def _metadata(t: torch.Tensor) -> tuple[object, ...]:
+    return (t.dtype, t.shape, t.stride(), t.device, t.storage_offset(), t.untyped_storage().nbytes(), t.requires_grad)
+
+
+@pytest.fixture
+def fresh_cache():
+    dispatch_cache._ENTRIES.clear()
+    yield dispatch_cache._ENTRIES
+    dispatch_cache._ENTRIES.clear()
+
+
+def _counting_dispatch(monkeypatch) -> list[object]:
+    """Every op that reaches the fake mode's own cached dispatch (the front cache answers the others itself)."""
+    seen: list[object] = []
+    original = FakeTensorMode._cached_dispatch_impl
+
+    def counted(self, func, types, args, kwargs):  # type: ignore[no-untyped-def]
+        seen.append(func)
+        return original(self, func, types, args, kwargs)
+
+    monkeypatch.setattr(FakeTensorMode, "_cached_dispatch_impl", counted)
+    return seen
+
+
+def test_a_second_call_is_answered_by_the_front_cache_with_the_fake_modes_own_output(fresh_cache, monkeypatch):
+    mode = new_fake_mode()
+    with mode:
+        a = torch.empty(3, 5)
+        b = torch.empty(5, 7)
+        first = cached_call(aten.mm.default, (a, b), {})
+        seen = _counting_dispatch(monkeypatch)
+        second = cached_call(aten.mm.default, (a, b), {})
+    assert seen == []  # the fake mode was not asked again
+    assert _metadata(second) == _metadata(first) == (torch.float32, (3, 7), (7, 1), torch.device("cpu"), 0, 84, False)
+    assert second is not first and second.untyped_storage()._cdata != first.untyped_storage()._cdata
+
+
+def test_a_view_shares_its_inputs_storage_and_an_in_place_op_returns_its_argument(fresh_cache):
+    mode = new_fake_mode()
+    with mode:
+        x = torch.empty(4, 6)
+        for _ in range(2):  # the first call fills the entry, the second is built from it
+            view = cached_call(aten.transpose.int, (x, 0, 1), {})
+            assert view.shape == (6, 4) and view.stride() == (1, 6)
+            assert view.untyped_storage()._cdata == x.untyped_storage()._cdata
+            same = cached_call(aten.add_.Tensor, (x, x), {})
+            assert same is x
+    assert len(fresh_cache) == 2
+
+
+def test_arguments_that_differ_in_any_fact_the_output_depends_on_get_their_own_entry(fresh_cache):
+    mode = new_fake_mode()
+    with mode:
+        x = torch.empty(2, 8)
+        outs = [
+            cached_call(aten.sum.dim_IntList, (x, [1]), {}),
+            cached_call(aten.sum.dim_IntList, (x, [0]), {}),
+            cached_call(aten.sum.dim_IntList, (x, [1], True), {}),
+            cached_call(aten.sum.dim_IntList, (x.t(), [1]), {}),  # other strides
+            cached_call(aten.mul.Tensor, (x, 2), {}),
+            cached_call(aten.mul.Tensor, (x, 2.0), {}),  # 2 and 2.0 hash alike
+            cached_call(aten.mul.Tensor, (x.to(torch.int32), 2), {}),
+            cached_call(aten.mul.Tensor, (x.to(torch.int32), 2.0), {}),  # an int tensor times a float: float
+        ]
+    assert [tuple(o.shape) for o in outs[:4]] == [(2,), (8,), (2, 1), (8,)]
+    assert [o.dtype for o in outs[4:]] == [torch.float32, torch.float32, torch.int32, torch.float32]
+    assert len(fresh_cache) == len(outs)
+
+
+def test_an_op_the_fake_mode_does_not_cache_runs_through_it_every_time(fresh_cache, monkeypatch):
+    mode = new_fake_mode()
+    with mode:
+        x = torch.empty(3, 4)
+        seen = _counting_dispatch(monkeypatch)
+        for _ in range(2):
+            with pytest.raises(Exception, match="data-dependent|dynamic|nonzero|DynamicOutputShape"):
+                cached_call(aten.nonzero.default, (x,), {})
+    assert seen == [aten.nonzero.default, aten.nonzero.default]
+
+
+def _transformer() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+    return nn.TransformerEncoder(layer, 3, enable_nested_tensor=False), torch.randn(2, 12, 32)
+
+
+def _timeline(train: bool) -> tuple[object, ...]:
+    model, x = _transformer()
+    mode = new_fake_mode()
+    fake_model = fakify_module(copy.deepcopy(model), mode)
+    fake_x = fake_inputs(mode, x)
+    traceable = Traceable(mode, fake_model, lambda b, s: fake_x.clone(), 2)
+    profile = trace_pass(traceable, train=train, autocast_dtype=None, checkpointing=False)
+    return profile.timeline, profile.frontier, profile.retained_bytes, profile.ops
+
+
+@pytest.mark.parametrize("train", [True, False], ids=["training", "inference"])
+def test_a_pass_traced_through_the_front_cache_is_the_pass_traced_without_it(fresh_cache, monkeypatch, train):
+    with_cache = _timeline(train)
+    again = _timeline(train)  # every op now answered from the front cache
+    assert fresh_cache  # the front cache was used
+    monkeypatch.setattr(dispatch_cache, "_torch", lambda: None)
+    without = _timeline(train)
+    assert with_cache == again == without
