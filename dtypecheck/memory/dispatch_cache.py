@@ -12,8 +12,13 @@ shape, strides, device, storage offset and size, ``requires_grad``, conj/neg/inf
 else (a SymInt, a function, a real tensor, a sparse one) goes the usual way. The first time a key is met the op
 runs through the fake mode as usual, and its own cache entry for those arguments (computed by its own rules,
 including whatever it declines to cache) is remembered under the cheaper key; later calls build their output from
-that entry with the fake mode's own ``_output_from_cache_entry``, exactly what its cache hit does. The key holds
-everything the fake key holds, so an entry is only ever reused where the fake cache would reuse it.
+that entry with the fake mode's own ``_output_from_cache_entry``, exactly what its cache hit does.
+
+The key holds everything the fake key holds but one thing: for an op that neither views nor writes its arguments
+(``mul``, ``matmul``, not ``select`` or ``add_``), where each tensor lies in its storage (offset, storage size) is
+left out, since such an op's outputs are fresh tensors shaped from sizes, strides and dtypes. The fake key holds
+it, so that a loop over a sequence (Mamba's scan: ``deltaA[:, :, i]`` times the state, for every ``i``) misses the
+fake cache at every step and the first block of a new shape cost three times the second; here it hits.
 
 Where this torch lacks the internals named here (older or newer releases), every op runs the usual way.
 """
@@ -81,7 +86,19 @@ def _torch() -> _Torch | None:
     )
 
 
-def _append(value: Any, mode: Any, internals: _Torch, key: list[Any]) -> None:
+@functools.cache
+def _where_free(func: Any) -> bool:
+    """Whether ``func``'s outputs are independent of where its tensor arguments lie in their storages: an op that
+    neither views nor writes an argument makes fresh outputs from the arguments' sizes, strides and dtypes (a
+    storage offset or size matters only to a view of it or a write into it)."""
+    try:
+        return not func.is_view and not func._schema.is_mutable
+    except AttributeError:
+        return False
+
+
+def _append(value: Any, mode: Any, internals: _Torch, key: list[Any], where: bool) -> None:
+    """``value`` as key parts; ``where``: a tensor's storage offset and size too."""
     kind = type(value)
     if kind is internals.fake_tensor:
         if value.fake_mode is not mode or value.constant is not None or value.layout is not internals.strided:
@@ -92,8 +109,8 @@ def _append(value: Any, mode: Any, internals: _Torch, key: list[Any]) -> None:
                 value.shape,
                 value.stride(),
                 value.fake_device,
-                value.storage_offset(),
-                value.untyped_storage().nbytes(),
+                value.storage_offset() if where else None,
+                value.untyped_storage().nbytes() if where else None,
                 value.requires_grad,
                 value.is_conj(),
                 value.is_neg(),
@@ -106,7 +123,7 @@ def _append(value: Any, mode: Any, internals: _Torch, key: list[Any]) -> None:
     elif kind is list or kind is tuple:
         key.append((kind, len(value)))
         for item in value:
-            _append(item, mode, internals, key)
+            _append(item, mode, internals, key, where)
     elif kind in internals.plain:
         key.append(value)
     else:
@@ -131,12 +148,13 @@ def cached_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
         torch.is_inference_mode_enabled(),
         torch._C._get_dispatch_mode(internals.proxy_key) is not None,
     ]
+    where = not _where_free(func)
     try:
         for value in args:
-            _append(value, mode, internals, key)
+            _append(value, mode, internals, key, where)
         for name, value in kwargs.items():
             key.append(name)
-            _append(value, mode, internals, key)
+            _append(value, mode, internals, key, where)
     except _UncachableError:
         return func(*args, **kwargs)
     found = tuple(key)
