@@ -33,7 +33,7 @@ def _counting_dispatch(monkeypatch) -> list[object]:
     seen: list[object] = []
     original = FakeTensorMode._cached_dispatch_impl
 
-    def counted(self, func, types, args, kwargs):  # type: ignore[no-untyped-def]
+    def counted(self, func, types, args, kwargs):
         seen.append(func)
         return original(self, func, types, args, kwargs)
 
@@ -143,7 +143,7 @@ def _scan() -> tuple[nn.Module, torch.Tensor]:
     return _Scan(), torch.randn(3, 20, 8)
 
 
-def _timeline(train: bool, make=_transformer) -> tuple[object, ...]:  # type: ignore[no-untyped-def]
+def _timeline(train: bool, make=_transformer) -> tuple[object, ...]:
     model, x = make()
     mode = new_fake_mode()
     fake_model = fakify_module(copy.deepcopy(model), mode)
