@@ -118,8 +118,8 @@ def shrunk(config: Any) -> Any:
 
 def coherent(config: Any) -> Any:
     """The config with its vision tower's output as wide as its text model: the defaults of several VLMs (Qwen2.5-VL,
-    Qwen3-VL, GLM-OCR) pair the vision merger of one checkpoint (``out_hidden_size`` 3584) with the text model of
-    another (8192), which their own forward refuses; every released checkpoint has the two equal."""
+    Qwen3-VL, GLM-OCR, Ovis2, Janus) pair the vision merger of one checkpoint (``out_hidden_size`` 3584) with the
+    text model of another (8192), which their own forward refuses; every released checkpoint has the two equal."""
     vision, text = getattr(config, "vision_config", None), getattr(config, "text_config", None)
     out, width = getattr(vision, "out_hidden_size", None), getattr(text, "hidden_size", None)
     if vision is not None and isinstance(out, int) and isinstance(width, int) and out != width:
@@ -130,6 +130,14 @@ def coherent(config: Any) -> Any:
     pair = isinstance(merged, int) and isinstance(width, int) and merged != width
     if vision is not None and qwen2_vl and getattr(vision, "spatial_merge_size", None) and pair:
         vision.hidden_size = width
+    # Ovis2's visual embedding table is the config's own ``hidden_size`` wide (1536), its text model 4096.
+    own = vars(config).get("hidden_size")
+    if vision is not None and isinstance(own, int) and isinstance(width, int) and own != width:
+        config.hidden_size = width
+    # Janus's vision aligner ends at ``projection_dim`` (2048) and its image tokens enter a 4096-wide text model.
+    generates = getattr(config, "vq_config", None) is not None
+    if vision is not None and generates and isinstance(width, int) and "projection_dim" in vars(vision):
+        vision.projection_dim = width
     return config
 
 

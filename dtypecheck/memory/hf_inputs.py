@@ -292,7 +292,9 @@ def _labels(config: Any, head: str, batch: int, seq: int, kwargs: dict[str, Any]
 
 
 def _token_id(config: Any, *names: str) -> int | None:
-    for source in (config, getattr(config, "text_config", None)):
+    """The first of ``names`` the config (its text config, or the VLM config a retriever wraps: ColPali's) sets."""
+    wrapped = getattr(config, "vlm_config", None)
+    for source in (config, getattr(config, "text_config", None), wrapped):
         for name in names:
             value = getattr(source, name, None)
             if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
@@ -373,7 +375,9 @@ def _image_tokens(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, p
     ids = kwargs["input_ids"]
     batch = int(ids.shape[0])
     if per_image is None:
-        features = getattr(model, "get_image_features", None)
+        # The model's own, else that of the VLM it wraps (ColPali's ``vlm``).
+        owners = (model, *model.children())
+        features = next((f for m in owners if (f := getattr(m, "get_image_features", None)) is not None), None)
         if features is None:
             return
         cache: dict[tuple[int, ...], int] = model.__dict__.setdefault("_dtypecheck_image_tokens", {})

@@ -169,6 +169,41 @@ def test_the_sweep_pairs_a_vision_merger_with_its_text_width():
     assert qwen2.vision_config.embed_dim == transformers.Qwen2VLConfig().vision_config.embed_dim == 1280
 
 
+def test_the_sweep_pairs_ovis2s_visual_table_and_janus_aligner_with_their_text_width():
+    from benchmarks.memory_config_sweep import coherent
+
+    ovis2 = coherent(transformers.Ovis2Config())
+    assert transformers.Ovis2Config().hidden_size == 1536
+    assert ovis2.hidden_size == ovis2.text_config.hidden_size == 4096
+    janus = coherent(transformers.JanusConfig())
+    assert transformers.JanusConfig().vision_config.projection_dim == 2048
+    assert janus.vision_config.projection_dim == janus.text_config.hidden_size == 4096
+    # A contrastive model's projection is its joint space, not a text width: left as it is.
+    assert coherent(transformers.CLIPConfig()).to_dict() == transformers.CLIPConfig().to_dict()
+    assert coherent(transformers.LlavaConfig()).to_dict() == transformers.LlavaConfig().to_dict()
+
+
+def test_a_retriever_wrapping_a_vlm_gets_its_image_tokens(tmp_path):
+    # ColPali names its image token in the PaliGemma config it wraps (``vlm_config``), and only that model has
+    # ``get_image_features``: no placeholder was put in the text, and the VLM refused its 16 features (224 px / 56
+    # px patches = 4 x 4).
+    transformers.ColPaliConfig(
+        vlm_config={"model_type": "paligemma", "image_token_index": 100, "projection_dim": 32, "hidden_size": 32,
+                    "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 64,
+                                      "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 224,
+                                      "patch_size": 56, "projection_dim": 32},
+                    "text_config": {"model_type": "gemma", "hidden_size": 32, "intermediate_size": 64,
+                                    "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+                                    "head_dim": 16, "vocab_size": 128}},
+        embedding_dim=16,
+    ).to_json_file(str(tmp_path / "config.json"))  # fmt: skip
+    report = estimate_memory(str(tmp_path), FP32, seq_len=16, measure=True)
+    assert report.model.model_class == "ColPaliForRetrieval"
+    assert [str(m.mode) for m in report.measurements] == ["inference", "training"]
+    # The real step runs only if its 16 placeholders match the 16 features; its peak is the estimate's.
+    assert max(abs(m.error) for m in report.measurements) <= 0.05
+
+
 def test_a_pixtral_vlm_counts_its_image_tokens_with_the_values_the_trace_knows(tmp_path):
     # Pixtral's tower reads ``image_sizes.tolist()``: counting its features outside the trace's known values
     # failed, no placeholder was put in the text, and the VLM refused its 4 features (64 px / 16 px patches = 4 x 4,
