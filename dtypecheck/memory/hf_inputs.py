@@ -102,7 +102,10 @@ def hf_inputs(
         kwargs["input_ids"] = ids(batch, seq)
     if "bbox" in accepted and "input_ids" in kwargs:
         kwargs["bbox"] = torch.zeros(batch, seq, 4, dtype=torch.long)  # one (x0, y0, x1, y1) box per token
-    if "pixel_values" in accepted:
+    # A multimodal config whose vision tower is left out (Gemma 4's defaults: ``vision_config`` None) builds no
+    # tower: its forward still names ``pixel_values``, and is given text alone.
+    towerless = "vision_config" in vars(config) and config.vision_config is None
+    if "pixel_values" in accepted and not towerless:
         side = sizes_of(config, "image_size", (224,))
         height, width = (side[0], side[-1])
         channels = size_of(config, "num_channels", 3)

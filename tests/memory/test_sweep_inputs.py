@@ -204,6 +204,21 @@ def test_a_retriever_wrapping_a_vlm_gets_its_image_tokens(tmp_path):
     assert max(abs(m.error) for m in report.measurements) <= 0.05
 
 
+def test_a_multimodal_config_without_its_vision_tower_is_given_text_alone(tmp_path):
+    # Gemma 4's defaults leave the vision tower out (``vision_config`` None): its forward still names
+    # ``pixel_values``, and the images given reached a tower that is None.
+    transformers.Gemma4Config(
+        text_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+                     "num_key_value_heads": 1, "head_dim": 16, "global_head_dim": 16, "vocab_size": 128,
+                     "vocab_size_per_layer_input": 128, "hidden_size_per_layer_input": 8},
+        vision_config=None,
+        audio_config=None,
+    ).to_json_file(str(tmp_path / "config.json"))  # fmt: skip
+    report = estimate_memory(str(tmp_path), FP32, seq_len=16, measure=True)
+    assert [str(m.mode) for m in report.measurements] == ["inference", "training"]
+    assert max(abs(m.error) for m in report.measurements) <= 0.05
+
+
 def test_a_pixtral_vlm_counts_its_image_tokens_with_the_values_the_trace_knows(tmp_path):
     # Pixtral's tower reads ``image_sizes.tolist()``: counting its features outside the trace's known values
     # failed, no placeholder was put in the text, and the VLM refused its 4 features (64 px / 16 px patches = 4 x 4,
