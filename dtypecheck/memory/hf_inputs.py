@@ -76,6 +76,10 @@ def _feature_shape(model_type: str, samples: int, bins: int | None) -> tuple[str
     return None
 
 
+VISUAL_REGIONS = 36
+"""Region features an image gives a region-based VLM (LXMERT): its pretraining's 36 detected boxes an image."""
+
+
 def hf_inputs(
     model: torch.nn.Module, config: Any, head: str, batch: int, seq: int, *, train: bool, labels: bool, real: bool
 ) -> dict[str, Any]:
@@ -100,6 +104,11 @@ def hf_inputs(
     kwargs: dict[str, Any] = {}
     if "input_ids" in accepted and (main == "input_ids" or "input_ids" in required or "pixel_values" in accepted):
         kwargs["input_ids"] = ids(batch, seq)
+    if {"visual_feats", "visual_pos"} <= accepted and "input_ids" in kwargs:
+        # LXMERT's image is its detector's region features and boxes: 36 regions, as its pretraining took.
+        regions = VISUAL_REGIONS
+        kwargs["visual_feats"] = make(batch, regions, size_of(config, "visual_feat_dim", 2048))
+        kwargs["visual_pos"] = make(batch, regions, size_of(config, "visual_pos_dim", 4))
     if "bbox" in accepted and "input_ids" in kwargs:
         kwargs["bbox"] = torch.zeros(batch, seq, 4, dtype=torch.long)  # one (x0, y0, x1, y1) box per token
     # A multimodal config whose vision tower is left out (Gemma 4's defaults: ``vision_config`` None) builds no
