@@ -26,6 +26,7 @@ Where this torch lacks the internals named here (older or newer releases), every
 from __future__ import annotations
 
 import functools
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,7 @@ _DECLINED = object()
 MAX_ENTRIES = 1 << 18
 """Entries kept before the cache starts afresh (a long ``--fit`` or sweep session stays bounded)."""
 _SCALARS = (int, float, bool, complex, str)
+_OUTPUT_ARGUMENTS = ["state", "entry", "key", "func", "args"]
 
 
 class _UncachableError(Exception):
@@ -72,6 +74,11 @@ def _torch() -> _Torch | None:
         return None
     if not all(hasattr(fake_tensor, n) for n in names) or not hasattr(keys, "PROXY"):
         return None
+    # The calls made below, as this torch spells them (another release may take other arguments).
+    signatures = {"_cache_key": ["state", "func", "args", "kwargs"], "_output_from_cache_entry": _OUTPUT_ARGUMENTS}
+    for name, expected in signatures.items():
+        if list(inspect.signature(getattr(mode, name)).parameters)[1:] != expected:
+            return None
     found = [getattr(fake_tensor, n) for n in names]
     return _Torch(
         found[0],

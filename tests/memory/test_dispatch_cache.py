@@ -162,3 +162,13 @@ def test_a_pass_traced_through_the_front_cache_is_the_pass_traced_without_it(fre
     monkeypatch.setattr(dispatch_cache, "_torch", lambda: None)
     without = _timeline(train, make)
     assert with_cache == again == without
+
+
+def test_a_torch_whose_cache_internals_take_other_arguments_is_not_fronted(monkeypatch):
+    assert dispatch_cache._torch() is not None  # this torch's are the ones the front is written for
+    dispatch_cache._torch.cache_clear()
+    monkeypatch.setattr(dispatch_cache, "_OUTPUT_ARGUMENTS", ["state", "entry", "func", "args"])
+    try:
+        assert dispatch_cache._torch() is None
+    finally:
+        dispatch_cache._torch.cache_clear()
