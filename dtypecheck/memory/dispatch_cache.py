@@ -79,13 +79,13 @@ def _torch() -> _Torch | None:
     for name, expected in signatures.items():
         if list(inspect.signature(getattr(mode, name)).parameters)[1:] != expected:
             return None
-    found = [getattr(fake_tensor, n) for n in names]
+    fake, bypass, key_state, valid_entry = (getattr(fake_tensor, n) for n in names)
     return _Torch(
-        found[0],
+        fake,
         mode,
-        found[1],
-        found[2],
-        found[3],
+        bypass,
+        key_state,
+        valid_entry,
         keys.FAKE,
         keys.PROXY,
         (torch.dtype, torch.device, torch.layout, torch.memory_format),

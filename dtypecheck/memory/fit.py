@@ -97,13 +97,10 @@ class _Shapes:
         model, extrapolated from the block counts ``linear_from`` names (by default those the estimate's own
         traces were checked from), one trace fewer. Either way the shallow modules of the estimate are reused, not
         rebuilt."""
-        if plain:
-            key: tuple[object, ...] = (batch, seq, True)
-        else:
-            counts = linear_from if linear_from is not None else self.base.linear_from if self.base else {}
+        counts = linear_from if linear_from is not None else self.base.linear_from if self.base else {}
+        key: tuple[object, ...] = (batch, seq, True)
+        if not plain and key not in self.cache:
             key = (batch, seq, False, tuple(sorted(counts.items())))
-            if (batch, seq, True) in self.cache:
-                key = (batch, seq, True)
         if key not in self.cache:
             if self.deadline is not None and time.monotonic() > self.deadline:
                 raise FitTimeoutError(0)
@@ -116,7 +113,7 @@ class _Shapes:
             if self.base is not None:
                 traces.shallow = {n: t.reshaped(batch, seq) for n, t in self.base.shallow.items()}
                 if not plain:
-                    traces.linear_from = dict(self.base.linear_from if linear_from is None else linear_from)
+                    traces.linear_from = dict(counts)
             self.cache[key] = traces
         return self.cache[key]
 

@@ -106,9 +106,8 @@ def hf_inputs(
         kwargs["input_ids"] = ids(batch, seq)
     if {"visual_feats", "visual_pos"} <= accepted and "input_ids" in kwargs:
         # LXMERT's image is its detector's region features and boxes: 36 regions, as its pretraining took.
-        regions = VISUAL_REGIONS
-        kwargs["visual_feats"] = make(batch, regions, size_of(config, "visual_feat_dim", 2048))
-        kwargs["visual_pos"] = make(batch, regions, size_of(config, "visual_pos_dim", 4))
+        kwargs["visual_feats"] = make(batch, VISUAL_REGIONS, size_of(config, "visual_feat_dim", 2048))
+        kwargs["visual_pos"] = make(batch, VISUAL_REGIONS, size_of(config, "visual_pos_dim", 4))
     if "bbox" in accepted and "input_ids" in kwargs:
         kwargs["bbox"] = torch.zeros(batch, seq, 4, dtype=torch.long)  # one (x0, y0, x1, y1) box per token
     # A multimodal config whose vision tower is left out (Gemma 4's defaults: ``vision_config`` None) builds no
