@@ -6,7 +6,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from dtypecheck.memory import states
-from dtypecheck.memory.estimate import EstimateOptions, Row, TraceCache, _shards, plan_rows
+from dtypecheck.memory.estimate import EstimateOptions, Row, TraceCache, _shards, graded, plan_rows
 from dtypecheck.memory.names import Mode
 from dtypecheck.memory.report import (
     MemoryEstimate,
@@ -88,9 +88,13 @@ def module_breakdown(
 
     training = row.mode == Mode.training
     spec, precision = row.spec, row.precision
+    stepped = {entry.name: entry for entry in graded(inventory, profile, options.strategy).parameters}
 
-    def sub(key: str) -> Inventory:
-        return dataclasses.replace(inventory, parameters=tuple(params.get(key, ())), buffers=())
+    def sub(key: str, *, stepped_only: bool = False) -> Inventory:
+        entries = params.get(key, ())
+        if stepped_only:
+            entries = [stepped[entry.name] for entry in entries]
+        return dataclasses.replace(inventory, parameters=tuple(entries), buffers=())
 
     weights = apportion(
         [
@@ -102,9 +106,9 @@ def module_breakdown(
         estimate.bytes.parameters,
     )
     buffer_bytes = [sum(b.nbytes for b in buffers.get(k, ())) for k in order]
-    grads = [states.gradient_bytes(sub(k), spec, precision) if training else 0 for k in order]
+    grads = [states.gradient_bytes(sub(k, stepped_only=True), spec, precision) if training else 0 for k in order]
     optim = [
-        states.optimizer_state_bytes(sub(k), options.optimizer, spec, precision)
+        states.optimizer_state_bytes(sub(k, stepped_only=True), options.optimizer, spec, precision)
         + states.master_weight_bytes(sub(k), precision)
         if training
         else 0

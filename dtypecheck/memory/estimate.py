@@ -34,6 +34,7 @@ from dtypecheck.progress import ProgressCallback, no_progress
 from dtypecheck.usercode import raise_user_error
 
 if TYPE_CHECKING:
+    from dtypecheck.memory.inventory import Inventory
     from dtypecheck.memory.subject import Subject
 
 E = TypeVar("E", bound=StrChoice)
@@ -293,6 +294,25 @@ class TraceCache:
         each = "; ".join(f"{'training' if training else 'inference'} {said(start)}" for training, start in kinds)
         return f"activations of {layers} identical blocks extrapolated: {each}"
 
+    def ungraded_note(self, strategy: Strategy) -> str | None:
+        """Which parameters the traced training step gives no gradient, when some are left out of the gradients
+        and optimizer states."""
+        trainable = self.subject.inventory.trainable
+        found: set[str] = set()
+        for (_, _, training), profile in self.cache.items():
+            if training and profile is not None:
+                found |= graded_out(self.subject.inventory, profile, strategy)
+        if not found:
+            return None
+        modules = _covering_modules([entry.name for entry in trainable], found)
+        named = ", ".join(modules[:4]) + (f" and {len(modules) - 4} more" if len(modules) > 4 else "")
+        values = sum(entry.numel for entry in trainable if entry.name in found)
+        return (
+            f"{values:,} of {sum(e.numel for e in trainable):,} trainable parameters get no gradient in the traced "
+            f"training step (its loss does not reach {named}): no gradient or optimizer state is counted for "
+            f"them, as torch's optimizers keep none"
+        )
+
     @staticmethod
     def _what(row: Row, compute: DtypeSpec) -> str:
         return f"{'a training step' if row.mode == 'training' else 'an inference pass'} in {compute.name}"
@@ -409,6 +429,50 @@ def _kv_cache_bytes(subject: Subject, row: Row, context: int | None, batch: int)
     return subject.decoder.kv_elements(context) * batch * bits // 8
 
 
+FLAT_PARTITIONS = ("zero1", "zero2", "zero3")
+"""DeepSpeed's ZeRO keeps each rank's share of all parameters as one flat tensor: its optimizer states and
+gradient partitions cover every parameter, whether the loss reaches it or not."""
+
+
+def _covering_modules(names: list[str], chosen: set[str]) -> list[str]:
+    """The fewest dotted prefixes (modules, or whole names) that hold all of ``chosen`` and nothing else of
+    ``names``, in the model's order."""
+    mixed: set[str] = set()
+    for name in names:
+        if name not in chosen:
+            parts = name.split(".")
+            mixed.update(".".join(parts[:i]) for i in range(1, len(parts)))
+    found: list[str] = []
+    for name in names:
+        if name in chosen:
+            parts = name.split(".")
+            prefix = next(".".join(parts[:i]) for i in range(1, len(parts) + 1) if ".".join(parts[:i]) not in mixed)
+            if prefix not in found:
+                found.append(prefix)
+    return found
+
+
+def graded_out(inventory: Inventory, profile: Profile | None, strategy: Strategy) -> frozenset[str]:
+    """The trainable parameters the traced step gives no gradient, where that changes what the step holds."""
+    if profile is None or strategy in FLAT_PARTITIONS:
+        return frozenset()
+    return profile.ungraded_of([entry.name for entry in inventory.trainable])
+
+
+def graded(inventory: Inventory, profile: Profile | None, strategy: Strategy) -> Inventory:
+    """The inventory with the parameters the traced step gives no gradient counted as not trained: torch's
+    optimizers skip a parameter whose ``.grad`` is None (no state, no update), so only the parameters that get a
+    gradient hold one and have optimizer states. Under ZeRO all of them do."""
+    ungraded = graded_out(inventory, profile, strategy)
+    if not ungraded:
+        return inventory
+    parameters = tuple(
+        dataclasses.replace(entry, trainable=False) if entry.name in ungraded else entry
+        for entry in inventory.parameters
+    )
+    return dataclasses.replace(inventory, parameters=parameters)
+
+
 def estimate_row(subject: Subject, row: Row, options: EstimateOptions, profile: Profile | None) -> MemoryEstimate:
     inventory = subject.inventory
     spec, precision = row.spec, row.precision
@@ -445,14 +509,16 @@ def estimate_row(subject: Subject, row: Row, options: EstimateOptions, profile: 
             checkpointing=False,
             peak_phase="forward",
         )
-    full_gradients = states.gradient_bytes(inventory, spec, precision)
+    stepped = graded(inventory, profile, options.strategy)
+    full_gradients = states.gradient_bytes(stepped, spec, precision)
     gradients = _ceil_div(full_gradients, grad_parts)
-    # DDP copies gradients into communication buckets of the same size (unless gradient_as_bucket_view).
-    ddp_buckets = full_gradients if options.strategy == "ddp" else 0
-    optimizer_states = _ceil_div(states.optimizer_state_bytes(inventory, options.optimizer, spec, precision), opt_parts)
+    # DDP copies gradients into communication buckets of the same size (unless gradient_as_bucket_view), one
+    # bucket slot for every parameter that requires a gradient.
+    ddp_buckets = states.gradient_bytes(inventory, spec, precision) if options.strategy == "ddp" else 0
+    optimizer_states = _ceil_div(states.optimizer_state_bytes(stepped, options.optimizer, spec, precision), opt_parts)
     master = _ceil_div(states.master_weight_bytes(inventory, precision), opt_parts)
     transient = _ceil_div(
-        states.optimizer_step_transient(inventory, options.optimizer, spec, precision, options.impl),
+        states.optimizer_step_transient(stepped, options.optimizer, spec, precision, options.impl),
         opt_parts,
     )
     # Steady state: optimizer states (and master weights) live through the whole step; gradients are set to
@@ -532,7 +598,7 @@ def estimate_with_traces(
     info = subject.model_info()
     if profiles.notes():
         info = dataclasses.replace(info, notes=(*info.notes, *profiles.notes()))
-    note = profiles.extrapolation_note()
-    if note is not None:
-        info = dataclasses.replace(info, notes=(*info.notes, note))
+    for note in (profiles.extrapolation_note(), profiles.ungraded_note(options.strategy)):
+        if note is not None:
+            info = dataclasses.replace(info, notes=(*info.notes, note))
     return MemoryReport(info, estimates, None, tuple(skipped)), profiles

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -124,18 +124,24 @@ def _unit_parameter_count(module: torch.nn.Module) -> int:
     return best
 
 
-def inventory_of_module(module: torch.nn.Module) -> Inventory:
-    """Every distinct parameter and buffer; tied parameters (one tensor under two names) count once."""
+def distinct_parameters(module: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Parameter, torch.nn.Module]]:
+    """Every distinct parameter once, under the name the inventory gives it (a tied one under its first name), with
+    the module that holds it."""
     seen: set[int] = set()
-    params: list[TensorEntry] = []
     for module_name, sub in module.named_modules(remove_duplicate=False):
-        kind = _layer_kind_of_module(sub)
         for name, param in sub.named_parameters(recurse=False):
             if id(param) in seen:
                 continue
             seen.add(id(param))
-            full = f"{module_name}.{name}" if module_name else name
-            params.append(_entry(full, param, kind, trainable=param.requires_grad))
+            yield (f"{module_name}.{name}" if module_name else name), param, sub
+
+
+def inventory_of_module(module: torch.nn.Module) -> Inventory:
+    """Every distinct parameter and buffer; tied parameters (one tensor under two names) count once."""
+    params: list[TensorEntry] = []
+    for full, param, sub in distinct_parameters(module):
+        params.append(_entry(full, param, _layer_kind_of_module(sub), trainable=param.requires_grad))
+    seen = {id(param) for param in module.parameters()}
     buffers: list[TensorEntry] = []
     for name, buffer in module.named_buffers():
         if id(buffer) in seen:

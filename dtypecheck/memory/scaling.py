@@ -43,12 +43,14 @@ class ScaledProfile:
     retained: _Poly
     ops: int
     notes: tuple[str, ...]
+    ungraded: tuple[str, ...] = ()
 
     def at(self, x: int) -> ActivationProfile:
         t = x - self.x0
         moments = {(a.at(t), g.at(t)) for a, g in self.moments}
         peak = max((a for a, _ in moments), default=0)
-        return ActivationProfile(peak, tuple(sorted(moments, reverse=True)), self.ops, self.retained.at(t), self.notes)
+        frontier = tuple(sorted(moments, reverse=True))
+        return ActivationProfile(peak, frontier, self.ops, self.retained.at(t), self.notes, ungraded=self.ungraded)
 
     @property
     def grows(self) -> bool:
@@ -82,14 +84,14 @@ def scale(profiles: list[Profile], x0: int) -> Scaled | None:
     same ops (the graph changed with the size), so that no moment-by-moment model exists."""
     if all(isinstance(p, ActivationProfile) for p in profiles):
         traces = [p for p in profiles if isinstance(p, ActivationProfile)]
-        if len({len(p.timeline) for p in traces}) != 1 or len({p.ops for p in traces}) != 1:
+        if len({(len(p.timeline), p.ops, p.ungraded) for p in traces}) != 1:
             return None
         moments = {
             (_Poly.through(tuple(m[0] for m in moment)), _Poly.through(tuple(m[1] for m in moment)))
             for moment in zip(*(p.timeline for p in traces), strict=True)
         }
         retained = _Poly.through(tuple(p.retained_bytes for p in traces))
-        return ScaledProfile(x0, tuple(moments), retained, traces[0].ops, traces[-1].notes)
+        return ScaledProfile(x0, tuple(moments), retained, traces[0].ops, traces[-1].notes, traces[0].ungraded)
     if all(isinstance(p, ExtrapolatedProfile) for p in profiles):
         deep = [p for p in profiles if isinstance(p, ExtrapolatedProfile)]
         if len({(p.base, p.layers) for p in deep}) != 1:

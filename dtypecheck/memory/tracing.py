@@ -9,19 +9,22 @@ sharding can scale them separately.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
 import itertools
+import re
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dtypecheck.errors import DtypecheckError, InputError
+from dtypecheck.memory.inventory import distinct_parameters
 from dtypecheck.memory.routing import DataDependentOpError, Shadows, tensors_in
 from dtypecheck.memory.workspaces import held_output_bytes, op_name, real_workspace_bytes, run_op, workspace_output
 from dtypecheck.training_step import DEFAULT_LOSS, StepLoss, forward_and_loss, watching_targets
@@ -45,6 +48,11 @@ class Profile(Protocol):
     @property
     def notes(self) -> tuple[str, ...]: ...
 
+    def ungraded_of(self, names: Sequence[str]) -> frozenset[str]:
+        """Which of the model's trainable parameters ``names`` (in the inventory's order) the traced step gives no
+        gradient."""
+        ...
+
 
 @dataclass(frozen=True)
 class ActivationProfile:
@@ -66,10 +74,16 @@ class ActivationProfile:
     size from traces at consecutive sizes (``scaling.py``)."""
     step: StepTrace | None = dataclasses.field(default=None, repr=False, compare=False)
     """With ``attribute``: which op, module and phase each moment belongs to, and who holds the peak."""
+    ungraded: tuple[str, ...] = ()
+    """The parameters that require a gradient and got none: the loss never reaches them (a head the default loss
+    does not read). A torch optimizer keeps no state for them and the step holds no gradient of theirs."""
 
     def peak(self, gradient_scale: float = 1.0) -> int:
         """Peak live bytes when each device keeps ``gradient_scale`` of the gradients (1/N under ZeRO-2)."""
         return max((a + int(g * gradient_scale) for a, g in self.frontier), default=0)
+
+    def ungraded_of(self, names: Sequence[str]) -> frozenset[str]:
+        return frozenset(self.ungraded).intersection(names)
 
 
 @dataclass(frozen=True)
@@ -120,12 +134,46 @@ class ExtrapolatedProfile:
     def notes(self) -> tuple[str, ...]:
         return self.larger.notes
 
+    def ungraded_of(self, names: Sequence[str]) -> frozenset[str]:
+        """The shallow traces' parameters without a gradient, grown per block like every other figure: counted per
+        name with its block (and expert) numbers left out, and taken from the last blocks of ``names`` (LXMERT's
+        last cross layer: its vision branch feeds nothing the loss reads). Where they do not grow that way, none:
+        every parameter is counted, as if all got a gradient."""
+        small, large = _ungraded_patterns(self.smaller), _ungraded_patterns(self.larger)
+        candidates: dict[str, list[str]] = {}
+        for name in names:
+            candidates.setdefault(_numbers_left_out(name), []).append(name)
+        found: set[str] = set()
+        for pattern in small.keys() | large.keys():
+            count = self._extend(small[pattern], large[pattern])
+            among = candidates.get(pattern, [])
+            if large[pattern] < small[pattern] or count > len(among):
+                return frozenset()
+            found.update(among[len(among) - count :])
+        return frozenset(found)
+
+
+_NUMBER = re.compile(r"(?:^|(?<=\.))\d+(?=\.)")
+
+
+def _numbers_left_out(name: str) -> str:
+    """``x_layers.3.visual_attention.weight`` -> ``x_layers.#.visual_attention.weight``."""
+    return _NUMBER.sub("#", name)
+
+
+def _ungraded_patterns(profile: ActivationProfile) -> collections.Counter[str]:
+    return collections.Counter(_numbers_left_out(name) for name in profile.ungraded)
+
 
 def linear_profiles(profiles: list[ActivationProfile]) -> bool:
-    """True when consecutive block counts add the same bytes to every figure the estimate reads."""
+    """True when consecutive block counts add the same bytes to every figure the estimate reads (and the same
+    parameters without a gradient)."""
     series = [[p.peak(scale) for p in profiles] for scale in (0.0, 0.125, 0.5, 1.0)]
     series.append([p.peak_activations for p in profiles])
     series.append([p.retained_bytes for p in profiles])
+    patterns = [_ungraded_patterns(p) for p in profiles]
+    for pattern in set().union(*patterns):
+        series.append([count[pattern] for count in patterns])
     for values in series:
         steps = [b - a for a, b in itertools.pairwise(values)]
         # A scaled gradient share is rounded down to whole bytes, hence the one byte of slack.
@@ -528,11 +576,17 @@ def trace_pass(
     for tensor in (*module.parameters(), *module.buffers()):
         tracker.register_external(tensor)
     hooks = []
+    graded: set[int] = set()
+
+    def accumulated(param: torch.Tensor) -> None:
+        graded.add(id(param))
+        if param.grad is not None:
+            tracker.mark_gradient(param.grad)
+
     if train:
         for param in module.parameters():
             if param.requires_grad:
-                hook = param.register_post_accumulate_grad_hook
-                hooks.append(hook(lambda p: tracker.mark_gradient(p.grad)))  # type: ignore[no-untyped-call]
+                hooks.append(param.register_post_accumulate_grad_hook(accumulated))  # type: ignore[no-untyped-call]
     module.train(train)
     grad_mode = torch.enable_grad() if train else torch.no_grad()
     block_list = traceable.blocks() if (checkpointing and train) else []
@@ -562,9 +616,14 @@ def trace_pass(
                 loss.backward()  # type: ignore[no-untyped-call]
             retained = tracker.activations
             del output, loss, inputs
+        ungraded = tuple(
+            name
+            for name, param, _ in distinct_parameters(module)
+            if train and param.requires_grad and id(param) not in graded
+        )
     finally:
         for handle in hooks:
             handle.remove()
         for param in module.parameters():
             param.grad = None
-    return tracker.profile(retained, shadows.notes())
+    return dataclasses.replace(tracker.profile(retained, shadows.notes()), ungraded=ungraded)

@@ -235,8 +235,9 @@ def test_a_region_based_vlm_gets_region_features_and_boxes(tmp_path):
     config.to_json_file(str(tmp_path / "config.json"))
     report = estimate_memory(str(tmp_path), FP32, seq_len=16, measure=True)
     assert [str(m.mode) for m in report.measurements] == ["inference", "training"]
-    # Its inference is exact against MemTracker; its training step is +9.9% at this size (open).
-    assert abs(report.measurements[0].error) <= 0.05
+    # The last cross layer's vision branch and the pooler get no gradient from the loss over the language output:
+    # counted with gradients and AdamW states, the training step was +9.9% against MemTracker.
+    assert max(abs(m.error) for m in report.measurements) <= 0.05
 
 
 def test_a_pixtral_vlm_counts_its_image_tokens_with_the_values_the_trace_knows(tmp_path):
