@@ -310,7 +310,7 @@ class TraceCache:
         return (
             f"{values:,} of {sum(e.numel for e in trainable):,} trainable parameters get no gradient in the traced "
             f"training step (its loss does not reach {named}): no gradient or optimizer state is counted for "
-            f"them, as torch's optimizers keep none"
+            f"them, as torch's optimizers keep none (--loss sum takes every output into the loss)"
         )
 
     @staticmethod
