@@ -77,6 +77,10 @@ class ActivationProfile:
     ungraded: tuple[str, ...] = ()
     """The parameters that require a gradient and got none: the loss never reaches them (a head the default loss
     does not read). A torch optimizer keeps no state for them and the step holds no gradient of theirs."""
+    idle: tuple[str, ...] = ()
+    """The parameters whose module never ran (in training: and that got no gradient). In a shallow copy of a deep
+    model that says the copy skipped work the model does (MiniCPM-V's tower runs its merger after block 6 of 12):
+    such a copy is not extrapolated from."""
 
     def peak(self, gradient_scale: float = 1.0) -> int:
         """Peak live bytes when each device keeps ``gradient_scale`` of the gradients (1/N under ZeRO-2)."""
@@ -167,7 +171,9 @@ def _ungraded_patterns(profile: ActivationProfile) -> collections.Counter[str]:
 
 def linear_profiles(profiles: list[ActivationProfile]) -> bool:
     """True when consecutive block counts add the same bytes to every figure the estimate reads (and the same
-    parameters without a gradient)."""
+    parameters without a gradient), and no module with parameters sat idle in any of them."""
+    if any(p.idle for p in profiles):
+        return False
     series = [[p.peak(scale) for p in profiles] for scale in (0.0, 0.125, 0.5, 1.0)]
     series.append([p.peak_activations for p in profiles])
     series.append([p.retained_bytes for p in profiles])
@@ -236,10 +242,14 @@ def _claim_nodes(output: Any, module: str, node_modules: dict[int, str], keep: l
 
 @contextlib.contextmanager
 def module_paths(
-    module: torch.nn.Module, stack: list[str], node_modules: dict[int, str] | None = None
+    module: torch.nn.Module,
+    stack: list[str],
+    node_modules: dict[int, str] | None = None,
+    ran: set[int] | None = None,
 ) -> Iterator[None]:
     """Keep ``stack`` at the dotted paths of the submodules of ``module`` that are running; with ``node_modules``,
-    also map the autograd nodes each module's forward creates to its path (for backward ops)."""
+    also map the autograd nodes each module's forward creates to its path (for backward ops); with ``ran``, add
+    the id of every submodule that runs."""
     from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
     names = {id(sub): name or type(module).__name__ for name, sub in module.named_modules()}
@@ -248,6 +258,8 @@ def module_paths(
     def enter(sub: torch.nn.Module, _args: Any) -> None:
         if id(sub) in names:
             stack.append(names[id(sub)])
+            if ran is not None:
+                ran.add(id(sub))
 
     def leave(sub: torch.nn.Module, _args: Any, out: Any) -> None:
         if id(sub) in names and stack:
@@ -591,7 +603,8 @@ def trace_pass(
     grad_mode = torch.enable_grad() if train else torch.no_grad()
     block_list = traceable.blocks() if (checkpointing and train) else []
     try:
-        paths = module_paths(module, tracker.modules, tracker.node_modules if attribute else None)
+        ran: set[int] = set()
+        paths = module_paths(module, tracker.modules, tracker.node_modules if attribute else None, ran)
         with (
             traceable.fake_mode,
             tracker,
@@ -621,9 +634,14 @@ def trace_pass(
             for name, param, _ in distinct_parameters(module)
             if train and param.requires_grad and id(param) not in graded
         )
+        idle = tuple(
+            name
+            for name, param, holder in distinct_parameters(module)
+            if id(holder) not in ran and not (train and id(param) in graded)
+        )
     finally:
         for handle in hooks:
             handle.remove()
         for param in module.parameters():
             param.grad = None
-    return dataclasses.replace(tracker.profile(retained, shadows.notes()), ungraded=ungraded)
+    return dataclasses.replace(tracker.profile(retained, shadows.notes()), ungraded=ungraded, idle=idle)

@@ -4,6 +4,8 @@ SigLIP2's +8.6% against MemTracker while every parameter was counted."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from dtypecheck.dtypes import lookup
@@ -137,3 +139,24 @@ def test_fit_carries_the_unreached_parameters_to_every_size_and_needs_them_equal
     assert scaled.at(7).ungraded == ("head.weight",)
     assert scaled.at(7).peak() == 70 + 7
     assert scale([traced(1, "head.weight"), traced(2)], 1) is None
+
+
+def test_a_shallow_copy_that_skips_a_module_the_model_runs_is_not_extrapolated_from(tmp_path):
+    # MiniCPM-V's tower runs its window-attention merger after block ``insert_layer_id`` (3 of 6 here): copies with
+    # 1, 2 and 3 blocks never run it. Extrapolated from them, the step missed the merger and every later block's
+    # shorter sequence, and counted no state for the merger: -21.4% against MemTracker.
+    transformers = pytest.importorskip("transformers")
+    transformers.CONFIG_MAPPING["minicpmv4_7_vision"](
+        hidden_size=32, intermediate_size=64, num_hidden_layers=6, num_attention_heads=2, image_size=64, patch_size=8,
+        insert_layer_id=3,
+    ).to_json_file(str(tmp_path / "config.json"))  # fmt: skip
+    report = estimate_memory(str(tmp_path), EstimateOptions(dtypes=(lookup("float32"),)), measure=True)
+    assert not [note for note in report.model.notes if "extrapolated" in note or "no gradient" in note]
+    assert [str(m.mode) for m in report.measurements] == ["inference", "training"]
+    assert max(abs(m.error) for m in report.measurements) <= 0.001
+
+
+def test_a_module_that_never_ran_in_a_shallow_trace_stops_its_extrapolation():
+    ran = [ActivationProfile(10 * k, ((10 * k, 0),), 1) for k in (1, 2, 3)]
+    assert linear_profiles(ran)
+    assert not linear_profiles([*ran[:2], dataclasses.replace(ran[2], idle=("merger.weight",))])
