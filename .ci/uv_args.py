@@ -13,6 +13,7 @@ import os
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 from urllib.parse import urlparse
 
 OPTIONS = {
@@ -50,7 +51,7 @@ def _usable(value: str) -> bool:
     if parsed.scheme in ("http", "https"):
         return True
     path = parsed.path if parsed.scheme == "file" else value
-    return os.path.exists(path)
+    return Path(path).exists()
 
 
 def uv_args() -> list[str]:

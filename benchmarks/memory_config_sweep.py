@@ -138,6 +138,11 @@ def coherent(config: Any) -> Any:
     generates = getattr(config, "vq_config", None) is not None
     if vision is not None and generates and isinstance(width, int) and "projection_dim" in vars(vision):
         vision.projection_dim = width
+    # BLIP-2's and InstructBLIP's defaults name no image placeholder (``image_token_index`` None), which their
+    # forward compares the ids with; released checkpoints add one token past the text vocabulary's last.
+    vocab = getattr(text, "vocab_size", None)
+    if "num_query_tokens" in vars(config) and vars(config).get("image_token_index", 0) is None and vocab:
+        config.image_token_index = vocab - 1
     return config
 
 

@@ -60,7 +60,8 @@ def to_device(inputs: Any, device: torch.device | str) -> Any:
 
 
 def primary_output(output: Any) -> torch.Tensor:
-    """The tensor a loss is taken of: ``logits`` of a Hugging Face output (or dict), else the first tensor."""
+    """The tensor a loss is taken of: ``logits`` of a Hugging Face output (or dict), else its language model's, else the
+    first tensor."""
     import torch
     from torch.utils._pytree import tree_flatten
 
@@ -69,6 +70,12 @@ def primary_output(output: Any) -> torch.Tensor:
     logits = output.get("logits") if isinstance(output, dict) else getattr(output, "logits", None)
     if isinstance(logits, torch.Tensor):
         return logits
+    # A vision-language model without a head of its own (InstructBLIP's, BLIP-2's) returns its towers' outputs
+    # first and its language model's last: the loss is the text's, through every tower.
+    text = output.get("language_model_outputs") if isinstance(output, dict) else None
+    text = getattr(output, "language_model_outputs", text)
+    if text is not None:
+        return primary_output(text)
     if hasattr(output, "to_tuple"):
         output = output.to_tuple()
     for value in tree_flatten(output)[0]:

@@ -161,7 +161,22 @@ def hf_inputs(
         kwargs["grid_thw"] = kwargs.pop("image_grid_thw")
         if "pixel_values" not in accepted:
             kwargs["hidden_states"] = kwargs.pop("pixel_values")
+    if "qformer_input_ids" in required:
+        # InstructBLIP's Q-Former reads the instruction too, as its own tokenizer's ids.
+        qformer = getattr(config, "qformer_config", None)
+        kwargs["qformer_input_ids"] = ids(batch, seq, high=size_of(qformer, "vocab_size", vocab) if qformer else vocab)
+    if "image_embeds_position_mask" in accepted and "input_ids" in kwargs and "pixel_values" in kwargs:
+        # Kosmos-2 puts its latent queries' image embeddings at the positions the mask marks: as many as it has
+        # queries, before the text, as its processor lays them out.
+        queries = size_of(config, "latent_query_num", 64)
+        text = kwargs["input_ids"]
+        kwargs["input_ids"] = torch.cat([torch.zeros((batch, queries), dtype=text.dtype), text], dim=1)
+        kwargs["image_embeds_position_mask"] = torch.cat(
+            [torch.ones((batch, queries), dtype=torch.long), torch.zeros_like(text)], dim=1
+        )
     if "input_ids" in kwargs and "pixel_values" in kwargs:
+        if image_tokens is None and isinstance(getattr(config, "num_query_tokens", None), int):
+            image_tokens = config.num_query_tokens  # a Q-Former (BLIP-2's) makes this many features an image
         _image_tokens(kwargs, model, config, image_tokens)
         if "mm_token_type_ids" in accepted:
             # M-RoPE's positions need each token's kind (0 text, 1 image), as the processor returns beside the ids.

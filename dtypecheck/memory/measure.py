@@ -14,10 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from dtypecheck.errors import ParameterError
+from dtypecheck.errors import DtypecheckError, InputError, ParameterError
 from dtypecheck.memory.names import OptimizerImpl
 from dtypecheck.memory.report import Measurement, MemoryEstimate
 from dtypecheck.training_step import StepLoss, forward_and_loss, to_device, watching_targets
+from dtypecheck.usercode import raise_user_error
 
 if TYPE_CHECKING:
     import torch
@@ -215,9 +216,18 @@ def measure_row(subject: Subject, row: MemoryEstimate, device_name: str | None =
         optimizer = make_optimizer(row.optimizer or "adamw", params, impl)
     autocast_dtype = spec.torch_dtype() if amp else None
     input_dtype = None if amp else spec.torch_dtype()
-    peak = measured_peak(
-        module, make_inputs, subject.loss, optimizer, autocast_dtype, device, input_dtype, row.grad_accum
-    )
+    try:
+        peak = measured_peak(
+            module, make_inputs, subject.loss, optimizer, autocast_dtype, device, input_dtype, row.grad_accum
+        )
+    except DtypecheckError:
+        raise
+    except Exception as exc:  # noqa: BLE001  (the model's own code, or the referee, failing on the real step)
+        what = f"measuring a real {'training step' if row.mode == 'training' else 'inference pass'} in {row.dtype}"
+        if subject.user_file is not None:
+            raise_user_error(exc, what, subject.user_file)
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise InputError(f"{subject.source}: {what} failed ({type(exc).__name__}: {first})") from None
     estimate = row.bytes.total
     return Measurement(
         device=str(device) if device.type == "cpu" else f"{device.type}:{device.index or 0}",

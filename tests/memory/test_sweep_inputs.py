@@ -576,3 +576,61 @@ def test_a_minicpm_v_tower_gets_its_images_patch_grid():
     # 56 // 14 = 4 patches a side; before: no target_sizes, and the tower's position ids failed on None
     assert found["target_sizes"].tolist() == [[4, 4]]
     assert found["target_sizes"].dtype == torch.int32
+
+
+def _tiny_tower() -> dict[str, int]:
+    return {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "image_size": 32, "patch_size": 16}  # fmt: skip
+
+
+def test_a_qformer_vlm_gets_the_instruction_for_its_qformer_and_a_placeholder_per_query(tmp_path):
+    # InstructBLIP's forward requires ``qformer_input_ids`` (the instruction in the Q-Former's own vocabulary), and
+    # its language model takes one feature per Q-Former query at the image placeholders. Its output holds the
+    # towers' outputs first and the language model's last: the loss is taken of the text's logits.
+    config = transformers.InstructBlipConfig(
+        vision_config=_tiny_tower(),
+        qformer_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                        "vocab_size": 64, "encoder_hidden_size": 32},
+        text_config={"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                     "num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 128},
+        num_query_tokens=4, image_token_index=127,
+    )  # fmt: skip
+    inputs = _inputs(_on_meta(config), config)
+    assert tuple(inputs["qformer_input_ids"].shape) == (1, 16)
+    assert int(inputs["qformer_input_ids"].max()) < 64
+    assert tuple(inputs["input_ids"].shape) == (1, 4 + 16)
+    assert inputs["input_ids"][0, :4].tolist() == [127] * 4
+    config.to_json_file(str(tmp_path / "config.json"))
+    report = estimate_memory(str(tmp_path), FP32, seq_len=16, measure=True)
+    assert not [note for note in report.model.notes if "no gradient" in note]  # every tower reached by the loss
+    assert [str(m.mode) for m in report.measurements] == ["inference", "training"]
+    assert max(abs(m.error) for m in report.measurements) <= 0.05
+
+
+def test_kosmos2_gets_its_latent_queries_positions_before_the_text(tmp_path):
+    config = transformers.Kosmos2Config(
+        vision_config=_tiny_tower(),
+        text_config={"embed_dim": 32, "ffn_dim": 64, "layers": 1, "attention_heads": 2, "vocab_size": 128},
+        latent_query_num=8,
+    )
+    inputs = _inputs(_on_meta(config), config)
+    assert tuple(inputs["input_ids"].shape) == (1, 8 + 16)
+    assert inputs["image_embeds_position_mask"].tolist() == [[1] * 8 + [0] * 16]
+    config.to_json_file(str(tmp_path / "config.json"))
+    # Before: "'NoneType' object has no attribute 'to'" (no mask). Both passes are estimated now; MemTracker
+    # itself cannot run this model's real step (its module hooks assert on the latent queries).
+    report = estimate_memory(str(tmp_path), FP32, seq_len=16)
+    assert [str(row.mode) for row in report.estimates] == ["inference", "training"]
+
+
+def test_a_real_step_that_fails_under_measure_is_one_line_and_exit_3(tmp_path, cli):
+    transformers.Kosmos2Config(
+        vision_config=_tiny_tower(),
+        text_config={"embed_dim": 32, "ffn_dim": 64, "layers": 1, "attention_heads": 2, "vocab_size": 128},
+        latent_query_num=8,
+    ).to_json_file(str(tmp_path / "config.json"))
+    result = cli("estimate-memory", str(tmp_path), "-d", "fp32", "--measure", "-q")
+    assert result.exit_code == 3
+    assert result.stdout == ""
+    (line,) = result.stderr.strip().splitlines()
+    assert "measuring a real inference pass in float32 failed (AssertionError: " in line

@@ -160,3 +160,19 @@ def test_a_module_that_never_ran_in_a_shallow_trace_stops_its_extrapolation():
     ran = [ActivationProfile(10 * k, ((10 * k, 0),), 1) for k in (1, 2, 3)]
     assert linear_profiles(ran)
     assert not linear_profiles([*ran[:2], dataclasses.replace(ran[2], idle=("merger.weight",))])
+
+
+def test_a_vlm_output_without_logits_takes_its_loss_of_the_language_models_output():
+    import torch
+    from transformers.modeling_outputs import BaseModelOutputWithPooling, CausalLMOutputWithPast
+    from transformers.models.instructblip.modeling_instructblip import InstructBlipForConditionalGenerationModelOutput
+
+    from dtypecheck.training_step import primary_output
+
+    vision, text = torch.zeros(1, 3, 8), torch.ones(1, 5, 11)
+    output = InstructBlipForConditionalGenerationModelOutput(
+        vision_outputs=BaseModelOutputWithPooling(last_hidden_state=vision),
+        language_model_outputs=CausalLMOutputWithPast(logits=text),
+    )
+    assert primary_output(output) is text
+    assert primary_output({"vision_outputs": vision, "language_model_outputs": {"logits": text}}) is text
