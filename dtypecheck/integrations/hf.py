@@ -21,7 +21,7 @@ SUPPORTED = ((4, 40), (6,))
 """transformers versions the callback is built for: >= 4.40 (the ``TrainerCallback`` hooks it uses), < 6."""
 
 
-class NanTraceCallback(WatchingCallback, TrainerCallback):
+class NanTraceCallback(WatchingCallback, TrainerCallback):  # type: ignore[misc]  # transformers is not followed
     framework: ClassVar[ModuleType] = transformers
     supported = SUPPORTED
 

@@ -49,7 +49,7 @@ def _hf_builder(path: Path) -> tuple[Builder, str, str, int | None, Any]:
     """(build, head, architecture, blocks, config) from transformers' Auto classes; nothing is downloaded."""
     import transformers
 
-    transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # chatter would interleave with the table
+    transformers.logging.set_verbosity_error()  # chatter would interleave with the table
     try:
         config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
     except Exception as exc:  # noqa: BLE001  (transformers raises anything on a config it cannot read)

@@ -210,7 +210,7 @@ def hf_trainer_rng_folder(folder: Path) -> Path:
     save_file({k: v.contiguous() for k, v in _tiny_model().state_dict().items()}, str(folder / "model.safetensors"))
     random.seed(0)
     stand_in = SimpleNamespace(args=SimpleNamespace(world_size=2, process_index=1, parallel_mode=None))
-    Trainer._save_rng_state(stand_in, str(folder))  # type: ignore[arg-type]
+    Trainer._save_rng_state(stand_in, str(folder))
     assert (folder / "rng_state_1.pth").exists()
     assert int(torch.get_rng_state().max()) > 127  # bytes beyond int8's 127: a false alarm if judged against int8
     return folder
