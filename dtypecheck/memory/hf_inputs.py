@@ -20,7 +20,7 @@ CLASSIFIER_HEADS = ("ImageClassification", "AudioClassification", "SequenceClass
 
 
 def _sources(config: Any) -> list[Any]:
-    subs = ("vision_config", "audio_config", "encoder_config", "text_config", "encoder")
+    subs = ("vision_config", "audio_config", "encoder_config", "text_config", "encoder", "backbone_config")
     return [config, *(s for s in (getattr(config, name, None) for name in subs) if s is not None)]
 
 
@@ -108,6 +108,9 @@ def hf_inputs(
         # LXMERT's image is its detector's region features and boxes: 36 regions, as its pretraining took.
         kwargs["visual_feats"] = make(batch, VISUAL_REGIONS, size_of(config, "visual_feat_dim", 2048))
         kwargs["visual_pos"] = make(batch, VISUAL_REGIONS, size_of(config, "visual_pos_dim", 4))
+    if "lang_ids" in accepted and "input_ids" in kwargs:
+        # X-MOD routes each sample through its language's adapters: the config's first language.
+        kwargs["lang_ids"] = torch.zeros(batch, dtype=torch.long)
     if "bbox" in accepted and "input_ids" in kwargs:
         kwargs["bbox"] = torch.zeros(batch, seq, 4, dtype=torch.long)  # one (x0, y0, x1, y1) box per token
     # A multimodal config whose vision tower is left out (Gemma 4's defaults: ``vision_config`` None) builds no

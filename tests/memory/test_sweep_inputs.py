@@ -634,3 +634,20 @@ def test_a_real_step_that_fails_under_measure_is_one_line_and_exit_3(tmp_path, c
     assert result.stdout == ""
     (line,) = result.stderr.strip().splitlines()
     assert "measuring a real inference pass in float32 failed (AssertionError: " in line
+
+
+def test_xmod_gets_its_first_languages_ids_and_vitpose_its_backbones_image_size():
+    xmod = transformers.XmodConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, vocab_size=128
+    )
+    found = _inputs(_on_meta(xmod), xmod)  # before: "Input language unknown"
+    assert found["lang_ids"].tolist() == [0]
+    vitpose = transformers.VitPoseConfig(
+        backbone_config={"model_type": "vitpose_backbone", "hidden_size": 32, "intermediate_size": 64,
+                         "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": [64, 48],
+                         "patch_size": [16, 16], "out_indices": [1]},
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = transformers.VitPoseForPoseEstimation(vitpose)
+    # The image size is the backbone config's (256 x 192 by default): before, 224 x 224, which the model refuses.
+    assert tuple(_inputs(model, vitpose)["pixel_values"].shape) == (1, 3, 64, 48)
