@@ -72,8 +72,8 @@ def primary_output(output: Any) -> torch.Tensor:
         return logits
     # A vision-language model without a head of its own (InstructBLIP's, BLIP-2's) returns its towers' outputs
     # first and its language model's last: the loss is the text's, through every tower.
-    text = output.get("language_model_outputs") if isinstance(output, dict) else None
-    text = getattr(output, "language_model_outputs", text)
+    name = "language_model_outputs"
+    text = output.get(name) if isinstance(output, dict) else getattr(output, name, None)
     if text is not None:
         return primary_output(text)
     if hasattr(output, "to_tuple"):

@@ -629,19 +629,18 @@ def trace_pass(
                 loss.backward()  # type: ignore[no-untyped-call]
             retained = tracker.activations
             del output, loss, inputs
-        ungraded = tuple(
-            name
-            for name, param, _ in distinct_parameters(module)
-            if train and param.requires_grad and id(param) not in graded
-        )
-        idle = tuple(
-            name
-            for name, param, holder in distinct_parameters(module)
-            if id(holder) not in ran and not (train and id(param) in graded)
-        )
+        ungraded: list[str] = []
+        idle: list[str] = []
+        for name, param, holder in distinct_parameters(module):
+            if train and id(param) in graded:
+                continue
+            if train and param.requires_grad:
+                ungraded.append(name)
+            if id(holder) not in ran:
+                idle.append(name)
     finally:
         for handle in hooks:
             handle.remove()
         for param in module.parameters():
             param.grad = None
-    return dataclasses.replace(tracker.profile(retained, shadows.notes()), ungraded=ungraded, idle=idle)
+    return dataclasses.replace(tracker.profile(retained, shadows.notes()), ungraded=tuple(ungraded), idle=tuple(idle))
