@@ -10,12 +10,16 @@ UV_VERSION := 0.13.9
 $(STAMP): pyproject.toml requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@# uv installs the same pinned set as pip, from the same indexes (.ci/uv_args.py reads pip's configuration), in
-	@# about 10 s where pip takes 3 minutes; pip itself where uv cannot be had or fails.
+	@# about 10 s where pip takes 3 minutes; pip itself where uv cannot be had or fails. Both leave the packages'
+	@# bytecode compiled, as a user's pip install does (uv only when asked): where PYTHONDONTWRITEBYTECODE is set
+	@# (this project's machines) every process would otherwise compile torch and transformers from source again,
+	@# ~4 s of each CLI run and test subprocess that imports a model class.
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION) && \
-	  $(BIN)/python -m uv pip install --quiet --python $(BIN)/python $$($(BIN)/python .ci/uv_args.py) \
-	    -r requirements-dev.txt || \
+	  $(BIN)/python -m uv pip install --quiet --compile-bytecode --python $(BIN)/python \
+	    $$($(BIN)/python .ci/uv_args.py) -r requirements-dev.txt || \
 	  $(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	$(BIN)/python -m compileall -q -j 0 dtypecheck >/dev/null
 	touch $(STAMP)
 
 # Watch mode's C++ checks, built once into the user's cache (~25 s; a note, and the Python path, without g++). The
