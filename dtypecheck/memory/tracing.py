@@ -631,12 +631,20 @@ def trace_pass(
             del output, loss, inputs
         ungraded: list[str] = []
         idle: list[str] = []
-        for name, param, holder in distinct_parameters(module):
+        # A tied parameter ran when any module holding it ran (T5's ``shared`` embedding never runs itself: its
+        # weight runs as ``encoder.embed_tokens``).
+        reached = {
+            id(param)
+            for _, sub in module.named_modules(remove_duplicate=False)
+            if id(sub) in ran
+            for param in sub.parameters(recurse=False)
+        }
+        for name, param, _ in distinct_parameters(module):
             if train and id(param) in graded:
                 continue
             if train and param.requires_grad:
                 ungraded.append(name)
-            if id(holder) not in ran:
+            if id(param) not in reached:
                 idle.append(name)
     finally:
         for handle in hooks:

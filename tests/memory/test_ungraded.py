@@ -176,3 +176,18 @@ def test_a_vlm_output_without_logits_takes_its_loss_of_the_language_models_outpu
     )
     assert primary_output(output) is text
     assert primary_output({"vision_outputs": vision, "language_model_outputs": {"logits": text}}) is text
+
+
+def test_a_tied_embedding_whose_own_module_never_runs_is_not_idle(tmp_path):
+    # T5's ``shared`` embedding never runs itself: its weight runs as ``encoder.embed_tokens`` and
+    # ``decoder.embed_tokens``. Counted idle, every T5 inference pass was traced whole (--fit's checks at
+    # 2,270 and 2,271 sequences of 512 tokens traced all 24 blocks, twice).
+    transformers = pytest.importorskip("transformers")
+    transformers.T5Config(
+        d_model=32, d_kv=8, d_ff=64, num_layers=6, num_heads=4, vocab_size=128, architectures=["T5ForConditionalGeneration"],
+    ).to_json_file(str(tmp_path / "config.json"))  # fmt: skip
+    options = EstimateOptions(dtypes=(lookup("float32"),), modes=(Mode.inference,))
+    report = estimate_memory(str(tmp_path), options, seq_len=16, measure=True)
+    assert any(note.startswith("activations of 6 identical blocks extrapolated") for note in report.model.notes)
+    (measured,) = report.measurements
+    assert abs(measured.error) <= 0.001, measured
