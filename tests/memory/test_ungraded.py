@@ -184,7 +184,8 @@ def test_a_tied_embedding_whose_own_module_never_runs_is_not_idle(tmp_path):
     # 2,270 and 2,271 sequences of 512 tokens traced all 24 blocks, twice).
     transformers = pytest.importorskip("transformers")
     transformers.T5Config(
-        d_model=32, d_kv=8, d_ff=64, num_layers=6, num_heads=4, vocab_size=128, architectures=["T5ForConditionalGeneration"],
+        d_model=32, d_kv=8, d_ff=64, num_layers=6, num_heads=4, vocab_size=128,
+        architectures=["T5ForConditionalGeneration"],
     ).to_json_file(str(tmp_path / "config.json"))  # fmt: skip
     options = EstimateOptions(dtypes=(lookup("float32"),), modes=(Mode.inference,))
     report = estimate_memory(str(tmp_path), options, seq_len=16, measure=True)
