@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml requirements-dev.txt
 	    $$($(BIN)/python .ci/uv_args.py) -r requirements-dev.txt || \
 	  $(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
-	$(BIN)/python -m compileall -q -j 0 dtypecheck >/dev/null
+	$(BIN)/python -m compileall -q -j 0 dtypecheck
 	touch $(STAMP)
 
 # Watch mode's C++ checks, built once into the user's cache (~25 s; a note, and the Python path, without g++). The

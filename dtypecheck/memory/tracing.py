@@ -78,7 +78,7 @@ class ActivationProfile:
     """The parameters that require a gradient and got none: the loss never reaches them (a head the default loss
     does not read). A torch optimizer keeps no state for them and the step holds no gradient of theirs."""
     idle: tuple[str, ...] = ()
-    """The parameters whose module never ran (in training: and that got no gradient). In a shallow copy of a deep
+    """The parameters no module holding them ran (in training: and that got no gradient). In a shallow copy of a deep
     model that says the copy skipped work the model does (MiniCPM-V's tower runs its merger after block 6 of 12):
     such a copy is not extrapolated from."""
 
