@@ -132,7 +132,7 @@ def accuracy(folder: Path) -> list[tuple[str, str, int, int, float, str]]:
     from dtypecheck.dtypes import lookup
     from dtypecheck.memory import EstimateOptions, estimate_memory, open_subject
     from dtypecheck.memory.measure import measure_row
-    from dtypecheck.memory.names import Mode, Precision
+    from dtypecheck.memory_words import Mode, Precision
 
     config = folder / "decoder" / "config.json"
     config.parent.mkdir(exist_ok=True)
@@ -211,7 +211,7 @@ def step_accuracy() -> list[tuple[str, str, int, int, float, str]]:
     from benchmarks import memory_models
     from dtypecheck.dtypes import lookup
     from dtypecheck.memory import EstimateOptions, estimate_memory, open_subject
-    from dtypecheck.memory.names import Mode, Precision
+    from dtypecheck.memory_words import Mode, Precision
 
     rows = []
     for label, factory in memory_models.MODELS.items():
@@ -461,7 +461,7 @@ def _plain_total(target: Path, dtype: str, mode: str, batch: int, seq: int, cont
     """The row's total from a plain estimate at this shape (no --fit): the referee of a fit answer."""
     from dtypecheck.dtypes import lookup
     from dtypecheck.memory import EstimateOptions, estimate_memory
-    from dtypecheck.memory.names import DeviceKind, Mode
+    from dtypecheck.memory_words import DeviceKind, Mode
 
     options = EstimateOptions(dtypes=(lookup(dtype),), modes=(Mode(mode),), context=context, device=DeviceKind.cuda)
     report = estimate_memory(str(target), options, batch_size=batch, seq_len=seq)

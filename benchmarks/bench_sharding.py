@@ -108,7 +108,7 @@ def deepspeed_estimates(params: int, largest_layer: int, gpus: int) -> tuple[int
 def _estimate(dtype: str, precision: str, strategy: str, world: int) -> dict[str, Any]:
     from dtypecheck.dtypes import lookup
     from dtypecheck.memory import EstimateOptions, estimate_memory
-    from dtypecheck.memory.names import Mode, OptimizerImpl, Precision, Strategy
+    from dtypecheck.memory_words import Mode, OptimizerImpl, Precision, Strategy
 
     options = EstimateOptions(
         dtypes=(lookup(dtype),),

@@ -23,7 +23,7 @@ from typing import Any
 
 from dtypecheck.dtypes import lookup_available
 from dtypecheck.errors import UsageError
-from dtypecheck.memory.names import DeviceKind, LossName, Optimizer, Strategy
+from dtypecheck.memory_words import DeviceKind, LossName, Optimizer, Strategy
 from dtypecheck.output import OutputFormat
 from dtypecheck.usercode import python_target
 

@@ -132,14 +132,23 @@ def test_dtypecheck_has_no_import_circle() -> None:
 # --- layering: the cores stand on the ground floor, never on render/ or cli/ or each other's internals ---------
 
 LAYER_RULES: dict[str, tuple[str, ...]] = {
-    "dtypecheck.scan": ("dtypecheck.render", "dtypecheck.cli"),
-    "dtypecheck.memory": ("dtypecheck.render", "dtypecheck.cli", "dtypecheck.scan"),
-    "dtypecheck.nantrace": ("dtypecheck.render", "dtypecheck.cli", "dtypecheck.scan"),
-    "dtypecheck.config": ("dtypecheck.render", "dtypecheck.cli", "dtypecheck.scan", "dtypecheck.nantrace"),
+    "dtypecheck.scan": ("dtypecheck.render", "dtypecheck.cli", "dtypecheck.memory", "dtypecheck.nantrace"),
+    "dtypecheck.memory": ("dtypecheck.render", "dtypecheck.cli", "dtypecheck.scan", "dtypecheck.nantrace"),
+    "dtypecheck.nantrace": ("dtypecheck.render", "dtypecheck.cli", "dtypecheck.scan", "dtypecheck.memory"),
+    "dtypecheck.config": (
+        "dtypecheck.render",
+        "dtypecheck.cli",
+        "dtypecheck.scan",
+        "dtypecheck.nantrace",
+        "dtypecheck.memory",
+    ),
 }
 """What each core may not import: the atomic writer and the JSON form of a result live in ``dtypecheck.output``
 and the cast-target rule in ``dtypecheck.targets`` (the ground floor), so ``scan.gate``/``scan.baseline`` no longer
-reach up into ``render`` nor ``config`` into ``scan.targets``."""
+reach up into ``render`` nor ``config`` into ``scan.targets``. What two cores share stands there too: the launcher's
+rank and store (``dtypecheck.launcher``, for nan-trace's and scan-model's ranks) and estimate-memory's word lists
+(``dtypecheck.memory_words``, which the config validates). ``scan`` still reads the project config's
+``ScanPolicy``: the config is the one place a project's policy is parsed, and it imports no core."""
 
 LAYER_EXCEPTIONS: set[tuple[str, str]] = set()
 """None left: nan-trace's launcher is handed its renderer by the CLI."""
@@ -162,7 +171,8 @@ def test_the_layer_rule_catches_the_old_upward_imports() -> None:
     old = {
         "dtypecheck.scan.gate": {"dtypecheck.render"},
         "dtypecheck.scan.baseline": {"dtypecheck.render.json"},
-        "dtypecheck.config": {"dtypecheck.scan.targets"},
+        "dtypecheck.config": {"dtypecheck.scan.targets", "dtypecheck.memory.names"},
+        "dtypecheck.scan.ranks": {"dtypecheck.nantrace.distributed"},
     }
     assert layer_violations(old) == {(m, d) for m, deps in old.items() for d in deps}
 

@@ -25,7 +25,7 @@ from dtypecheck.cli._app import (
     user_code_guard,
 )
 from dtypecheck.errors import ExitCode, ParameterError, UsageError
-from dtypecheck.memory.names import DeviceKind, LossName, Mode, Optimizer, OptimizerImpl, Precision, Strategy
+from dtypecheck.memory_words import DeviceKind, LossName, Mode, Optimizer, OptimizerImpl, Precision, Strategy
 from dtypecheck.output import REPORT_FORMATS, format_names
 from dtypecheck.render import OutputFormat
 

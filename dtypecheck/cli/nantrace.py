@@ -31,7 +31,7 @@ from dtypecheck.nantrace.options import AUTOCAST_DTYPES, RunSettings, TraceOptio
 from dtypecheck.render import OutputFormat, render
 
 if TYPE_CHECKING:
-    from dtypecheck.nantrace.distributed import RankInfo
+    from dtypecheck.launcher import RankInfo
     from dtypecheck.nantrace.report import NanTraceReport
 
 COMMAND = "nan-trace"
@@ -199,7 +199,7 @@ def resolve_nantrace_options(
     """Fill in the project config and the defaults, and reject what cannot run with a UsageError naming the flag.
 
     Runs no user code (``--nproc`` checks that the script is a readable Python file, once, rather than per rank)."""
-    from dtypecheck.nantrace.distributed import rank_info
+    from dtypecheck.launcher import rank_info
     from dtypecheck.nantrace.launch import launch_arguments
     from dtypecheck.nantrace.runner import split_target
     from dtypecheck.usercode import check_python_file

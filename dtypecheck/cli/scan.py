@@ -31,7 +31,7 @@ from dtypecheck.render import OutputFormat
 
 if TYPE_CHECKING:
     from dtypecheck.config import Config
-    from dtypecheck.nantrace.distributed import RankInfo
+    from dtypecheck.launcher import RankInfo
     from dtypecheck.scan.gate import CheckpointPlan
     from dtypecheck.scan.report import ScanReport
     from dtypecheck.scan.select import Selection
@@ -275,7 +275,7 @@ def resolve_scan_options(
 
 def execute_scan(options: ScanOptions) -> int:
     """Open the baselines, scan each checkpoint, render its report through ``emit``, return the exit code."""
-    from dtypecheck.nantrace.distributed import rank_info
+    from dtypecheck.launcher import rank_info
     from dtypecheck.render.progress import progress_bar
     from dtypecheck.scan.gate import Gate, shown
     from dtypecheck.scan.ranks import Ranks

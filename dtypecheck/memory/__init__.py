@@ -1,8 +1,8 @@
 """``dtypecheck estimate-memory``: what a model needs for inference and training, per dtype, optimizer and
 sharding, from model states computed exactly and activations traced on fake tensors.
 
-The names below load torch on first use (PEP 562), so that the torch-free word lists (``memory.names``) can be
-read by the config validation without it.
+The names below load torch on first use (PEP 562). The torch-free word lists live on the ground floor
+(``dtypecheck.memory_words``), so that the config validation reads them without torch and without this package.
 """
 
 from __future__ import annotations

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 
 from dtypecheck.memory import states
 from dtypecheck.memory.estimate import EstimateOptions, Row, TraceCache, _shards, graded, plan_rows
-from dtypecheck.memory.names import Mode
 from dtypecheck.memory.report import (
     MemoryEstimate,
     MemoryReport,
@@ -17,6 +16,7 @@ from dtypecheck.memory.report import (
     StepTimeline,
 )
 from dtypecheck.memory.tracing import ActivationProfile
+from dtypecheck.memory_words import Mode
 
 if TYPE_CHECKING:
     from dtypecheck.memory.inventory import Inventory, TensorEntry

@@ -14,7 +14,6 @@ from dtypecheck.choices import StrChoice
 from dtypecheck.dtypes import DtypeSpec, lookup
 from dtypecheck.errors import DtypecheckError, InputError, ParameterError, UsageError
 from dtypecheck.memory import states
-from dtypecheck.memory.names import DeviceKind, Mode, Optimizer, OptimizerImpl, Precision, Strategy
 from dtypecheck.memory.report import (
     MemoryBytes,
     MemoryEstimate,
@@ -30,6 +29,7 @@ from dtypecheck.memory.tracing import (
     linear_profiles,
     trace_pass,
 )
+from dtypecheck.memory_words import DeviceKind, Mode, Optimizer, OptimizerImpl, Precision, Strategy
 from dtypecheck.progress import ProgressCallback, no_progress
 from dtypecheck.usercode import raise_user_error
 

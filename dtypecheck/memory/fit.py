@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 from dtypecheck.errors import InputError
 from dtypecheck.memory.devices import DeviceBudget
 from dtypecheck.memory.estimate import EstimateOptions, Row, TraceCache, _compute_dtype, estimate_row, plan_rows
-from dtypecheck.memory.names import Mode
 from dtypecheck.memory.report import Fit, MemoryEstimate, MemoryReport
 from dtypecheck.memory.scaling import scale
 from dtypecheck.memory.side_by_side import available_workers, can_fork, side_by_side
@@ -28,6 +27,7 @@ from dtypecheck.memory.tracing import (
     TraceDeadlineError,
     trace_deadline,
 )
+from dtypecheck.memory_words import Mode
 from dtypecheck.progress import ProgressCallback, no_progress
 
 if TYPE_CHECKING:

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from dtypecheck.errors import DtypecheckError, InputError, ParameterError
-from dtypecheck.memory.names import OptimizerImpl
 from dtypecheck.memory.report import Measurement, MemoryEstimate
+from dtypecheck.memory_words import OptimizerImpl
 from dtypecheck.training_step import StepLoss, forward_and_loss, to_device, watching_targets
 from dtypecheck.usercode import raise_user_error
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from dtypecheck.display import ShowsAsHtml
-from dtypecheck.memory.names import Mode, Strategy
+from dtypecheck.memory_words import Mode, Strategy
 
 
 @dataclass(frozen=True)

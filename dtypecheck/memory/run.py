@@ -13,8 +13,8 @@ from dtypecheck.memory.config_models import open_hf_config
 from dtypecheck.memory.devices import DeviceBudget, default_device, parse_fit
 from dtypecheck.memory.estimate import EstimateOptions, estimate_with_traces, fixed_host_random
 from dtypecheck.memory.fit import DEFAULT_FIT_TIMEOUT
-from dtypecheck.memory.names import DeviceKind, Mode
 from dtypecheck.memory.subject import Subject, load_checkpoint, open_factory
+from dtypecheck.memory_words import DeviceKind, Mode
 from dtypecheck.progress import ProgressCallback, no_progress
 from dtypecheck.usercode import python_target
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from dtypecheck.dtypes import DtypeSpec
 from dtypecheck.memory.inventory import Inventory, TensorEntry
-from dtypecheck.memory.names import Optimizer, OptimizerImpl, Precision
+from dtypecheck.memory_words import Optimizer, OptimizerImpl, Precision
 
 STEP_TENSOR_BYTES = 4
 """torch keeps Adam's and Adafactor's ``step`` as a float32 scalar tensor per parameter."""

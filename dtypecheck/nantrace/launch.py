@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
-    from dtypecheck.nantrace.distributed import RankInfo
+    from dtypecheck.launcher import RankInfo
     from dtypecheck.nantrace.options import RunSettings
     from dtypecheck.nantrace.report import NanTraceReport
 

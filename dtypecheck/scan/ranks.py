@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Protocol, cast
 from dtypecheck.errors import DtypecheckError, ExitCode
 
 if TYPE_CHECKING:
-    from dtypecheck.nantrace.distributed import RankInfo
+    from dtypecheck.launcher import RankInfo
     from dtypecheck.scan.report import TensorScan
 
 POLL_S = 0.05
@@ -74,7 +74,7 @@ class Ranks:
     @classmethod
     def connect(cls, info: RankInfo, scan_number: int = 0) -> Ranks:
         """A client of the store the launcher hosts at ``MASTER_ADDR:MASTER_PORT`` (as nan-trace's ranks use)."""
-        from dtypecheck.nantrace.distributed import store_client
+        from dtypecheck.launcher import store_client
 
         store = store_client(info)
         # torch's stub types the value as str; TCPStore takes bytes as well

@@ -12,7 +12,7 @@ from dtypecheck.config import validate
 from dtypecheck.dtypes import lookup
 from dtypecheck.errors import ParameterError, UsageError
 from dtypecheck.memory import EstimateOptions, estimate_memory, open_subject
-from dtypecheck.memory.names import LossName, Mode, Optimizer, Strategy
+from dtypecheck.memory_words import LossName, Mode, Optimizer, Strategy
 from dtypecheck.render import OutputFormat, render
 
 FP32 = EstimateOptions(dtypes=(lookup("float32"),))

@@ -361,7 +361,7 @@ def _referee(total, usable: int, low: int) -> int:
 def _options(mode: str):
     from dtypecheck.dtypes import lookup
     from dtypecheck.memory import EstimateOptions
-    from dtypecheck.memory.names import Mode
+    from dtypecheck.memory_words import Mode
 
     return EstimateOptions(dtypes=(lookup("fp32"),), modes=(Mode(mode),))
 

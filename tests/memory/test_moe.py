@@ -10,7 +10,7 @@ import pytest
 
 from dtypecheck.dtypes import lookup
 from dtypecheck.memory import EstimateOptions, estimate_memory
-from dtypecheck.memory.names import Mode
+from dtypecheck.memory_words import Mode
 
 MOE = '''
 import torch

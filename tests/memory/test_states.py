@@ -14,8 +14,8 @@ from dtypecheck.memory import states
 from dtypecheck.memory.estimate import EstimateOptions, estimate_row, plan_rows
 from dtypecheck.memory.inventory import inventory_of_module
 from dtypecheck.memory.measure import make_optimizer
-from dtypecheck.memory.names import Mode, Optimizer, OptimizerImpl, Precision, Strategy
 from dtypecheck.memory.subject import Subject
+from dtypecheck.memory_words import Mode, Optimizer, OptimizerImpl, Precision, Strategy
 
 
 class Mixed(nn.Module):

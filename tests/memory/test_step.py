@@ -18,7 +18,7 @@ from torch.distributed._tools.mem_tracker import MemTracker
 
 from dtypecheck.dtypes import lookup
 from dtypecheck.memory import EstimateOptions, estimate_memory, open_subject
-from dtypecheck.memory.names import Mode
+from dtypecheck.memory_words import Mode
 
 LM = """
 import torch

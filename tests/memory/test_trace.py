@@ -19,8 +19,8 @@ from dtypecheck.dtypes import lookup
 from dtypecheck.memory import EstimateOptions, estimate_memory, open_subject
 from dtypecheck.memory.fakes import fake_inputs, fakify_module, new_fake_mode
 from dtypecheck.memory.measure import measure_row
-from dtypecheck.memory.names import Mode, Strategy
 from dtypecheck.memory.tracing import Traceable, checkpointed, linear_profiles, trace_pass
+from dtypecheck.memory_words import Mode, Strategy
 from dtypecheck.training_step import model_loss
 
 # Only ops whose CPU kernels pick a layout from the data could make the fake count differ (none of these

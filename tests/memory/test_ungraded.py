@@ -10,9 +10,9 @@ import pytest
 
 from dtypecheck.dtypes import lookup
 from dtypecheck.memory import EstimateOptions, estimate_memory
-from dtypecheck.memory.names import Mode, Strategy
 from dtypecheck.memory.scaling import ScaledProfile, scale
 from dtypecheck.memory.tracing import ActivationProfile, ExtrapolatedProfile, linear_profiles
+from dtypecheck.memory_words import Mode, Strategy
 
 FP32 = EstimateOptions(dtypes=(lookup("float32"),), modes=(Mode.training,))
 

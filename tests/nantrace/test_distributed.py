@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from dtypecheck.nantrace.distributed import RankInfo, merge, rank_info
+from dtypecheck.launcher import RankInfo, rank_info
+from dtypecheck.nantrace.distributed import merge
 from dtypecheck.nantrace.report import Event, NanTraceReport, ValueCounts
 from tests.nantrace._ranks import DDP, DDP_STEPS, NET, nproc, torchrun
 from tests.nantrace._scripts import NanTrace, line_of

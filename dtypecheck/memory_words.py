@@ -1,7 +1,8 @@
 """The word lists of ``estimate-memory``, each spelled once: the Typer choices, the ``[tool.dtypecheck]``
 validation (``dtypecheck/config.py``), the core and the docs all read these enums.
 
-Torch-free, so that the config can be validated without loading torch.
+Torch-free, so that the config can be validated without loading torch; on the ground floor, beside the cores
+rather than inside ``memory/``, so that ``config.py`` never imports another core's internals.
 """
 
 from __future__ import annotations
