@@ -131,17 +131,12 @@ def test_dtypecheck_has_no_import_circle() -> None:
 
 # --- layering: the cores stand on the ground floor, never on render/ or cli/ or each other's internals ---------
 
+PACKAGE_CORES = ("dtypecheck.scan", "dtypecheck.memory", "dtypecheck.nantrace")
+ABOVE = ("dtypecheck.render", "dtypecheck.cli")
+
 LAYER_RULES: dict[str, tuple[str, ...]] = {
-    "dtypecheck.scan": ("dtypecheck.render", "dtypecheck.cli", "dtypecheck.memory", "dtypecheck.nantrace"),
-    "dtypecheck.memory": ("dtypecheck.render", "dtypecheck.cli", "dtypecheck.scan", "dtypecheck.nantrace"),
-    "dtypecheck.nantrace": ("dtypecheck.render", "dtypecheck.cli", "dtypecheck.scan", "dtypecheck.memory"),
-    "dtypecheck.config": (
-        "dtypecheck.render",
-        "dtypecheck.cli",
-        "dtypecheck.scan",
-        "dtypecheck.nantrace",
-        "dtypecheck.memory",
-    ),
+    **{core: (*ABOVE, *(other for other in PACKAGE_CORES if other != core)) for core in PACKAGE_CORES},
+    "dtypecheck.config": (*ABOVE, *PACKAGE_CORES),
 }
 """What each core may not import: the atomic writer and the JSON form of a result live in ``dtypecheck.output``
 and the cast-target rule in ``dtypecheck.targets`` (the ground floor), so ``scan.gate``/``scan.baseline`` no longer
