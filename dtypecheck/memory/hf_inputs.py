@@ -132,13 +132,19 @@ def hf_inputs(
         leading: tuple[int, ...] = (frames,) if frames else ()
         if "aspect_ratio_ids" in accepted:
             leading = _tiles(kwargs, config, batch, seq)
+        elif "image_sizes" in accepted and _grid_pinpoints(config):
+            leading = (_anyres_patches(config, height, width),)
         kwargs["pixel_values"] = make(batch, *leading, channels, height, width)
     if "pixel_values_videos" in required:
         side = sizes_of(config, "image_size", (224,))
         frames = size_of(config, "num_frames", 8)
         kwargs["pixel_values_videos"] = make(batch, frames, size_of(config, "num_channels", 3), side[0], side[-1])
-    if "image_sizes" in accepted and "pixel_values" in kwargs and kwargs["pixel_values"].ndim == 4:
-        # Pixtral-style towers take each image's (height, width); factory ops, whose values the trace knows.
+    pixels_ndim = kwargs["pixel_values"].ndim if "pixel_values" in kwargs else 0
+    anyres = pixels_ndim == 5 and bool(_grid_pinpoints(config))
+    if "image_sizes" in accepted and ((pixels_ndim == 4 and _tower_takes_sizes(model)) or anyres):
+        # Pixtral-style towers take each image's (height, width), and so does LLaVA-NeXT's any-resolution
+        # split, to find its patches; factory ops, whose values the trace knows. (LLaVA's forward names them
+        # too, for a Pixtral tower: its CLIP tower's processor gives none, and the forward fails with them.)
         pixels = kwargs["pixel_values"]
         kwargs["image_sizes"] = torch.cat(
             [
@@ -301,6 +307,31 @@ def _tiles(kwargs: dict[str, Any], config: Any, batch: int, seq: int) -> tuple[i
     kwargs["aspect_ratio_mask"] = torch.ones((batch, 1, tiles), dtype=torch.long)
     kwargs["cross_attention_mask"] = torch.ones((batch, seq, 1, tiles), dtype=torch.long)
     return 1, tiles
+
+
+def _grid_pinpoints(config: Any) -> list[Any]:
+    """The resolutions a LLaVA-NeXT-style ("any resolution") config splits an image into tiles at, or []."""
+    found = getattr(config, "image_grid_pinpoints", None)
+    return found if isinstance(found, list) and all(isinstance(p, list | tuple) for p in found) else []
+
+
+def _anyres_patches(config: Any, height: int, width: int) -> int:
+    """How many ``height x width`` patches LLaVA-NeXT's processor makes of one image of that size: the image at
+    the tower's resolution, and the tiles of the grid resolution that fits it best (transformers' own
+    ``select_best_resolution``), one patch per ``height x width`` of it."""
+    from transformers.image_processing_utils import select_best_resolution
+
+    best_height, best_width = select_best_resolution((height, width), _grid_pinpoints(config))
+    return 1 + math.ceil(best_height / height) * math.ceil(best_width / width)
+
+
+def _tower_takes_sizes(model: torch.nn.Module) -> bool:
+    """Whether the model's ``vision_tower`` (where it names one) takes ``image_sizes`` itself."""
+    tower = getattr(model, "vision_tower", None)
+    if tower is None:
+        tower = getattr(getattr(model, "model", None), "vision_tower", None)
+    forward = getattr(tower, "forward", None)
+    return forward is None or "image_sizes" in inspect.signature(forward).parameters
 
 
 def _labels(config: Any, head: str, batch: int, seq: int, kwargs: dict[str, Any], ids: Any) -> Any:
