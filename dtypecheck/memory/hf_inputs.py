@@ -65,8 +65,15 @@ def _feature_shape(model_type: str, samples: int, bins: int | None) -> tuple[str
             kwargs["feature_size"] = bins
         extractor = cls(**kwargs)
         rate = int(getattr(extractor, "sampling_rate", 16000))
-        made = extractor(np.zeros(samples, dtype=np.float32), sampling_rate=rate, return_tensors="np")
     except Exception:  # noqa: BLE001  (an extractor that needs files or packages this machine lacks)
+        return None
+    made = None
+    # One clip, then a batch of one (Gemma 4's extractor takes only a batch).
+    for audio in (np.zeros(samples, dtype=np.float32), [np.zeros(samples, dtype=np.float32)]):
+        with contextlib.suppress(Exception):
+            made = extractor(audio, sampling_rate=rate, return_tensors="np")
+            break
+    if made is None:
         return None
     main = getattr(extractor, "model_input_names", None) or ["input_features"]
     for key in (main[0], "input_features", "input_values"):
@@ -74,6 +81,37 @@ def _feature_shape(model_type: str, samples: int, bins: int | None) -> tuple[str
         if value is not None and getattr(value, "ndim", 0) >= 2:
             return key, tuple(int(v) for v in value.shape[1:])
     return None
+
+
+@functools.cache
+def _extractor_type(config_class: type) -> str:
+    """The model type whose feature extractor makes ``config_class``'s audio: its own, else (an audio tower on its
+    own: Gemma 4's, Nemotron's) that of the nearest model whose config holds it as a sub-config."""
+    from transformers import CONFIG_MAPPING
+    from transformers.models.auto import feature_extraction_auto
+
+    names: dict[str, str] = getattr(feature_extraction_auto, "FEATURE_EXTRACTOR_MAPPING_NAMES")  # noqa: B009
+    own = str(getattr(config_class, "model_type", ""))
+    wanted, seen = [config_class], {config_class}
+    for _depth in range(3):  # the tower's model, and the speech model holding that (Nemotron 3.5's)
+        holders = [
+            (name, holder)
+            for name, holder in CONFIG_MAPPING.items()
+            if holder not in seen and any(sub in wanted for sub in _sub_configs(holder))
+        ]
+        if own in names or not holders:
+            return own
+        found = next((name for name, _ in holders if name in names), None)
+        if found is not None:
+            return found
+        wanted = [holder for _, holder in holders]
+        seen.update(wanted)
+    return own
+
+
+def _sub_configs(config_class: type) -> list[type]:
+    subs = getattr(config_class, "sub_configs", None)
+    return list(subs.values()) if isinstance(subs, dict) else []
 
 
 VISUAL_REGIONS = 36
@@ -271,7 +309,7 @@ def _audio(kwargs: dict[str, Any], config: Any, main: str, batch: int, seq: int,
     hop = 160  # 10 ms at 16 kHz, the common spectrogram hop
     samples = seq * (stride if main == "input_values" else hop)
     bins = size_of(config, "num_mel_bins", 0) or None
-    model_type = str(getattr(config, "model_type", ""))
+    model_type = _extractor_type(type(config))
     from torch.utils._python_dispatch import _disable_current_modes
 
     # The extractor's own torch ops (Whisper's STFT) are not the model's: run it outside the fake mode and the

@@ -1,5 +1,6 @@
 """More general fixes of the real-size config sweep's failures (issue 28.1): LLaVA-NeXT's any-resolution tiles,
-LLaVA's CLIP tower without Pixtral's image sizes, each checked at tiny size against MemTracker."""
+LLaVA's CLIP tower without Pixtral's image sizes, an audio tower's features from the extractor of the model
+holding it, each checked at tiny size against MemTracker."""
 
 from __future__ import annotations
 
@@ -77,3 +78,41 @@ def test_a_llava_with_a_clip_tower_gets_no_image_sizes():
 
 def test_a_llava_model_is_within_5_percent_of_memtracker(tmp_path):
     _within_5_percent_of_memtracker(tmp_path, _llava())
+
+
+def test_an_audio_tower_on_its_own_gets_the_features_of_the_model_that_holds_it():
+    from dtypecheck.memory.hf_inputs import _extractor_type
+
+    # Nemotron's diarization tower has no extractor of its own; the diarization model holding it has.
+    config = transformers.Nemotron3DiarizationAudioConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+        num_mel_bins=16,
+    )  # fmt: skip
+    assert _extractor_type(type(config)) == "nemotron3_diarization"
+    assert _extractor_type(transformers.WhisperConfig) == "whisper"
+    with torch.device("meta"):
+        model = transformers.AutoModel.from_config(config)
+    # (batch, frames, bins) as its extractor makes them; before: (batch, bins, frames), which its first
+    # projection refuses ("a and b must have same reduction dim").
+    features = _inputs(model, config)["input_features"]
+    assert (features.shape[0], features.shape[-1]) == (1, 16)
+    assert features.shape[1] > 1
+
+
+def test_an_audio_tower_on_its_own_is_within_5_percent_of_memtracker(tmp_path):
+    _within_5_percent_of_memtracker(
+        tmp_path,
+        transformers.Nemotron3DiarizationAudioConfig(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+            num_mel_bins=16,
+        ),
+    )  # fmt: skip
+
+
+def test_a_batch_only_extractor_is_given_a_batch_of_one():
+    from dtypecheck.memory.hf_inputs import _feature_shape
+
+    # Gemma 4's extractor refuses a single clip ("cannot select an axis to squeeze out").
+    found = _feature_shape("gemma4", 2560, None)
+    assert found is not None
+    assert (found[0], len(found[1])) == ("input_features", 2)
