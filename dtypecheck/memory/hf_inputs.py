@@ -83,15 +83,21 @@ def _feature_shape(model_type: str, samples: int, bins: int | None) -> tuple[str
     return None
 
 
-@functools.cache
+_EXTRACTOR_TYPES: dict[type, str] = {}
+"""``_extractor_type``'s answers by config class."""
+
+
 def _extractor_type(config_class: type) -> str:
     """The model type whose feature extractor makes ``config_class``'s audio: its own, else (an audio tower on its
     own: Gemma 4's, Nemotron's) that of the nearest model whose config holds it as a sub-config."""
     from transformers import CONFIG_MAPPING
     from transformers.models.auto import feature_extraction_auto
 
+    if config_class in _EXTRACTOR_TYPES:
+        return _EXTRACTOR_TYPES[config_class]
     names: dict[str, str] = getattr(feature_extraction_auto, "FEATURE_EXTRACTOR_MAPPING_NAMES")  # noqa: B009
     own = str(getattr(config_class, "model_type", ""))
+    _EXTRACTOR_TYPES[config_class] = own
     wanted, seen = [config_class], {config_class}
     for _depth in range(3):  # the tower's model, and the speech model holding that (Nemotron 3.5's)
         holders = [
@@ -101,8 +107,9 @@ def _extractor_type(config_class: type) -> str:
         ]
         if own in names or not holders:
             return own
-        found = next((name for name, _ in holders if name in names), None)
+        found = next((str(name) for name, _ in holders if name in names), None)
         if found is not None:
+            _EXTRACTOR_TYPES[config_class] = found
             return found
         wanted = [holder for _, holder in holders]
         seen.update(wanted)
@@ -360,7 +367,7 @@ def _anyres_patches(config: Any, height: int, width: int) -> int:
     from transformers.image_processing_utils import select_best_resolution
 
     best_height, best_width = select_best_resolution((height, width), _grid_pinpoints(config))
-    return 1 + math.ceil(best_height / height) * math.ceil(best_width / width)
+    return 1 + math.ceil(int(best_height) / height) * math.ceil(int(best_width) / width)
 
 
 def _tower_takes_sizes(model: torch.nn.Module) -> bool:
