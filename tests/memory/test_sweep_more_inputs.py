@@ -116,3 +116,40 @@ def test_a_batch_only_extractor_is_given_a_batch_of_one():
     found = _feature_shape("gemma4", 2560, None)
     assert found is not None
     assert (found[0], len(found[1])) == ("input_features", 2)
+
+
+def test_longformers_global_attention_check_is_answered_from_its_known_mask(tmp_path):
+    # ``(attention_mask > 0).any().item()`` of the float mask the model makes of its known 0/1 mask; before:
+    # "aten._local_scalar_dense ... depends on tensor values the trace does not know".
+    _within_5_percent_of_memtracker(
+        tmp_path,
+        transformers.LongformerConfig(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, vocab_size=128,
+            attention_window=8, max_position_embeddings=64,
+        ),
+    )  # fmt: skip
+
+
+def test_vilts_default_pixel_mask_of_ones_is_known(tmp_path):
+    # ViLT makes a pixel mask of ones (float), interpolates it to its patch grid and sizes each image's patches
+    # from it; before: "aten._local_scalar_dense ... depends on tensor values the trace does not know".
+    _within_5_percent_of_memtracker(
+        tmp_path,
+        transformers.ViltConfig(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, vocab_size=128,
+            image_size=32, patch_size=8, max_image_length=-1,
+        ),
+    )  # fmt: skip
+
+
+def test_the_zeros_standing_for_a_models_pixels_stay_unknown(tmp_path):
+    from dtypecheck.memory.routing import Shadows
+
+    shadows = Shadows(None)  # type: ignore[arg-type]
+    with torch.device("meta"):
+        pixels, ids = torch.zeros(1, 3, 4, 4), torch.zeros(1, 4, dtype=torch.long)
+    shadows.values[pixels] = torch.zeros(1, 3, 4, 4)
+    shadows.values[ids] = torch.zeros(1, 4, dtype=torch.long)
+    shadows.forget_data({"pixel_values": pixels, "input_ids": ids})
+    assert pixels not in shadows.values
+    assert ids in shadows.values
