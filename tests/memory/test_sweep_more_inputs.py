@@ -153,3 +153,22 @@ def test_the_zeros_standing_for_a_models_pixels_stay_unknown(tmp_path):
     shadows.forget_data({"pixel_values": pixels, "input_ids": ids})
     assert pixels not in shadows.values
     assert ids in shadows.values
+
+
+def _jamba(layers: int):
+    # Attention only at layer 3: copies of 1-3 blocks (layers 0-2) are Mamba alone.
+    return transformers.JambaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=2,
+        num_key_value_heads=2, vocab_size=128, num_experts=2, num_experts_per_tok=1, mamba_d_state=4,
+        mamba_dt_rank=4, mamba_expand=2, attn_layer_period=8, attn_layer_offset=3, expert_layer_period=8,
+        expert_layer_offset=7,
+    )  # fmt: skip
+
+
+def test_a_model_whose_later_blocks_differ_from_its_first_is_not_extrapolated_from_them(tmp_path):
+    _jamba(5).to_json_file(str(tmp_path / "config.json"))
+    report = estimate_memory(str(tmp_path), FP32, measure=True, seq_len=16)
+    # Before: "activations of 5 identical blocks extrapolated from traces with 1 and 2 blocks", which have no
+    # attention layer.
+    assert not any("extrapolated" in note for note in report.model.notes)
+    assert max(abs(m.error) for m in report.measurements) <= 0.05, report.measurements
