@@ -180,7 +180,8 @@ def hf_inputs(
         elif "image_sizes" in accepted and _grid_pinpoints(config):
             leading = (_anyres_patches(config, height, width),)
         kwargs["pixel_values"] = make(batch, *leading, channels, height, width)
-    if "pixel_values_videos" in required:
+    if "pixel_values_videos" in required or (main == "pixel_values_videos" and "pixel_values" not in kwargs):
+        # A video tower whose main input is its clip (VideoPrism's, optional in its signature).
         side = sizes_of(config, "image_size", (224,))
         frames = size_of(config, "num_frames", 8)
         kwargs["pixel_values_videos"] = make(batch, frames, size_of(config, "num_channels", 3), side[0], side[-1])

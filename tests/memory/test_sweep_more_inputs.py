@@ -172,3 +172,22 @@ def test_a_model_whose_later_blocks_differ_from_its_first_is_not_extrapolated_fr
     # attention layer.
     assert not any("extrapolated" in note for note in report.model.notes)
     assert max(abs(m.error) for m in report.measurements) <= 0.05, report.measurements
+
+
+def _videoprism():
+    return transformers.VideoPrismVisionConfig(
+        image_size=36, num_frames=2, tubelet_size=[1, 18, 18], hidden_size=32, num_attention_heads=2,
+        intermediate_size=64, num_spatial_layers=1, num_temporal_layers=1, num_auxiliary_layers=1,
+    )  # fmt: skip
+
+
+def test_a_video_tower_whose_main_input_is_its_clip_gets_a_clip():
+    config = _videoprism()
+    with torch.device("meta"):
+        model = transformers.AutoModel.from_config(config)
+    # Before: token ids of the clip's name, (1, 16) ("not enough values to unpack (expected 5, got 2)").
+    assert tuple(_inputs(model, config)["pixel_values_videos"].shape) == (1, 2, 3, 36, 36)
+
+
+def test_a_video_tower_is_within_5_percent_of_memtracker(tmp_path):
+    _within_5_percent_of_memtracker(tmp_path, _videoprism())
