@@ -260,6 +260,10 @@ def hf_inputs(
             kwargs["input_features_mask"] = torch.ones((batch, int(features.shape[-1])), dtype=torch.long)
     if not kwargs and main in accepted:
         kwargs[main] = ids(batch, seq)
+    elif not kwargs and "input_ids" in accepted:
+        # A text tower whose class keeps a vision parent's main input name (SAM3-lite-text's, "pixel_values",
+        # which its forward does not take): its forward's token ids.
+        kwargs["input_ids"] = ids(batch, seq)
     decoder = head in ("Seq2SeqLM", "SpeechSeq2Seq") or bool(getattr(config, "is_encoder_decoder", False))
     if decoder and "decoder_input_ids" in accepted:
         kwargs["decoder_input_ids"] = ids(batch, seq)  # given, not derived from labels (some configs cannot)

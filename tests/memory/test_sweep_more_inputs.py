@@ -191,3 +191,18 @@ def test_a_video_tower_whose_main_input_is_its_clip_gets_a_clip():
 
 def test_a_video_tower_is_within_5_percent_of_memtracker(tmp_path):
     _within_5_percent_of_memtracker(tmp_path, _videoprism())
+
+
+def test_a_text_tower_named_after_a_vision_parents_input_gets_token_ids():
+    from dtypecheck.memory.hf_inputs import hf_inputs
+
+    class TextTower(torch.nn.Module):
+        main_input_name = "pixel_values"  # SAM3-lite-text's text model keeps its vision parent's
+
+        def forward(self, input_ids=None, attention_mask=None):
+            return input_ids
+
+    config = transformers.PretrainedConfig(vocab_size=128)
+    found = hf_inputs(TextTower(), config, "Model", 1, 16, train=False, labels=False, real=False)
+    # Before: no inputs at all ("embedding(): argument 'indices' must be Tensor, not NoneType").
+    assert tuple(found["input_ids"].shape) == (1, 16)
