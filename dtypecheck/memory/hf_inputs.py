@@ -258,6 +258,10 @@ def hf_inputs(
             # Which frames are real (AudioFlamingo3's encoder counts them): every one, as the extractor says of
             # unpadded audio.
             kwargs["input_features_mask"] = torch.ones((batch, int(features.shape[-1])), dtype=torch.long)
+    if "latents" in required and not kwargs:
+        # A codec's decoder on its own (Mimi's): the continuous latents its encoder makes, (batch, hidden_size,
+        # frames), ``seq`` frames of them.
+        kwargs["latents"] = make(batch, size_of(config, "hidden_size", 1), seq)
     if not kwargs and main in accepted:
         kwargs[main] = ids(batch, seq)
     elif not kwargs and "input_ids" in accepted:

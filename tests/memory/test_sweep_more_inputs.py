@@ -206,3 +206,14 @@ def test_a_text_tower_named_after_a_vision_parents_input_gets_token_ids():
     found = hf_inputs(TextTower(), config, "Model", 1, 16, train=False, labels=False, real=False)
     # Before: no inputs at all ("embedding(): argument 'indices' must be Tensor, not NoneType").
     assert tuple(found["input_ids"].shape) == (1, 16)
+
+
+def test_a_codecs_decoder_on_its_own_gets_continuous_latents():
+    config = transformers.MimiDecoderConfig() if hasattr(transformers, "MimiDecoderConfig") else None
+    if config is None:
+        pytest.skip("this transformers has no MimiDecoderConfig")
+    with torch.device("meta"):
+        model = transformers.AutoModel.from_config(config)
+    # (batch, hidden_size, frames), as its docs say; before: token ids (1, 16), which its first transposed
+    # convolution refuses.
+    assert tuple(_inputs(model, config)["latents"].shape) == (1, config.hidden_size, 16)
