@@ -98,14 +98,17 @@ def _extractor_type(config_class: type) -> str:
     names: dict[str, str] = getattr(feature_extraction_auto, "FEATURE_EXTRACTOR_MAPPING_NAMES")  # noqa: B009
     own = str(getattr(config_class, "model_type", ""))
     _EXTRACTOR_TYPES[config_class] = own
+    if own in names:
+        return own
     wanted, seen = [config_class], {config_class}
     for _depth in range(3):  # the tower's model, and the speech model holding that (Nemotron 3.5's)
+        # (Reading every config class's sub-configs imports them all: a few seconds, once per tower.)
         holders = [
             (name, holder)
             for name, holder in CONFIG_MAPPING.items()
             if holder not in seen and any(sub in wanted for sub in _sub_configs(holder))
         ]
-        if own in names or not holders:
+        if not holders:
             return own
         found = next((str(name) for name, _ in holders if name in names), None)
         if found is not None:
