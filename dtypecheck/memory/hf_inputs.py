@@ -425,7 +425,9 @@ def _patch_grid(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, bat
     Returns the image tokens each image stands for (its patches over the merged cells)."""
     import torch
 
-    vision = getattr(config, "vision_config", None) or config
+    # A retriever's wrapped VLM holds the tower's config (ColQwen2's ``vlm_config``).
+    wrapped = getattr(config, "vlm_config", None)
+    vision = getattr(config, "vision_config", None) or getattr(wrapped, "vision_config", None) or config
     patch = size_of(vision, "patch_size", 14)
     # MuseSpark's tower names them ``merge_size`` and ``patch_temporal``, Kimi-K2.5's ``merge_kernel_size``.
     merge = (
@@ -441,6 +443,10 @@ def _patch_grid(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, bat
         # Kimi-K2.5's tower (its config names ``merge_kernel_size``) runs a 2-D convolution over each patch as
         # given, unflattened (HunYuan-VL's, also 2-D, reshapes flat patches itself).
         kwargs["pixel_values"] = make(batch * cells * cells, channels, patch, patch)
+    elif wrapped is not None:
+        # ColQwen2's processor pads each image's patches to the batch's longest, (batch, patches, values), and
+        # its forward unpads them by the grid.
+        kwargs["pixel_values"] = make(batch, cells * cells, channels * temporal * patch * patch)
     else:
         kwargs["pixel_values"] = make(batch * cells * cells, channels * temporal * patch * patch)
     # Made of factory ops, whose values the trace knows (the vision tower reads them).

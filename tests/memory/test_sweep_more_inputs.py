@@ -217,3 +217,39 @@ def test_a_codecs_decoder_on_its_own_gets_continuous_latents():
     # (batch, hidden_size, frames), as its docs say; before: token ids (1, 16), which its first transposed
     # convolution refuses.
     assert tuple(_inputs(model, config)["latents"].shape) == (1, config.hidden_size, 16)
+
+
+def _colqwen2():
+    vlm = transformers.Qwen2VLConfig(
+        text_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                     "num_key_value_heads": 2, "vocab_size": 128,
+                     "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3]}},
+        vision_config={"depth": 1, "embed_dim": 32, "hidden_size": 32, "num_heads": 2, "mlp_ratio": 2,
+                       "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2},
+        image_token_id=120, vision_start_token_id=121, vision_end_token_id=122, video_token_id=123,
+    )  # fmt: skip
+    return transformers.ColQwen2Config(vlm_config=vlm, embedding_dim=16)
+
+
+def test_a_retriever_wrapping_a_qwen_vl_gets_each_samples_patches_padded_and_their_grid():
+    config = _colqwen2()
+    with torch.device("meta"):
+        model = transformers.ColQwen2ForRetrieval(config)
+    found = _inputs(model, config)
+    # 224 pixels: 16 patches a side of 3 x 2 x 14 x 14 values, one image a sample, as ColQwen2's processor pads
+    # them; before: (256, 588) flat patches of the retriever's own (absent) vision config.
+    assert tuple(found["pixel_values"].shape) == (1, 16 * 16, 3 * 2 * 14 * 14)
+    assert found["image_grid_thw"].tolist() == [[1, 16, 16]]
+    assert tuple(found["input_ids"].shape) == (1, 8 * 8 + 16)  # a placeholder per merged cell, then the text
+
+
+def test_a_retriever_wrapping_a_qwen_vl_is_within_5_percent_of_memtracker(tmp_path):
+    _within_5_percent_of_memtracker(tmp_path, _colqwen2())
+
+
+def test_the_sweep_pairs_a_wrapped_vlms_merger_with_its_text_width():
+    from benchmarks.memory_config_sweep import coherent
+
+    colqwen2 = coherent(transformers.ColQwen2Config())
+    vlm = colqwen2.vlm_config
+    assert vlm.vision_config.hidden_size == vlm.text_config.hidden_size
