@@ -143,6 +143,9 @@ def coherent(config: Any) -> Any:
     vocab = getattr(text, "vocab_size", None)
     if "num_query_tokens" in vars(config) and vars(config).get("image_token_index", 0) is None and vocab:
         config.image_token_index = vocab - 1
+    # A retriever wrapping a VLM (ColQwen2's Qwen2-VL) has that VLM's defaults, paired as the VLM's are.
+    if getattr(config, "vlm_config", None) is not None:
+        coherent(config.vlm_config)
     return config
 
 

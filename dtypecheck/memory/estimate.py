@@ -235,6 +235,8 @@ class TraceCache:
         training = row.mode == "training"
         if self.attribute or not (layers and layers > SHALLOW_LAYERS[-1] and self._shallow_built(SHALLOW_LAYERS)):
             return self._trace(traceable, row, compute, amp)
+        if not self._copies_hold_every_kind(traceable):
+            return self._trace(traceable, row, compute, amp)
         if training in self.linear_from:
             start = self.linear_from[training]
             if start is None:
@@ -251,6 +253,14 @@ class TraceCache:
                 return self._trace(traceable, row, compute, amp)
         self.extrapolated_from[training] = start
         return ExtrapolatedProfile(profiles[0], profiles[1], start, layers)
+
+    def _copies_hold_every_kind(self, traceable: Traceable) -> bool:
+        """Whether the shallow copies hold every kind of module the whole model has: where its blocks differ
+        (NLLB-MoE's experts every 4th layer, DeepSeek-V3's after 3 dense layers, Jamba's attention every 8th),
+        copies of the first few blocks have none of the others, whose bytes an extrapolation would never count."""
+        whole = {type(m) for m in traceable.module.modules()}
+        copies = {type(m) for count in SHALLOW_LAYERS for m in self.shallow[count].module.modules()}
+        return whole <= copies
 
     def _shallow_built(self, counts: tuple[int, ...]) -> bool:
         """Whether copies of the model with ``counts`` blocks exist (built now if need be); False (and never

@@ -65,8 +65,15 @@ def _feature_shape(model_type: str, samples: int, bins: int | None) -> tuple[str
             kwargs["feature_size"] = bins
         extractor = cls(**kwargs)
         rate = int(getattr(extractor, "sampling_rate", 16000))
-        made = extractor(np.zeros(samples, dtype=np.float32), sampling_rate=rate, return_tensors="np")
     except Exception:  # noqa: BLE001  (an extractor that needs files or packages this machine lacks)
+        return None
+    made = None
+    # One clip, then a batch of one (Gemma 4's extractor takes only a batch).
+    for audio in (np.zeros(samples, dtype=np.float32), [np.zeros(samples, dtype=np.float32)]):
+        with contextlib.suppress(Exception):
+            made = extractor(audio, sampling_rate=rate, return_tensors="np")
+            break
+    if made is None:
         return None
     main = getattr(extractor, "model_input_names", None) or ["input_features"]
     for key in (main[0], "input_features", "input_values"):
@@ -74,6 +81,47 @@ def _feature_shape(model_type: str, samples: int, bins: int | None) -> tuple[str
         if value is not None and getattr(value, "ndim", 0) >= 2:
             return key, tuple(int(v) for v in value.shape[1:])
     return None
+
+
+_EXTRACTOR_TYPES: dict[type, str] = {}
+"""``_extractor_type``'s answers by config class."""
+
+
+def _extractor_type(config_class: type) -> str:
+    """The model type whose feature extractor makes ``config_class``'s audio: its own, else (an audio tower on its
+    own: Gemma 4's, Nemotron's) that of the nearest model whose config holds it as a sub-config."""
+    from transformers import CONFIG_MAPPING
+    from transformers.models.auto import feature_extraction_auto
+
+    if config_class in _EXTRACTOR_TYPES:
+        return _EXTRACTOR_TYPES[config_class]
+    names: dict[str, str] = getattr(feature_extraction_auto, "FEATURE_EXTRACTOR_MAPPING_NAMES")  # noqa: B009
+    own = str(getattr(config_class, "model_type", ""))
+    _EXTRACTOR_TYPES[config_class] = own
+    if own in names:
+        return own
+    wanted, seen = [config_class], {config_class}
+    for _depth in range(3):  # the tower's model, and the speech model holding that (Nemotron 3.5's)
+        # (Reading every config class's sub-configs imports them all: a few seconds, once per tower.)
+        holders = [
+            (name, holder)
+            for name, holder in CONFIG_MAPPING.items()
+            if holder not in seen and any(sub in wanted for sub in _sub_configs(holder))
+        ]
+        if not holders:
+            return own
+        found = next((str(name) for name, _ in holders if name in names), None)
+        if found is not None:
+            _EXTRACTOR_TYPES[config_class] = found
+            return found
+        wanted = [holder for _, holder in holders]
+        seen.update(wanted)
+    return own
+
+
+def _sub_configs(config_class: type) -> list[type]:
+    subs = getattr(config_class, "sub_configs", None)
+    return list(subs.values()) if isinstance(subs, dict) else []
 
 
 VISUAL_REGIONS = 36
@@ -132,13 +180,20 @@ def hf_inputs(
         leading: tuple[int, ...] = (frames,) if frames else ()
         if "aspect_ratio_ids" in accepted:
             leading = _tiles(kwargs, config, batch, seq)
+        elif "image_sizes" in accepted and _grid_pinpoints(config):
+            leading = (_anyres_patches(config, height, width),)
         kwargs["pixel_values"] = make(batch, *leading, channels, height, width)
-    if "pixel_values_videos" in required:
+    if "pixel_values_videos" in required or (main == "pixel_values_videos" and "pixel_values" not in kwargs):
+        # A video tower whose main input is its clip (VideoPrism's, optional in its signature).
         side = sizes_of(config, "image_size", (224,))
         frames = size_of(config, "num_frames", 8)
         kwargs["pixel_values_videos"] = make(batch, frames, size_of(config, "num_channels", 3), side[0], side[-1])
-    if "image_sizes" in accepted and "pixel_values" in kwargs and kwargs["pixel_values"].ndim == 4:
-        # Pixtral-style towers take each image's (height, width); factory ops, whose values the trace knows.
+    pixels_ndim = kwargs["pixel_values"].ndim if "pixel_values" in kwargs else 0
+    anyres = pixels_ndim == 5 and bool(_grid_pinpoints(config))
+    if "image_sizes" in accepted and ((pixels_ndim == 4 and _tower_takes_sizes(model)) or anyres):
+        # Pixtral-style towers take each image's (height, width), and so does LLaVA-NeXT's any-resolution
+        # split, to find its patches; factory ops, whose values the trace knows. (LLaVA's forward names them
+        # too, for a Pixtral tower: its CLIP tower's processor gives none, and the forward fails with them.)
         pixels = kwargs["pixel_values"]
         kwargs["image_sizes"] = torch.cat(
             [
@@ -206,8 +261,16 @@ def hf_inputs(
             # Which frames are real (AudioFlamingo3's encoder counts them): every one, as the extractor says of
             # unpadded audio.
             kwargs["input_features_mask"] = torch.ones((batch, int(features.shape[-1])), dtype=torch.long)
+    if "latents" in required and not kwargs:
+        # A codec's decoder on its own (Mimi's): the continuous latents its encoder makes, (batch, hidden_size,
+        # frames), ``seq`` frames of them.
+        kwargs["latents"] = make(batch, size_of(config, "hidden_size", 1), seq)
     if not kwargs and main in accepted:
         kwargs[main] = ids(batch, seq)
+    elif not kwargs and "input_ids" in accepted:
+        # A text tower whose class keeps a vision parent's main input name (SAM3-lite-text's, "pixel_values",
+        # which its forward does not take): its forward's token ids.
+        kwargs["input_ids"] = ids(batch, seq)
     decoder = head in ("Seq2SeqLM", "SpeechSeq2Seq") or bool(getattr(config, "is_encoder_decoder", False))
     if decoder and "decoder_input_ids" in accepted:
         kwargs["decoder_input_ids"] = ids(batch, seq)  # given, not derived from labels (some configs cannot)
@@ -265,7 +328,7 @@ def _audio(kwargs: dict[str, Any], config: Any, main: str, batch: int, seq: int,
     hop = 160  # 10 ms at 16 kHz, the common spectrogram hop
     samples = seq * (stride if main == "input_values" else hop)
     bins = size_of(config, "num_mel_bins", 0) or None
-    model_type = str(getattr(config, "model_type", ""))
+    model_type = _extractor_type(type(config))
     from torch.utils._python_dispatch import _disable_current_modes
 
     # The extractor's own torch ops (Whisper's STFT) are not the model's: run it outside the fake mode and the
@@ -303,6 +366,31 @@ def _tiles(kwargs: dict[str, Any], config: Any, batch: int, seq: int) -> tuple[i
     return 1, tiles
 
 
+def _grid_pinpoints(config: Any) -> list[Any]:
+    """The resolutions a LLaVA-NeXT-style ("any resolution") config splits an image into tiles at, or []."""
+    found = getattr(config, "image_grid_pinpoints", None)
+    return found if isinstance(found, list) and all(isinstance(p, list | tuple) for p in found) else []
+
+
+def _anyres_patches(config: Any, height: int, width: int) -> int:
+    """How many ``height x width`` patches LLaVA-NeXT's processor makes of one image of that size: the image at
+    the tower's resolution, and the tiles of the grid resolution that fits it best (transformers' own
+    ``select_best_resolution``), one patch per ``height x width`` of it."""
+    from transformers.image_processing_utils import select_best_resolution
+
+    best_height, best_width = select_best_resolution((height, width), _grid_pinpoints(config))
+    return 1 + math.ceil(int(best_height) / height) * math.ceil(int(best_width) / width)
+
+
+def _tower_takes_sizes(model: torch.nn.Module) -> bool:
+    """Whether the model's ``vision_tower`` (where it names one) takes ``image_sizes`` itself."""
+    tower = getattr(model, "vision_tower", None)
+    if tower is None:
+        tower = getattr(getattr(model, "model", None), "vision_tower", None)
+    forward = getattr(tower, "forward", None)
+    return forward is None or "image_sizes" in inspect.signature(forward).parameters
+
+
 def _labels(config: Any, head: str, batch: int, seq: int, kwargs: dict[str, Any], ids: Any) -> Any:
     """Labels the head computes its own loss from, or None for a head whose labels this does not know (the
     default loss is then taken of its output)."""
@@ -337,7 +425,9 @@ def _patch_grid(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, bat
     Returns the image tokens each image stands for (its patches over the merged cells)."""
     import torch
 
-    vision = getattr(config, "vision_config", None) or config
+    # A retriever's wrapped VLM holds the tower's config (ColQwen2's ``vlm_config``).
+    wrapped = getattr(config, "vlm_config", None)
+    vision = getattr(config, "vision_config", None) or getattr(wrapped, "vision_config", None) or config
     patch = size_of(vision, "patch_size", 14)
     # MuseSpark's tower names them ``merge_size`` and ``patch_temporal``, Kimi-K2.5's ``merge_kernel_size``.
     merge = (
@@ -353,6 +443,10 @@ def _patch_grid(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, bat
         # Kimi-K2.5's tower (its config names ``merge_kernel_size``) runs a 2-D convolution over each patch as
         # given, unflattened (HunYuan-VL's, also 2-D, reshapes flat patches itself).
         kwargs["pixel_values"] = make(batch * cells * cells, channels, patch, patch)
+    elif wrapped is not None:
+        # ColQwen2's processor pads each image's patches to the batch's longest, (batch, patches, values), and
+        # its forward unpads them by the grid.
+        kwargs["pixel_values"] = make(batch, cells * cells, channels * temporal * patch * patch)
     else:
         kwargs["pixel_values"] = make(batch * cells * cells, channels * temporal * patch * patch)
     # Made of factory ops, whose values the trace knows (the vision tower reads them).

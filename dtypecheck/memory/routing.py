@@ -98,6 +98,21 @@ def _is_index_dtype(tensor: torch.Tensor) -> bool:
     return tensor.numel() <= SCALAR_LIMIT
 
 
+DERIVED_LIMIT = 1 << 20
+"""Floating tensors up to this many elements are shadowed when computed from known values only (or made without
+data): an attention mask made of the known 0/1 mask (Longformer's ``attention_mask > 0`` after
+``(1 - mask) * min``), ViLT's default pixel mask of ones, interpolated to its patch grid. The model's floating
+inputs are not (``Shadows.forget_data``): their zeros stand for data the trace does not have."""
+
+
+def _shadowable(tensor: torch.Tensor, *, derived: bool) -> bool:
+    """Whether ``tensor``'s real value is kept: an integer or boolean tensor (or floating scalar) up to
+    ``SHADOW_LIMIT`` elements, or, ``derived`` from known values, a floating one up to ``DERIVED_LIMIT``."""
+    if _is_index_dtype(tensor):
+        return tensor.numel() <= SHADOW_LIMIT
+    return derived and tensor.is_floating_point() and tensor.numel() <= DERIVED_LIMIT
+
+
 def _is_real(tensor: object) -> bool:
     """A tensor with data of its own: a constant the model's forward makes of Python values (the fake mode lets
     such real tensors meet fake ones), not a fake or a meta tensor."""
@@ -226,29 +241,40 @@ class Shadows:
         with unset_fake_temporarily():
             return func(*self._real(args), **self._real(kwargs))
 
-    def _remember(self, fake: Any, real: Any) -> None:
+    def _remember(self, fake: Any, real: Any, *, derived: bool = False) -> None:
         import torch
         from torch.utils._pytree import tree_flatten
 
         fakes, reals = tree_flatten(fake)[0], tree_flatten(real)[0]
         for f, r in zip(fakes, reals, strict=False):
-            tensors = isinstance(f, torch.Tensor) and isinstance(r, torch.Tensor) and _is_index_dtype(f)
-            if tensors and r.numel() <= SHADOW_LIMIT and tuple(r.shape) == tuple(f.shape):
+            tensors = isinstance(f, torch.Tensor) and isinstance(r, torch.Tensor) and _shadowable(f, derived=derived)
+            if tensors and tuple(r.shape) == tuple(f.shape):
                 self.values[f] = r
 
     def _follow(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
-        """Compute the real values of an op whose inputs are all known (cheap: small integer tensors)."""
+        """Compute the real values of an op whose inputs are all known (cheap: small integer tensors, and the
+        floating tensors computed from known ones, see ``DERIVED_LIMIT``)."""
         import torch
         from torch.utils._pytree import tree_flatten
 
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        if not outs or not all(_is_index_dtype(t) and t.numel() <= SHADOW_LIMIT for t in outs):
+        if not outs or not all(_shadowable(t, derived=True) for t in outs):
             return
         real = self._run_real(func, args, kwargs)
         if func._schema.is_mutable:
             # In place: the real tensors were updated alongside; their shadows still stand.
             return
-        self._remember(out, real)
+        self._remember(out, real, derived=True)
+
+    def forget_data(self, inputs: Any) -> None:
+        """The model's floating inputs (fake stand-ins for data, made of zeros) are values the trace does not
+        know."""
+        import torch
+        from torch.utils._pytree import tree_flatten
+
+        for value in tree_flatten(inputs)[0]:
+            if isinstance(value, torch.Tensor) and (value.is_floating_point() or value.is_complex()):
+                self.values.pop(value)
 
     def _forget_mutated(self, func: Any, args: tuple[Any, ...]) -> None:
         """An in-place op with unknown inputs leaves the tensors it wrote unknown."""

@@ -615,6 +615,7 @@ def trace_pass(
             scalars_as_numbers(),
         ):
             inputs = cast_inputs(traceable.inputs(), input_dtype)
+            shadows.forget_data(inputs)
             for value in tree_flatten(inputs)[0]:
                 if isinstance(value, torch.Tensor):
                     tracker.track(value)
