@@ -1,0 +1,170 @@
+"""What a model folder's other loaders run, beyond ``torch.load`` of its top-level files (red team, round 5).
+
+Each payload sits beside clean weights (``model.safetensors``) that the scan reads, so the payload is the only
+thing wrong with the folder, and each is proven live by the loader that really reads it:
+
+- a pickle in a subfolder: a Trainer's ``checkpoint-500/optimizer.pt`` (resumed with ``torch.load``), a symlinked
+  one (``rng_state.pth`` of a folder elsewhere): the scan judged the top level only;
+- code named by ``auto_map`` in ``config.json`` or ``tokenizer_config.json`` (``from_pretrained(...,
+  trust_remote_code=True)`` imports it), also with the key spelled by a JSON escape;
+- ``.npy``/``.npz`` arrays of objects, whose pickle ``np.load(allow_pickle=True)`` runs after the array header
+  (``torch.load`` of the same file fails at its first byte, so reading it as ``torch.load`` does found nothing).
+
+Beside them, the benign folders those loaders read: numeric and string arrays saved plainly, a real config without
+``auto_map``, and a Trainer's output folder with its ``checkpoint-N`` subfolder (exit 0).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tests.security.corpus import Hostile, code_payload
+
+KLASS = "folder-loaders"
+
+
+class _Payload:
+    """Pickles as ``exec(code)``, wherever a framework pickles it (``torch.save``, ``np.save`` of an object)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.code = code_payload(marker)
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return exec, (self.code,)
+
+
+def _weights(folder: Path) -> Path:
+    import torch
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({"w": torch.ones(2)}, folder / "model.safetensors")
+    return folder
+
+
+def _objects(payload: object) -> Any:
+    """A two-element object array, as a dataset's labels or a tokenizer's vocabulary is saved with ``np.save``."""
+    import numpy as np
+
+    array = np.empty(2, dtype=object)
+    array[0], array[1] = "label", payload
+    return array
+
+
+_CONFIG_CODE = """{code}
+from transformers import PretrainedConfig
+
+
+class EvilConfig(PretrainedConfig):
+    model_type = "evil"
+"""
+_TOKENIZER_CODE = """{code}
+from transformers import PreTrainedTokenizer
+
+
+class EvilTokenizer(PreTrainedTokenizer):
+    pass
+"""
+
+
+def build(folder: Path) -> list[Hostile]:
+    import numpy as np
+    import torch
+
+    out: list[Hostile] = []
+
+    def canary(name: str) -> Path:
+        return folder / f"canary-{name}"
+
+    def add(name: str, target: Path, loads: Path, loader: str = "torch.load") -> None:
+        args = ("scan-model", str(target))
+        out.append(Hostile(name, KLASS, args, frozenset({1}), canary(name), loads, loader=loader))
+
+    def benign(name: str, target: Path) -> None:
+        args = ("scan-model", str(target))
+        out.append(Hostile(name, KLASS, args, frozenset({0}), benign=True, loader="none"))
+
+    name = "subfolder-trainer-checkpoint"
+    model = _weights(folder / name)
+    (model / "checkpoint-500").mkdir()
+    torch.save({"state": {}, "param_groups": [], "x": _Payload(canary(name))}, model / "checkpoint-500/optimizer.pt")
+    add(name, model, model / "checkpoint-500/optimizer.pt")
+
+    name = "subfolder-symlink"
+    elsewhere = folder / "elsewhere"
+    elsewhere.mkdir()
+    torch.save({"python": _Payload(canary(name))}, elsewhere / "rng_state.pth")
+    model = _weights(folder / name)
+    (model / "checkpoint-7").symlink_to(elsewhere, target_is_directory=True)
+    add(name, model, model / "checkpoint-7/rng_state.pth")
+
+    for name, key, spelled in (
+        ("auto-map-config", "AutoConfig", "auto_map"),
+        ("auto-map-escaped-key", "AutoConfig", "auto\\u005fmap"),
+    ):
+        model = _weights(folder / name)
+        module = f"configuration_{name.replace('-', '_')}"
+        config = '{"model_type": "evil", "%s": {"%s": "%s.EvilConfig"}}' % (spelled, key, module)  # noqa: UP031
+        (model / "config.json").write_text(config)
+        (model / f"{module}.py").write_text(_CONFIG_CODE.format(code=code_payload(canary(name))))
+        add(name, model, model, loader="from_pretrained.AutoConfig")
+
+    name = "auto-map-tokenizer"
+    model = _weights(folder / name)
+    (model / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    auto_map = {"AutoTokenizer": ["tokenization_evil.EvilTokenizer", None]}
+    (model / "tokenizer_config.json").write_text(json.dumps({"auto_map": auto_map}))
+    (model / "tokenization_evil.py").write_text(_TOKENIZER_CODE.format(code=code_payload(canary(name))))
+    add(name, model, model, loader="from_pretrained.AutoTokenizer")
+
+    name = "npy-object-array"
+    model = _weights(folder / name)
+    np.save(model / "labels.npy", _objects(_Payload(canary(name))), allow_pickle=True)
+    add(name, model, model / "labels.npy", loader="np.load")
+
+    name = "npz-object-array"
+    model = _weights(folder / name)
+    np.savez(model / "extra.npz", scale=np.ones(2), labels=_objects(_Payload(canary(name))))
+    add(name, model, model / "extra.npz", loader="np.load")
+
+    name = "npz-compressed-object-array"
+    model = _weights(folder / name)
+    np.savez_compressed(model / "extra.npz", scale=np.ones(2), labels=_objects(_Payload(canary(name))))
+    add(name, model, model / "extra.npz", loader="np.load")
+
+    model = _weights(folder / "numpy-plain")
+    np.save(model / "mean.npy", np.arange(4, dtype=np.float32))
+    np.save(model / "labels.npy", np.array(["cat", "dog"], dtype=object), allow_pickle=True)
+    np.savez(model / "stats.npz", mean=np.zeros(3), std=np.ones(3))
+    np.savez_compressed(model / "stats-compressed.npz", mean=np.zeros(3), names=np.array(["a"], dtype=object))
+    benign("numpy-plain", model)
+
+    from transformers import BertConfig, GenerationConfig
+
+    model = _weights(folder / "config-plain")
+    BertConfig(vocab_size=32, hidden_size=8, num_hidden_layers=1, num_attention_heads=2).save_pretrained(model)
+    GenerationConfig(max_new_tokens=4).save_pretrained(model)
+    benign("config-plain", model)
+
+    benign("trainer-output-folder", _trainer_output(folder / "trainer"))
+    return out
+
+
+def _trainer_output(where: Path) -> Path:
+    """A Trainer's ``output_dir`` after ``train()`` and ``save_model()``: its weights, config and
+    training_args.bin, and the ``checkpoint-2`` subfolder with optimizer.pt, scheduler.pt, rng_state.pth."""
+    from transformers import Trainer, TrainingArguments
+
+    from tests.security.gate.benign import _quiet, _Rows, _tiny_bert
+
+    with _quiet():
+        args = TrainingArguments(
+            output_dir=str(where), max_steps=2, save_steps=2, per_device_train_batch_size=2, report_to=[],
+            logging_strategy="no", use_cpu=True, disable_tqdm=True,
+        )  # fmt: skip
+        trainer = Trainer(model=_tiny_bert(), args=args, train_dataset=_Rows())
+        trainer.train()
+        trainer.save_model()
+    return where
