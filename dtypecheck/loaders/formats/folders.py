@@ -155,7 +155,12 @@ def _files_below(folder: Path) -> tuple[list[tuple[Path, str]], list[str]]:
     for depth in range(MAX_SIDE_DEPTH + 1):
         below: list[tuple[Path, str]] = []
         for where, prefix in level:
-            for path in sorted(where.iterdir()):
+            try:
+                entries = sorted(where.iterdir())
+            except OSError as exc:  # a subfolder this user cannot list: what it holds is unknown
+                beyond.append(f"{prefix or folder}: cannot be listed ({exc.strerror or exc}): not judged")
+                continue
+            for path in entries:
                 label = prefix + path.name
                 if not path.is_dir():
                     files.append((path, label))
