@@ -40,6 +40,7 @@ GATE_CLASSES = (
     "own-tracebacks",
     "benign-frameworks",
     "folder-loaders",
+    "stored-callables",
 )
 """Issue 27's classes (the gate fails closed): built by ``tests/security/gate/`` (one module per area)."""
 

@@ -19,6 +19,7 @@ from tests.security.gate import (
     readings,
     roles,
     shipped_config,
+    stored_callables,
     tracebacks,
 )
 
@@ -31,4 +32,5 @@ GATE_BUILDERS: dict[str, Callable[[Path], list[Hostile]]] = {
     "own-tracebacks": tracebacks.build,
     "benign-frameworks": benign.build,
     "folder-loaders": model_folders.build,
+    "stored-callables": stored_callables.build,
 }
