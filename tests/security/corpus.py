@@ -74,8 +74,8 @@ class Hostile:
     """How the live proof reads ``torch_load``: ``torch.load`` (``weights_only=False``), ``jit.load``,
     ``dcp.load`` (a folder), ``package.load`` (``PackageImporter.load_pickle`` of every pickle of a torch.package
     archive), ``np.load`` (``allow_pickle=True``; every array of an ``.npz``), ``from_pretrained.CLASS``
-    (``transformers.CLASS.from_pretrained(folder, trust_remote_code=True)``) or ``none`` (nothing to prove: the
-    input carries no code)."""
+    (``transformers.CLASS.from_pretrained(folder, trust_remote_code=True)``; diffusers' for
+    ``DiffusionPipeline``) or ``none`` (nothing to prove: the input carries no code)."""
 
 
 # --- a small pickle assembler (protocol 4 opcodes) -------------------------------------------------------------

@@ -42,8 +42,10 @@ PROVE_BY_LOADER = textwrap.dedent(
                 if hasattr(arrays, "files"):
                     [arrays[key] for key in arrays.files]
             elif loader.startswith("from_pretrained."):  # a model folder, as its config asks to be loaded
-                import transformers
-                cls = getattr(transformers, loader.split(".", 1)[1])
+                import importlib
+                name = loader.split(".", 1)[1]
+                library = "diffusers" if name == "DiffusionPipeline" else "transformers"
+                cls = getattr(importlib.import_module(library), name)
                 cls.from_pretrained(path, trust_remote_code=True, local_files_only=True)
             elif loader == "dcp.load" or os.path.isdir(path):  # a torch.distributed.checkpoint folder
                 import torch.distributed.checkpoint as dcp

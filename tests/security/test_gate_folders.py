@@ -25,6 +25,7 @@ EXPECTED_FAIL = {
     "auto-map-config": ("contains-code", "configuration_auto_map_config.EvilConfig"),
     "auto-map-escaped-key": ("contains-code", "configuration_auto_map_escaped_key.EvilConfig"),
     "auto-map-tokenizer": ("contains-code", "tokenization_evil.EvilTokenizer"),
+    "diffusers-custom-component": ("contains-code", "unet/my_unet.py"),
     "npy-object-array": ("pickle-global", "builtins.exec (in labels.npy)"),
     "npz-object-array": ("pickle-global", "builtins.exec (in extra.npz)"),
     "npz-compressed-object-array": ("pickle-global", "builtins.exec (in extra.npz)"),
@@ -174,6 +175,17 @@ def test_code_references(tmp_path: Path) -> None:
     assert refs("config.json", {"text_config": {"auto_map": {"AutoConfig": "m.C"}}})
     assert refs("config.json", {"custom_pipelines": {"x": {"impl": "p.P"}}})
     assert refs("other.json", {"auto_map": {"AutoModel": "org/repo--modeling.M"}})
+    index = {"_class_name": "DDPMPipeline", "unet": ["diffusers", "UNet2DModel"], "safety_checker": [None, None]}
+    assert refs("model_index.json", index) == []
+    index["scheduler"] = ["stable_diffusion", "StableDiffusionSafetyChecker"]  # a diffusers pipeline module
+    assert refs("model_index.json", index) == []
+    (tmp_path / "scheduler").mkdir()
+    (tmp_path / "scheduler" / "stable_diffusion.py").write_text("")
+    assert refs("model_index.json", index) == [
+        "model_index.json: names code (scheduler/stable_diffusion.py) that "
+        "from_pretrained(..., trust_remote_code=True) imports and runs"
+    ]
+    assert refs("model_index.json", {**index, "_class_name": ["pipeline", "MyPipeline"]})
     (tmp_path / "custom_generate").mkdir()
     generate = tmp_path / "custom_generate" / "generate.py"
     generate.write_text("def generate(model, **kwargs): pass\n")

@@ -1,11 +1,12 @@
-"""Code a model folder tells its loaders to import: ``auto_map`` and ``custom_pipelines`` in its JSON configs, and
-``custom_generate/generate.py``.
+"""Code a model folder tells its loaders to import: ``auto_map`` and ``custom_pipelines`` in its JSON configs,
+custom components of a diffusers ``model_index.json``, and ``custom_generate/generate.py``.
 
 ``AutoConfig``/``AutoModel``/``AutoTokenizer``/``pipeline``'s ``from_pretrained(folder, trust_remote_code=True)``
 imports the modules a config's ``auto_map`` (or ``custom_pipelines``) names, from the folder itself or, for a
 ``repo--module.Class`` reference, from another Hub repository; ``generate(custom_generate=...)`` imports
-``custom_generate/generate.py``. Loading such a folder the way its files ask runs that code, which no pickle rule
-sees: each is a ``contains-code`` ``fail``.
+``custom_generate/generate.py``; ``DiffusionPipeline.from_pretrained(folder, trust_remote_code=True)`` imports
+``unet/my_unet.py`` for a component ``"unet": ["my_unet", "MyUNet"]``. Loading such a folder the way its files
+ask runs that code, which no pickle rule sees: each is a ``contains-code`` ``fail``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ CODE_KEYS = ("auto_map", "custom_pipelines")
 _HINTS = (*(key.encode() for key in CODE_KEYS), b"\\u")
 """Bytes without which no JSON file can hold a key of ``CODE_KEYS`` (``\\u`` escapes can spell one)."""
 GENERATE = ("custom_generate", "generate.py")
+PIPELINE_INDEX = "model_index.json"
+"""A diffusers pipeline's index: its components' ``[library, class]`` may name code shipped in the folder."""
 
 
 def code_references(path: Path, label: str) -> list[Finding]:
@@ -46,18 +49,46 @@ def code_references(path: Path, label: str) -> list[Finding]:
     if too_big:
         detail = f"{label}: over {MAX_CONFIG_BYTES} bytes, not checked for auto_map code (a loader would read it)"
         return [Finding("unreadable-file", "fail", detail)]
-    if not any(hint in raw for hint in _HINTS):
+    pipeline = path.name == PIPELINE_INDEX
+    if not pipeline and not any(hint in raw for hint in _HINTS):
         return []
     try:
         document = json.loads(raw)
     except (UnicodeDecodeError, ValueError, RecursionError):
         return []  # transformers' json.loads fails the same way: nothing is imported
-    named = _named_code(document)
+    named = _named_code(document) | (_pipeline_code(document, path.parent) if pipeline else set())
     if not named:
         return []
     shown = ", ".join(sorted(named)[:3]) + (f" and {len(named) - 3} more" if len(named) > 3 else "")
     detail = f"{label}: names code ({shown}) that from_pretrained(..., trust_remote_code=True) imports and runs"
     return [Finding("contains-code", "fail", detail)]
+
+
+def _pipeline_code(document: Any, folder: Path) -> set[str]:
+    """What a diffusers ``model_index.json`` makes ``DiffusionPipeline.from_pretrained(...,
+    trust_remote_code=True)`` import from the folder: a component ``[library, class]`` whose ``library.py`` is
+    shipped in the component's subfolder (or beside the index), and a custom pipeline (``_class_name`` given as
+    ``[module, class]``)."""
+    if not isinstance(document, dict):
+        return set()
+    named: set[str] = set()
+    for key, value in document.items():
+        if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) and value[0]):
+            continue
+        if key == "_class_name":
+            named.add(".".join(str(part) for part in value))
+            continue
+        module = f"{value[0]}.py"
+        if _is_file(folder / str(key) / module) or _is_file(folder / module):
+            named.add(f"{key}/{module}")
+    return named
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except (OSError, ValueError):  # a key that is no file name
+        return False
 
 
 def _mentions_code(path: Path) -> bool:

@@ -6,7 +6,8 @@ thing wrong with the folder, and each is proven live by the loader that really r
 - a pickle in a subfolder: a Trainer's ``checkpoint-500/optimizer.pt`` (resumed with ``torch.load``), a symlinked
   one (``rng_state.pth`` of a folder elsewhere): the scan judged the top level only;
 - code named by ``auto_map`` in ``config.json`` or ``tokenizer_config.json`` (``from_pretrained(...,
-  trust_remote_code=True)`` imports it), also with the key spelled by a JSON escape;
+  trust_remote_code=True)`` imports it), also with the key spelled by a JSON escape, and a diffusers
+  ``model_index.json`` component whose module ``unet/my_unet.py`` is shipped (``DiffusionPipeline``);
 - ``.npy``/``.npz`` arrays of objects, whose pickle ``np.load(allow_pickle=True)`` runs after the array header
   (``torch.load`` of the same file fails at its first byte, so reading it as ``torch.load`` does found nothing).
 
@@ -118,6 +119,17 @@ def build(folder: Path) -> list[Hostile]:
     (model / "tokenizer_config.json").write_text(json.dumps({"auto_map": auto_map}))
     (model / "tokenization_evil.py").write_text(_TOKENIZER_CODE.format(code=code_payload(canary(name))))
     add(name, model, model, loader="from_pretrained.AutoTokenizer")
+
+    name = "diffusers-custom-component"  # DiffusionPipeline imports unet/my_unet.py for ["my_unet", "MyUNet"]
+    model = _weights(folder / name)
+    index = {"_class_name": "DDPMPipeline", "unet": ["my_unet", "MyUNet"], "scheduler": ["diffusers", "DDPMScheduler"]}
+    (model / "model_index.json").write_text(json.dumps(index))
+    (model / "unet").mkdir()
+    (model / "unet" / "config.json").write_text(json.dumps({"_class_name": "MyUNet"}))
+    (model / "unet" / "my_unet.py").write_text(f"{code_payload(canary(name))}\nclass MyUNet:\n    pass\n")
+    (model / "scheduler").mkdir()
+    (model / "scheduler" / "scheduler_config.json").write_text(json.dumps({"_class_name": "DDPMScheduler"}))
+    add(name, model, model, loader="from_pretrained.DiffusionPipeline")
 
     name = "npy-object-array"
     model = _weights(folder / name)
