@@ -22,6 +22,7 @@ from tests.security.harness import prove_live, run_cli
 EXPECTED_FAIL = {
     "subfolder-trainer-checkpoint": ("pickle-global", "builtins.exec (in checkpoint-500/optimizer.pt)"),
     "subfolder-symlink": ("pickle-global", "builtins.exec (in checkpoint-7/rng_state.pth)"),
+    "subfolder-distributed-checkpoint": ("pickle-global", "builtins.exec (in fsdp_0/)"),
     "auto-map-config": ("contains-code", "configuration_auto_map_config.EvilConfig"),
     "auto-map-escaped-key": ("contains-code", "configuration_auto_map_escaped_key.EvilConfig"),
     "auto-map-tokenizer": ("contains-code", "tokenization_evil.EvilTokenizer"),
@@ -30,7 +31,7 @@ EXPECTED_FAIL = {
     "npz-object-array": ("pickle-global", "builtins.exec (in extra.npz)"),
     "npz-compressed-object-array": ("pickle-global", "builtins.exec (in extra.npz)"),
 }
-BENIGN = {"numpy-plain", "config-plain", "trainer-output-folder"}
+BENIGN = {"numpy-plain", "config-plain", "distributed-plain", "trainer-output-folder"}
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +102,7 @@ def _tree(root: Path, depth: int) -> Path:
 
 def test_subfolder_walk_is_bounded_and_fails_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _tree(tmp_path / "deep", folders.MAX_SIDE_DEPTH + 1)
-    files, beyond = folders._files_below(tmp_path / "deep")
+    files, beyond, _ = folders._files_below(tmp_path / "deep")
     assert files == []
     assert len(beyond) == 1
     assert "folders deep" in beyond[0]
@@ -112,9 +113,17 @@ def test_subfolder_walk_is_bounded_and_fails_closed(tmp_path: Path, monkeypatch:
     for index in range(4):
         (many / f"f{index}").write_bytes(b"")
     monkeypatch.setattr(folders, "MAX_SIDE_FILES", 2)
-    files, beyond = folders._files_below(many)
+    files, beyond, _ = folders._files_below(many)
     assert len(files) == 2
     assert "over 2 files" in beyond[0]
+
+
+def test_a_broken_distributed_subfolder_fails(tmp_path: Path) -> None:
+    (tmp_path / "fsdp_0").mkdir()
+    (tmp_path / "fsdp_0" / ".metadata").write_bytes(b"\x80\x04N.")  # no Metadata: dcp.load would fail, unjudged
+    findings = folders.side_findings(tmp_path, set())
+    assert [(f.kind, f.level) for f in findings] == [("unreadable-file", "fail")]
+    assert findings[0].detail.startswith("fsdp_0/: a distributed checkpoint")
 
 
 def test_subfolder_walk_survives_symlink_loops_and_skips_git(tmp_path: Path) -> None:
@@ -123,7 +132,7 @@ def test_subfolder_walk_survives_symlink_loops_and_skips_git(tmp_path: Path) -> 
     (tmp_path / "a" / "x.pt").write_bytes(b"")
     (tmp_path / ".git").mkdir()
     (tmp_path / ".git" / "packed").write_bytes(b"PACK")
-    files, beyond = folders._files_below(tmp_path)
+    files, beyond, _ = folders._files_below(tmp_path)
     assert [label for _, label in files] == ["a/x.pt"]
     assert beyond == []
 

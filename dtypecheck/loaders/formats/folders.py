@@ -134,22 +134,44 @@ def side_findings(folder: Path, scanned: set[Path]) -> list[Finding]:
     from dtypecheck.loaders._io.shipped_code import code_references
 
     findings: list[Finding] = []
-    files, beyond = _files_below(folder)
+    files, beyond, distributed = _files_below(folder)
     for path, label in files:
         if path in scanned or not path.exists():  # a dangling symlink: nothing torch could load
             continue
         require_regular(path)
         findings.extend(code_references(path, label))
         findings.extend(side_file_findings(path, label))
+    for path, label in distributed:
+        findings.extend(_distributed_findings(path, label))
     findings.extend(Finding("unreadable-file", "fail", detail) for detail in beyond)
     return findings
 
 
-def _files_below(folder: Path) -> tuple[list[tuple[Path, str]], list[str]]:
+def _distributed_findings(path: Path, label: str) -> list[Finding]:
+    """What ``dcp.load`` of a distributed checkpoint in a subfolder (an FSDP ``pytorch_model_fsdp_0/``) would
+    run: its security findings, read as a scan of it reads them (its bytes items are ``torch.save`` archives inside
+    its ``.distcp`` files, which no reading of a whole file finds), each naming the subfolder."""
+    from dtypecheck.findings import is_security
+    from dtypecheck.loaders.formats.dcp import DcpCheckpoint
+
+    try:
+        checkpoint = DcpCheckpoint(path)
+    except InputError as exc:
+        return [Finding("unreadable-file", "fail", f"{label}: a distributed checkpoint dcp.load would read ({exc})")]
+    try:
+        found = [f for f in checkpoint.findings if is_security(f) or f.kind == "unreadable-file"]
+    finally:
+        checkpoint.close()
+    return [replace(f, detail=f"{f.detail} (in {label})") for f in found]
+
+
+def _files_below(folder: Path) -> tuple[list[tuple[Path, str]], list[str], list[tuple[Path, str]]]:
     """(path, label relative to ``folder``) of every file below it, a folder level at a time, each level's names
-    sorted; subfolders reached twice (symlinks) are read once. Also what was left out past the limits."""
+    sorted; subfolders reached twice (symlinks) are read once. Also what was left out past the limits, and the
+    subfolders that are distributed checkpoints (a ``.metadata``), read as such instead of file by file."""
     files: list[tuple[Path, str]] = []
     beyond: list[str] = []
+    distributed: list[tuple[Path, str]] = []
     seen = {folder.resolve()}
     level: list[tuple[Path, str]] = [(folder, "")]
     for depth in range(MAX_SIDE_DEPTH + 1):
@@ -169,16 +191,26 @@ def _files_below(folder: Path) -> tuple[list[tuple[Path, str]], list[str]]:
                 if path.name in SKIPPED_FOLDERS or real in seen:
                     continue
                 seen.add(real)
-                below.append((path, label + "/"))
+                if _is_file(path / ".metadata"):
+                    distributed.append((path, label + "/"))
+                else:
+                    below.append((path, label + "/"))
             if len(files) > MAX_SIDE_FILES:
                 beyond.append(f"{folder}: over {MAX_SIDE_FILES} files below it: the rest was not judged")
-                return files[:MAX_SIDE_FILES], beyond
+                return files[:MAX_SIDE_FILES], beyond, distributed
         if not below:
-            return files, beyond
+            return files, beyond, distributed
         if depth == MAX_SIDE_DEPTH:
             beyond.append(f"{below[0][1]}: nested over {MAX_SIDE_DEPTH} folders deep: not judged")
         level = below
-    return files, beyond
+    return files, beyond, distributed
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:
+        return False
 
 
 class PrefixedCheckpoint:

@@ -4,7 +4,8 @@ Each payload sits beside clean weights (``model.safetensors``) that the scan rea
 thing wrong with the folder, and each is proven live by the loader that really reads it:
 
 - a pickle in a subfolder: a Trainer's ``checkpoint-500/optimizer.pt`` (resumed with ``torch.load``), a symlinked
-  one (``rng_state.pth`` of a folder elsewhere): the scan judged the top level only;
+  one (``rng_state.pth`` of a folder elsewhere), a distributed checkpoint's bytes item (``dcp.load`` of an FSDP
+  ``fsdp_0/``): the scan judged the top level only;
 - code named by ``auto_map`` in ``config.json`` or ``tokenizer_config.json`` (``from_pretrained(...,
   trust_remote_code=True)`` imports it), also with the key spelled by a JSON escape, and a diffusers
   ``model_index.json`` component whose module ``unet/my_unet.py`` is shipped (``DiffusionPipeline``);
@@ -12,7 +13,8 @@ thing wrong with the folder, and each is proven live by the loader that really r
   (``torch.load`` of the same file fails at its first byte, so reading it as ``torch.load`` does found nothing).
 
 Beside them, the benign folders those loaders read: numeric and string arrays saved plainly, a real config without
-``auto_map``, and a Trainer's output folder with its ``checkpoint-N`` subfolder (exit 0).
+``auto_map``, a DCP save of a model and its optimizer in a subfolder, and a Trainer's output folder with its
+``checkpoint-N`` subfolder (exit 0).
 """
 
 from __future__ import annotations
@@ -112,6 +114,11 @@ def build(folder: Path) -> list[Hostile]:
         (model / f"{module}.py").write_text(_CONFIG_CODE.format(code=code_payload(canary(name))))
         add(name, model, model, loader="from_pretrained.AutoConfig")
 
+    name = "subfolder-distributed-checkpoint"  # an FSDP checkpoint's DCP folder: a bytes item after the tensors
+    model = _weights(folder / name)
+    _dcp_save({"a": torch.ones(3), "b": torch.zeros(2), "extra": _Payload(canary(name))}, model / "fsdp_0")
+    add(name, model, model / "fsdp_0", loader="dcp.load")
+
     name = "auto-map-tokenizer"
     model = _weights(folder / name)
     (model / "config.json").write_text(json.dumps({"model_type": "bert"}))
@@ -160,8 +167,26 @@ def build(folder: Path) -> list[Hostile]:
     GenerationConfig(max_new_tokens=4).save_pretrained(model)
     benign("config-plain", model)
 
+    model = _weights(folder / "distributed-plain")
+    layer = torch.nn.Linear(4, 2)
+    adam = torch.optim.Adam(layer.parameters())
+    layer(torch.ones(1, 4)).sum().backward()
+    adam.step()
+    _dcp_save({"model": layer.state_dict(), "optimizer": adam.state_dict()}, model / "fsdp_0")
+    benign("distributed-plain", model)
+
     benign("trainer-output-folder", _trainer_output(folder / "trainer"))
     return out
+
+
+def _dcp_save(state: dict[str, object], where: Path) -> None:
+    import warnings
+
+    from torch.distributed.checkpoint.state_dict_saver import save
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        save(state, checkpoint_id=where)
 
 
 def _trainer_output(where: Path) -> Path:
