@@ -79,9 +79,9 @@ def _benign(folder: Path) -> list[Hostile]:
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
     model(torch.ones(1, 4)).sum().backward()
     optimizer.step()
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
     scheduler.step()
     layer = torch.nn.TransformerEncoderLayer(8, 2, 16, activation="gelu")
     hparams = {"dtype": np.float32, "activation": torch.nn.functional.silu, "weights": model.state_dict()}
