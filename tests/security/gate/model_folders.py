@@ -8,7 +8,8 @@ thing wrong with the folder, and each is proven live by the loader that really r
   ``fsdp_0/``): the scan judged the top level only;
 - code named by ``auto_map`` in ``config.json`` or ``tokenizer_config.json`` (``from_pretrained(...,
   trust_remote_code=True)`` imports it), also with the key spelled by a JSON escape, and a diffusers
-  ``model_index.json`` component whose module ``unet/my_unet.py`` is shipped (``DiffusionPipeline``);
+  ``model_index.json`` component whose module ``unet/my_unet.py`` is shipped (``DiffusionPipeline``), and a
+  causal LM's ``custom_generate/generate.py`` (``generate(custom_generate=..., trust_remote_code=True)``);
 - ``.npy``/``.npz`` arrays of objects, whose pickle ``np.load(allow_pickle=True)`` runs after the array header
   (``torch.load`` of the same file fails at its first byte, so reading it as ``torch.load`` does found nothing).
 
@@ -138,6 +139,13 @@ def build(folder: Path) -> list[Hostile]:
     (model / "scheduler" / "scheduler_config.json").write_text(json.dumps({"_class_name": "DDPMScheduler"}))
     add(name, model, model, loader="from_pretrained.DiffusionPipeline")
 
+    name = "custom-generate"  # generate(custom_generate=folder, trust_remote_code=True) imports its generate.py
+    model = _tiny_causal_lm(folder / name)
+    (model / "custom_generate").mkdir()
+    source = f"{code_payload(canary(name))}\n\ndef generate(model, *args, **kwargs):\n    return None\n"
+    (model / "custom_generate" / "generate.py").write_text(source)
+    add(name, model, model, loader="generate.custom_generate")
+
     name = "npy-object-array"
     model = _weights(folder / name)
     np.save(model / "labels.npy", _objects(_Payload(canary(name))), allow_pickle=True)
@@ -177,6 +185,18 @@ def build(folder: Path) -> list[Hostile]:
 
     benign("trainer-output-folder", _trainer_output(folder / "trainer"))
     return out
+
+
+def _tiny_causal_lm(where: Path) -> Path:
+    """A one-layer GPT-2 as ``save_pretrained`` writes it (model.safetensors, config.json, generation_config.json)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from tests.security.gate.benign import _quiet
+
+    config = GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=16, n_positions=16, bos_token_id=0, eos_token_id=0)
+    with _quiet():
+        GPT2LMHeadModel(config).save_pretrained(where)
+    return where
 
 
 def _dcp_save(state: dict[str, object], where: Path) -> None:
