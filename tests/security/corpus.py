@@ -39,6 +39,8 @@ GATE_CLASSES = (
     "bounded-time",
     "own-tracebacks",
     "benign-frameworks",
+    "folder-loaders",
+    "stored-callables",
 )
 """Issue 27's classes (the gate fails closed): built by ``tests/security/gate/`` (one module per area)."""
 
@@ -71,7 +73,10 @@ class Hostile:
     loader: str = "torch.load"
     """How the live proof reads ``torch_load``: ``torch.load`` (``weights_only=False``), ``jit.load``,
     ``dcp.load`` (a folder), ``package.load`` (``PackageImporter.load_pickle`` of every pickle of a torch.package
-    archive) or ``none`` (nothing to prove: the input carries no code)."""
+    archive), ``np.load`` (``allow_pickle=True``; every array of an ``.npz``), ``from_pretrained.CLASS``
+    (``transformers.CLASS.from_pretrained(folder, trust_remote_code=True)``; diffusers' for
+    ``DiffusionPipeline``), ``generate.custom_generate`` (a causal LM's ``generate(custom_generate=folder,
+    trust_remote_code=True)``) or ``none`` (nothing to prove: the input carries no code)."""
 
 
 # --- a small pickle assembler (protocol 4 opcodes) -------------------------------------------------------------

@@ -36,6 +36,21 @@ PROVE_BY_LOADER = textwrap.dedent(
                     if name.endswith(".pkl") and not name.startswith(".data/"):
                         package, _, resource = name.rpartition("/")
                         importer.load_pickle(package.replace("/", "."), resource)
+            elif loader == "np.load":  # an .npy, or every array of an .npz
+                import numpy
+                arrays = numpy.load(path, allow_pickle=True)
+                if hasattr(arrays, "files"):
+                    [arrays[key] for key in arrays.files]
+            elif loader == "generate.custom_generate":  # a causal LM generating with the folder's own generate.py
+                import transformers
+                model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+                model.generate(torch.tensor([[1, 2]]), custom_generate=path, trust_remote_code=True, max_new_tokens=1)
+            elif loader.startswith("from_pretrained."):  # a model folder, as its config asks to be loaded
+                import importlib
+                name = loader.split(".", 1)[1]
+                library = "diffusers" if name == "DiffusionPipeline" else "transformers"
+                cls = getattr(importlib.import_module(library), name)
+                cls.from_pretrained(path, trust_remote_code=True, local_files_only=True)
             elif loader == "dcp.load" or os.path.isdir(path):  # a torch.distributed.checkpoint folder
                 import torch.distributed.checkpoint as dcp
                 meta = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
@@ -57,7 +72,8 @@ def prove_live(hostiles: list[Hostile], timeout: float = 300) -> set[str]:
         if hostile.canary is None or hostile.torch_load is None or hostile.loader == "none":
             continue
         hostile.canary.unlink(missing_ok=True)
-        loader = "dcp.load" if hostile.torch_load.is_dir() else hostile.loader  # a folder: a DCP checkpoint
+        # a folder: a DCP checkpoint, unless it names a loader of folders (from_pretrained, generate)
+        loader = "dcp.load" if hostile.torch_load.is_dir() and hostile.loader == "torch.load" else hostile.loader
         key = (str(hostile.cwd or code_under_test()), loader)
         groups.setdefault(key, []).append(hostile)
     for (cwd, loader), members in groups.items():

@@ -162,7 +162,8 @@ def test_shipped_code_beside_the_checkpoint_fails_later_imports(tmp_path: Path) 
         assert classify(GlobalRef("torch.nn.functional", "relu")) == "ok"
     with imports_beside(project / "mypackage", project):  # a project's packages: no false alarm
         assert shipped().code == frozenset()
-        assert classify(GlobalRef("torch.utils.tensorboard", "SummaryWriter")) == "ok"
+        # not for what a shipped module could do (stored, a class that is no data type fails for itself)
+        assert "shipped" not in judge(GlobalRef("torch.utils.tensorboard", "SummaryWriter"))[1]
         assert classify(GlobalRef("mypackage", "Thing")) == "fail"  # but its names are shadowed
 
 

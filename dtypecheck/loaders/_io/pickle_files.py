@@ -11,8 +11,11 @@ interpreted, so a stream that breaks after its payload still reports it.
 from __future__ import annotations
 
 import mmap
+import zipfile
+import zlib
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dtypecheck.errors import InputError
 from dtypecheck.loaders._io.mapped import FileMap, LineTooLongError, Window, read_range
@@ -20,6 +23,9 @@ from dtypecheck.loaders._io.pickle_globals import judge, worst_first
 from dtypecheck.loaders._io.pickle_report import PickleReport, lenient_persistent_id
 from dtypecheck.loaders._io.pickle_vm import GlobalRef, PickleLimitError, SafeUnpickler
 from dtypecheck.loaders.base import Finding
+
+if TYPE_CHECKING:
+    from dtypecheck.loaders._io.zip_records import ZipEntry
 
 MAX_STREAM_PICKLES = 5
 """A legacy torch file holds five pickles back to back; ``torch.load`` of a raw pickle runs the first."""
@@ -78,6 +84,9 @@ def _other_format(path: Path) -> str | None:
 def _globals_in(buffer: mmap.mmap, size: int, where: str) -> PickleReport:
     if bytes(read_range(buffer, 0, min(4, size))) == b"PK\x03\x04":
         return _zip_globals(buffer, size, where)
+    npy = _npy_globals(buffer, 0, size, where)
+    if npy is not None:  # torch.load fails on the magic's STACK_GLOBAL; np.load(allow_pickle=True) unpickles
+        return npy
     from dtypecheck.loaders._io.legacy_tar import tar_globals
 
     in_tar = tar_globals(buffer, size, where)
@@ -119,7 +128,58 @@ def _zip_globals(buffer: mmap.mmap, size: int, where: str) -> PickleReport:
             report = bytes_globals(data, where)
             seen.update(dict.fromkeys(report.globals))
             problems += [report.problem] if report.problem else []
+    for name, copies in entries.items():  # an .npz: np.load(allow_pickle=True)[key] unpickles object arrays
+        for entry in copies:
+            try:
+                npy = _npz_member_globals(buffer, entry, where, name)
+            except InputError as exc:
+                problems.append(str(exc))
+                continue
+            if npy is not None:
+                seen.update(dict.fromkeys(npy.globals))
+                problems += [npy.problem] if npy.problem else []
     return PickleReport(tuple(seen), problems[0] if problems else None, differential=tuple(differential))
+
+
+def _npy_globals(buffer: mmap.mmap | bytes, start: int, length: int, where: str) -> PickleReport | None:
+    """The globals of the pickle ``np.load(allow_pickle=True)`` runs in the ``.npy`` array held in
+    ``buffer[start:start+length]``; None when it runs none (not an array, or one without objects)."""
+    from dtypecheck.loaders._io.numpy_arrays import MAX_HEADER_BYTES, PREFIX_BYTES, header_span, holds_objects
+
+    span = header_span(bytes(read_range(buffer, start, min(PREFIX_BYTES, length))))
+    if span is None:
+        return None
+    offset, header_length, encoding = span
+    if offset + header_length > length:
+        return None  # np.load stops at the cut header
+    header = None if header_length > MAX_HEADER_BYTES else bytes(read_range(buffer, start + offset, header_length))
+    if not holds_objects(header, encoding):
+        return None
+    body = offset + header_length
+    return _stream_globals(Window(buffer, start + body, length - body), where, 1)
+
+
+def _npz_member_globals(buffer: mmap.mmap, entry: ZipEntry, where: str, name: str) -> PickleReport | None:
+    """``_npy_globals`` of one zip member (inflated first when deflated, as ``np.savez_compressed`` writes)."""
+    from dtypecheck.loaders._io.numpy_arrays import MAGIC
+    from dtypecheck.loaders._io.zip_records import read_entry
+
+    if entry.stored:
+        if bytes(read_range(buffer, entry.offset, min(len(MAGIC), entry.size))) != MAGIC:
+            return None
+        return _npy_globals(buffer, entry.offset, entry.size, f"{where}: {name}")
+    if entry.method != zipfile.ZIP_DEFLATED:
+        return None  # numpy's zipfile reads stored and deflated members; torch writes only stored ones
+    try:
+        head = zlib.decompressobj(-zlib.MAX_WBITS).decompress(
+            bytes(read_range(buffer, entry.offset, min(entry.compressed_size, 1 << 16))), len(MAGIC)
+        )
+    except zlib.error:
+        return None  # numpy's zipfile fails on it too
+    if head != MAGIC:
+        return None
+    data = read_entry(buffer, entry, where, name, MAX_ZIP_PICKLE_BYTES)
+    return _npy_globals(data, 0, len(data), f"{where}: {name}")
 
 
 def looks_like_pickle(head: bytes) -> bool:

@@ -10,10 +10,13 @@ fails closed: a global is judged by its name *and* by how the stream uses it (``
   metadata), plus, checked against the real objects of already-imported torch/numpy modules, subclasses of
   ``torch.nn.Module`` defined under ``torch.nn.modules`` (a whole pickled model, rebuilt by torch's own code), of
   ``torch.optim.Optimizer`` and ``LRScheduler`` under ``torch.optim``, of ``numpy.dtype`` in ``numpy.dtypes``, and
-  enum classes in torch; plus a *plain reference* to any other name of torch or numpy: pushed and stored, never
-  called, constructed, built or handed to a call (``torch.nn.functional.relu`` as a TransformerEncoderLayer's
-  activation). Even these fail when the stream ``BUILD``s onto the global itself (monkeypatching a module or class)
-  or calls an instance of it.
+  enum classes in torch; plus a *plain reference* (pushed and stored, never called, constructed, built or handed
+  to a call) to a public function of ``torch.nn.functional`` or ``torch._C._nn`` (``torch.nn.functional.relu`` as
+  a TransformerEncoderLayer's activation) or a numpy scalar type. Any other torch or numpy name stored as a value
+  fails: code that runs on the loaded object may call it (``Optimizer.__setstate__`` calls ``self.state.get(p,
+  [])``, and a rebuilt module whose ``get`` attribute is ``numpy.savetxt`` writes the file ``p`` names). Even the
+  allowed ones fail when the stream ``BUILD``s onto the global itself (monkeypatching a module or class) or calls
+  an instance of it.
 - ``warn``: a class of ``VETTED`` (framework classes that frameworks really pickle, ``TrainingArguments`` and its
   enums), used only the way its entry allows (a bare instance then ``BUILD`` of a plain ``__dict__``, or an enum
   called with one plain value), whose top-level package is not shipped beside the checkpoint. A test checks each
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import re
 import sys
+import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -279,8 +283,13 @@ def judge(ref: GlobalRef, beside: Shipped | None = None) -> tuple[Level, str]:
         return "fail", "reaches into a dunder attribute"
     if _known_safe_class(module, name):
         return "ok", "data"
+    if parts[0] in {"torch", "numpy"} and not ref.uses and _inert_reference(module, name):
+        return "ok", "a plain reference to an activation function or a numpy scalar type (stored, never called)"
     if parts[0] in {"torch", "numpy"} and not ref.uses:
-        return "ok", "a plain reference (stored, never called, constructed or built)"
+        return "fail", (
+            "a plain reference, but to no activation function or scalar type: code that unpickles or uses the object "
+            "holding it may call it (an optimizer's __setstate__ calls its state's get)"
+        )
     if parts[0] in TRUSTED_ROOTS:
         return "fail", f"{_how(ref)}: can run code or touch files under torch.load(weights_only=False)"
     kind = VETTED.get(ref.qualname)
@@ -328,6 +337,32 @@ def _known_safe_class(module: str, name: str) -> bool:
             base = vars(sys.modules[base_module]).get(base_name)
             if isinstance(base, type) and issubclass(value, base):
                 return True
+    return False
+
+
+_ACTIVATION_MODULES = ("torch.nn.functional", "torch._C._nn")
+"""Where the activation functions a pickled transformer layer stores live (``F.relu``; ``F.gelu`` pickles as
+``torch._C._nn.gelu``)."""
+
+
+def _inert_reference(module: str, name: str) -> bool:
+    """Whether a plain reference to ``module.name`` stays inert wherever the pickle stores it, even where code that
+    runs on the loaded object calls it (``Optimizer.__setstate__`` calls ``self.state.get(param, [])``: a state
+    whose ``get`` is ``numpy.savetxt`` writes a file): a public function of ``_ACTIVATION_MODULES`` (tensor maths)
+    or a numpy scalar type, checked against the already-imported real module (nothing is imported)."""
+    if module.split(".", maxsplit=1)[0] == "torch":
+        import torch  # noqa: F401  (dtypecheck's own dependency: its functions are the reference)
+    loaded = sys.modules.get(module)
+    if loaded is None or not isinstance(getattr(loaded, "__dict__", None), dict):
+        return False
+    value: Any = vars(loaded).get(name)
+    if module in _ACTIVATION_MODULES:
+        functions = (types.FunctionType, types.BuiltinFunctionType)
+        own = getattr(value, "__module__", None) in _ACTIVATION_MODULES
+        return isinstance(value, functions) and own and not name.startswith("_")
+    if module.split(".", maxsplit=1)[0] == "numpy" and "numpy" in sys.modules:
+        generic = vars(sys.modules["numpy"]).get("generic")
+        return isinstance(value, type) and isinstance(generic, type) and issubclass(value, generic)
     return False
 
 

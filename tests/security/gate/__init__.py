@@ -11,7 +11,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.security.corpus import Hostile
-from tests.security.gate import benign, bounded, code_globals, readings, roles, shipped_config, tracebacks
+from tests.security.gate import (
+    benign,
+    bounded,
+    code_globals,
+    model_folders,
+    readings,
+    roles,
+    shipped_config,
+    stored_callables,
+    tracebacks,
+)
 
 GATE_BUILDERS: dict[str, Callable[[Path], list[Hostile]]] = {
     "code-globals": code_globals.build,
@@ -21,4 +31,6 @@ GATE_BUILDERS: dict[str, Callable[[Path], list[Hostile]]] = {
     "bounded-time": bounded.build,
     "own-tracebacks": tracebacks.build,
     "benign-frameworks": benign.build,
+    "folder-loaders": model_folders.build,
+    "stored-callables": stored_callables.build,
 }

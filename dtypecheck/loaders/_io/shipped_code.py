@@ -1,0 +1,124 @@
+"""Code a model folder tells its loaders to import: ``auto_map`` and ``custom_pipelines`` in its JSON configs,
+custom components of a diffusers ``model_index.json``, and ``custom_generate/generate.py``.
+
+``AutoConfig``/``AutoModel``/``AutoTokenizer``/``pipeline``'s ``from_pretrained(folder, trust_remote_code=True)``
+imports the modules a config's ``auto_map`` (or ``custom_pipelines``) names, from the folder itself or, for a
+``repo--module.Class`` reference, from another Hub repository; ``generate(custom_generate=...)`` imports
+``custom_generate/generate.py``; ``DiffusionPipeline.from_pretrained(folder, trust_remote_code=True)`` imports
+``unet/my_unet.py`` for a component ``"unet": ["my_unet", "MyUNet"]``. Loading such a folder the way its files
+ask runs that code, which no pickle rule sees: each is a ``contains-code`` ``fail``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from dtypecheck.errors import InputError
+from dtypecheck.loaders.base import Finding
+
+MAX_CONFIG_BYTES = 64 << 20
+"""Largest JSON file parsed for code references (a tokenizer.json may hold tens of MB)."""
+CODE_KEYS = ("auto_map", "custom_pipelines")
+"""Keys of a transformers config whose values name modules ``trust_remote_code=True`` imports."""
+_HINTS = (*(key.encode() for key in CODE_KEYS), b"\\u")
+"""Bytes without which no JSON file can hold a key of ``CODE_KEYS`` (``\\u`` escapes can spell one)."""
+GENERATE = ("custom_generate", "generate.py")
+PIPELINE_INDEX = "model_index.json"
+"""A diffusers pipeline's index: its components' ``[library, class]`` may name code shipped in the folder."""
+
+
+def code_references(path: Path, label: str) -> list[Finding]:
+    """A ``contains-code`` ``fail`` when ``path`` (a ``*.json`` of a model folder) names code a loader imports,
+    or ``custom_generate/generate.py`` itself; nothing otherwise."""
+    if path.name == GENERATE[1] and path.parent.name == GENERATE[0]:
+        detail = f"{label}: generate(custom_generate=..., trust_remote_code=True) imports and runs it"
+        return [Finding("contains-code", "fail", detail)]
+    if path.suffix.lower() != ".json":
+        return []
+    from dtypecheck.loaders._io.regular import read_regular_file
+
+    try:
+        too_big = path.stat().st_size > MAX_CONFIG_BYTES
+        raw = b"" if too_big else read_regular_file(path, MAX_CONFIG_BYTES, "config")
+    except (InputError, OSError):
+        return []  # unreadable: the folder's reading of the same file as a pickle reports it
+    if too_big and not _mentions_code(path):
+        return []
+    if too_big:
+        detail = f"{label}: over {MAX_CONFIG_BYTES} bytes, not checked for auto_map code (a loader would read it)"
+        return [Finding("unreadable-file", "fail", detail)]
+    pipeline = path.name == PIPELINE_INDEX
+    if not pipeline and not any(hint in raw for hint in _HINTS):
+        return []
+    try:
+        document = json.loads(raw)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return []  # transformers' json.loads fails the same way: nothing is imported
+    named = _named_code(document) | (_pipeline_code(document, path.parent) if pipeline else set())
+    if not named:
+        return []
+    shown = ", ".join(sorted(named)[:3]) + (f" and {len(named) - 3} more" if len(named) > 3 else "")
+    detail = f"{label}: names code ({shown}) that from_pretrained(..., trust_remote_code=True) imports and runs"
+    return [Finding("contains-code", "fail", detail)]
+
+
+def _pipeline_code(document: Any, folder: Path) -> set[str]:
+    """What a diffusers ``model_index.json`` makes ``DiffusionPipeline.from_pretrained(...,
+    trust_remote_code=True)`` import from the folder: a component ``[library, class]`` whose ``library.py`` is
+    shipped in the component's subfolder (or beside the index), and a custom pipeline (``_class_name`` given as
+    ``[module, class]``)."""
+    if not isinstance(document, dict):
+        return set()
+    named: set[str] = set()
+    for key, value in document.items():
+        if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) and value[0]):
+            continue
+        if key == "_class_name":
+            named.add(".".join(str(part) for part in value))
+            continue
+        module = f"{value[0]}.py"
+        if _is_file(folder / str(key) / module) or _is_file(folder / module):
+            named.add(f"{key}/{module}")
+    return named
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except (OSError, ValueError):  # a key that is no file name
+        return False
+
+
+def _mentions_code(path: Path) -> bool:
+    """Whether a file too large to parse holds any of ``_HINTS`` (read a block at a time; unreadable: True)."""
+    overlap = max(len(hint) for hint in _HINTS)
+    try:
+        with path.open("rb") as handle:
+            tail = b""
+            while block := handle.read(1 << 20):
+                window = tail + block
+                if any(hint in window for hint in _HINTS):
+                    return True
+                tail = window[-overlap:]
+    except OSError:
+        return True
+    return False
+
+
+def _named_code(document: Any) -> set[str]:
+    """Every string under a ``CODE_KEYS`` key anywhere in ``document`` (an empty mapping names nothing)."""
+    named: set[str] = set()
+    pending: list[tuple[Any, bool]] = [(document, False)]
+    while pending:
+        value, under_key = pending.pop()
+        if isinstance(value, dict):
+            pending.extend((item, under_key or key in CODE_KEYS) for key, item in value.items())
+        elif isinstance(value, list):
+            pending.extend((item, under_key) for item in value)
+        elif under_key and isinstance(value, str) and value:
+            named.add(value)
+        elif under_key and value is not None and not isinstance(value, str):
+            named.add(repr(value))
+    return named
