@@ -12,6 +12,7 @@ import typer
 
 from dtypecheck.cli._app import (
     ConfigOption,
+    HelpThatFits,
     OutputOption,
     QuietOption,
     ReportFormatOption,
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from dtypecheck.memory.estimate import EstimateOptions
 
 
-@app.command("estimate-memory")
+@app.command("estimate-memory", cls=HelpThatFits)
 def estimate_memory(
     model: Annotated[
         str,
@@ -158,7 +159,8 @@ def estimate_memory(
         typer.Option(
             help="Break each row down by module: parameters, weight/grad/optimizer bytes, the activation bytes it "
             "holds at the step's peak, and the peak's op, module and phase (traces the model whole)."
-            + default_is("off: totals only")
+            + default_is("off: totals only"),
+            show_default=False,
         ),
     ] = False,
     depth: Annotated[int, typer.Option(min=1, help="With --by-module: depth of the dotted module paths.")] = 2,

@@ -15,6 +15,7 @@ from dtypecheck.cli._app import (
     FailOn,
     FailOnOption,
     FormatOption,
+    HelpThatFits,
     OutputOption,
     QuietOption,
     TracebackOption,
@@ -38,7 +39,7 @@ COMMAND = "nan-trace"
 _RUN = RunSettings()
 
 
-@app.command(COMMAND)
+@app.command(COMMAND, cls=HelpThatFits)
 def nan_trace(
     target: Annotated[
         str,

@@ -14,6 +14,7 @@ from dtypecheck.cli._app import (
     FailOn,
     FailOnOption,
     FormatOption,
+    HelpThatFits,
     OutputOption,
     QuietOption,
     TracebackOption,
@@ -40,7 +41,7 @@ DEFAULT_TOP = 20
 SCANNED_INPUTS["scan-model"] = "checkpoints"  # a configuration shipped with one of them is never read
 
 
-@app.command("scan-model")
+@app.command("scan-model", cls=HelpThatFits)
 def scan_model(
     checkpoints: Annotated[
         list[str],

@@ -194,6 +194,8 @@ def test_modules_are_named_from_the_module_called_outermost_as_a_full_trace_name
 class LogOfItsOutput(LightningModule):
     """A NaN born outside every module, in ``training_step``'s own ``log``: watch mode re-runs model calls only."""
 
+    calls: torch.Tensor
+
     def __init__(self, at_step: int) -> None:
         super().__init__()
         self.net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
