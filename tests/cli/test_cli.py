@@ -174,6 +174,15 @@ def test_python_m_dtypecheck_help_smoke() -> None:
         assert re.search(rf"\b{command}\b", done.stdout), command
 
 
+def test_dtypecheck_alone_lists_the_commands_without_an_empty_error_line() -> None:
+    # It printed the help, then "error:  (see 'dtypecheck --help')": click's NoArgsIsHelpError, whose message
+    # is empty once rich has printed the help itself.
+    done = subprocess.run([sys.executable, "-m", "dtypecheck"], capture_output=True, text=True, check=False, timeout=60)
+    assert (done.returncode, done.stderr) == (2, "")
+    for command in ("info", "scan-model", "estimate-memory", "nan-trace"):
+        assert re.search(rf"\b{command}\b", done.stdout), command
+
+
 def test_estimate_memory_console_smoke(tmp_path: Path) -> None:
     # The one whole-process run of estimate-memory (the other commands have theirs in tests/cli/test_user_code.py
     # and tests/nantrace/test_modes.py): the console entry's fast exit still delivers the whole document.
