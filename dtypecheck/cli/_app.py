@@ -15,7 +15,7 @@ import typer
 import typer.core
 
 from dtypecheck import __version__
-from dtypecheck.errors import ExitCode, UserCodeError
+from dtypecheck.errors import ExitCode, UsageError, UserCodeError
 from dtypecheck.output import EVERY_FORMAT, REPORT_FORMATS, format_help, format_metavar, parse_format
 from dtypecheck.render import OutputFormat, render, write_atomically
 
@@ -269,6 +269,28 @@ def project_config(explicit: Path | None, scanned: tuple[str, ...] | list[str] =
     from dtypecheck.config import load_config
 
     return load_config(explicit, scanned=tuple(scanned))
+
+
+def refuse_overwriting_inputs(inputs: tuple[str, ...] | list[str], written: dict[str, Path | None]) -> None:
+    """A file the command writes (``written``: ``{"--output": path}``) that is one of its own inputs would be
+    replaced by the report: ``scan-model model.safetensors -o model.safetensors`` lost the checkpoint, ``-o
+    train.py`` the user's script. A usage error naming both; nothing is read or run before it."""
+    from dtypecheck.usercode import python_target
+
+    for flag, out in written.items():
+        if out is None or not out.is_file():
+            continue
+        for target in inputs:
+            code = python_target(target)
+            source = code[0] if code is not None else Path(target)
+            try:
+                same = source.is_file() and source.samefile(out)
+            except OSError:
+                same = False
+            if same:
+                raise UsageError(
+                    f"{flag} {out} is the input {source}: writing there would replace it; name another file"
+                )
 
 
 def pick(value: T | None, config: Config, command: str, key: str, default: T) -> T:

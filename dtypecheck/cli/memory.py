@@ -22,6 +22,7 @@ from dtypecheck.cli._app import (
     emit,
     pick,
     project_config,
+    refuse_overwriting_inputs,
     settle_start_up_heap,
     user_code_guard,
 )
@@ -279,6 +280,7 @@ def resolve_memory_options(
 
     if plot is not None and plot.suffix.lower() not in PLOT_SUFFIXES:
         raise UsageError(f"--plot {plot}: the file must end in .png or .html")
+    refuse_overwriting_inputs([model], {"--output": output, "--plot": plot})
     if fmt.findings_only:
         names = format_names(REPORT_FORMATS)
         raise UsageError(f"estimate-memory writes {names}, not {fmt.value} (a memory estimate has no findings)")

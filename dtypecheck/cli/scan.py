@@ -23,6 +23,7 @@ from dtypecheck.cli._app import (
     emit,
     pick,
     project_config,
+    refuse_overwriting_inputs,
     user_code_guard,
     write_document,
 )
@@ -249,6 +250,7 @@ def resolve_scan_options(
         raise UsageError(f"one checkpoint per {held} (json and sarif take several); scan them one at a time")
     if several and plot is not None:
         raise UsageError("one checkpoint per --plot; scan them one at a time")
+    refuse_overwriting_inputs(checkpoints, {"--output": output, "--plot": plot})
     from dtypecheck.scan.select import Selection
 
     chosen = Selection(*selection)
@@ -265,6 +267,8 @@ def resolve_scan_options(
                 f"--update-baseline: no baseline file for {plan.checkpoint}; give --baseline FILE or set "
                 "baseline in [tool.dtypecheck.scan-model]"
             )
+        if update_baseline:
+            refuse_overwriting_inputs(checkpoints, {"--update-baseline's baseline": plan.baseline})
     if plot is not None:
         from dtypecheck.render.scan_plot import require_matplotlib
 

@@ -220,3 +220,39 @@ def test_public_api_names_resolve_lazily() -> None:
         assert getattr(dtypecheck, name) is not None, name
     with pytest.raises(AttributeError):
         dtypecheck.no_such_name  # noqa: B018
+
+
+@pytest.mark.parametrize(
+    ("command", "written", "flag"),
+    [
+        ("scan-model", "model.safetensors", "--output"),
+        ("scan-model", "model.safetensors", "--plot"),
+        ("scan-model", "model.safetensors", "--baseline"),
+        ("estimate-memory", "model.safetensors", "--output"),
+        ("estimate-memory", "factory.py", "--output"),
+        ("nan-trace", "train.py", "--output"),
+    ],
+)
+def test_a_written_file_that_is_the_input_is_refused_and_the_input_kept(
+    cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str, written: str, flag: str
+) -> None:
+    """``scan-model model.safetensors -o model.safetensors`` replaced the checkpoint with its JSON report (exit 0);
+    ``nan-trace train.py -o train.py`` the user's script."""
+    import torch
+    from safetensors.torch import save_file
+
+    monkeypatch.chdir(tmp_path)
+    save_file({"w": torch.ones(4, 4)}, "model.safetensors")
+    Path("factory.py").write_text("import torch\n\ndef make():\n    return torch.nn.Linear(4, 2), torch.ones(3, 4)\n")
+    Path("train.py").write_text("import torch\n\ntorch.ones(2).sum()\n")
+    before = {name: Path(name).read_bytes() for name in ("model.safetensors", "factory.py", "train.py")}
+    target = {"nan-trace": "train.py", "estimate-memory": "model.safetensors", "scan-model": "model.safetensors"}
+    source = "factory.py:make" if written == "factory.py" else target[command]
+    extra = ["--update-baseline"] if flag == "--baseline" else ["--format", "json"]
+    result = cli(command, source, flag, written, *extra)
+    shown = "--update-baseline's baseline" if flag == "--baseline" else flag
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == (
+        f"error: {shown} {written} is the input {written}: writing there would replace it; name another file\n"
+    )
+    assert {name: Path(name).read_bytes() for name in before} == before
