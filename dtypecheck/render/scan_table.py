@@ -14,6 +14,7 @@ from rich.text import Text
 from dtypecheck.dtypes import DtypeSpec, lookup
 from dtypecheck.errors import UnknownDtypeError
 from dtypecheck.render.cells import LEVEL_STYLE, fmt_bytes, fmt_float, printable
+from dtypecheck.render.fit import fit_columns
 from dtypecheck.scan.report import (
     BaselineComparison,
     CastCounts,
@@ -208,48 +209,13 @@ class _TensorRows:
         spark, low = width >= SPARK_FROM_WIDTH, width >= MIN_ABS_FROM_WIDTH
         while True:
             table = _tensor_table(self.report, self.shown, self.axis, spark=spark, low=low)
-            if _fits(table, console, options) or not (spark or low):
+            if fit_columns(table, console, options) or not (spark or low):
                 break
             spark, low = (False, low) if spark else (False, False)  # the optional columns give way to the counts
         yield table
         if self.hidden is not None:
             yield self.hidden
         yield Text(legend(self.report, self.axis, spark=spark), style="dim")
-
-
-def _fits(table: Table, console: Console, options: ConsoleOptions) -> bool:
-    """Give every column of ``table`` a width that keeps each cell whole (no column below its longest word, nor
-    below its ``min_width``), taking the room from the widest columns first; False, leaving the table to rich,
-    where the columns' minimums alone are wider than the line.
-
-    Left to rich, the widest columns shrink first whatever their minimum, and the names' and the sparkline's
-    ``min_width`` are put back after the line was laid out: the table came out wider than the console, which
-    cropped it at the edge (``170 u`` for ``170 unf``, ``unf@a``, at 80 columns with three targets; half the
-    sparkline at 100), or a cell was folded inside a word (``unf@ama`` / ``x``)."""
-    unbounded = options.update_width(10_000)
-    lowest, widest = [], []
-    for column in table.columns:
-        sizes = [Measurement.get(console, unbounded, cell) for cell in (column.header, *column.cells)]
-        most = max(*(size.maximum for size in sizes), column.min_width or 0)  # a sparkline's trailing blanks
-        if column.max_width is not None:
-            most = min(most, column.max_width)
-        lowest.append(min(max(*(size.minimum for size in sizes), column.min_width or 0), most))
-        widest.append(max(lowest[-1], most))
-    padding = Measurement.get(console, unbounded, table).maximum - sum(widest)  # rich's padding and rules
-    room = options.max_width - padding
-    if sum(lowest) > room:
-        return False
-    widths = list(widest)
-    while sum(widths) > room:
-        shrinkable = [w for w, low in zip(widths, lowest, strict=True) if w > low]
-        top = max(shrinkable)
-        next_down = max([w for w in shrinkable if w < top] or [0])
-        for i, (w, low) in enumerate(zip(widths, lowest, strict=True)):
-            if w == top and w > low:
-                widths[i] = max(low, next_down, w - (sum(widths) - room))
-    for column, width in zip(table.columns, widths, strict=True):
-        column.width = width
-    return True
 
 
 def _tensor_table(

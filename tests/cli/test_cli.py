@@ -256,3 +256,18 @@ def test_a_written_file_that_is_the_input_is_refused_and_the_input_kept(
         f"error: {shown} {written} is the input {written}: writing there would replace it; name another file\n"
     )
     assert {name: Path(name).read_bytes() for name in before} == before
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_info_tables_keep_every_cell_whole_at_80_columns(width: int) -> None:
+    """At 80 columns ``info --all``'s integer table cut every dtype name to ``…`` (its two 26-character bound
+    columns left no room) and five floats to a table folded values inside words (``(2.22e-1`` / ``6)``)."""
+    names = ["fp64", "fp32", "bf16", "fp16", "e4m3", "e5m2", "fp4", "int8", "int64", "uint64", "int4", "bool"]
+    report = describe_dtypes([lookup(n) for n in names], devices=["cpu"])
+    text = render(report, OutputFormat.table, width=width)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= width
+    assert [line for line in lines if "…" in line] == []
+    words = set(text.replace("│", " ").replace("┃", " ").split())
+    assert {"float8_e4m3fn", "float4_e2m1fn_x2", "uint64", "(2.22e-16)", "1.79769e+308", "2^-1074"} <= words
+    assert {"2^64-1", "-2^63"} <= words or {"18,446,744,073,709,551,615", "-9,223,372,036,854,775,808"} <= words
