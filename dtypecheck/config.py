@@ -123,6 +123,12 @@ def _positive_int(where: str, value: Any) -> Any:
     return value
 
 
+def _non_negative_int(where: str, value: Any) -> Any:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise _fail(where, f"expected an integer of 0 or more, got {value!r}")
+    return value
+
+
 def _fraction(where: str, value: Any) -> Any:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
         raise _fail(where, f"expected a number between 0 and 1, got {value!r}")
@@ -225,7 +231,7 @@ SECTION_KEYS: dict[str, dict[str, Validator]] = {
     "nan-trace": {
         **COMMON_KEYS,
         "warn-frac": _fraction,
-        "history": _positive_int,
+        "history": _non_negative_int,  # as --history: 0 shows no ops before an event
         "steps": _positive_int,
         "keep-going": _boolean,
         "watch": _boolean,

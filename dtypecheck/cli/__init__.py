@@ -47,6 +47,12 @@ def main(argv: list[str] | None = None) -> int:
         result = app(args=args, prog_name="dtypecheck", standalone_mode=False)
     except click_exception as exc:
         message = exc.format_message()  # type: ignore[attr-defined]
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            # `dtypecheck` alone: the help is the answer. Rich has printed it already (the message is then empty,
+            # which made an empty "error:" line); click's plain layout hands it back instead.
+            if message.strip():
+                print(message)
+            return int(ExitCode.USAGE)
         _error(f"{message} (see 'dtypecheck --help')")
         return int(getattr(exc, "exit_code", ExitCode.USAGE))
     except typer.Exit as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -11,9 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
 
 import typer
+import typer.core
 
 from dtypecheck import __version__
-from dtypecheck.errors import ExitCode, UserCodeError
+from dtypecheck.errors import ExitCode, UsageError, UserCodeError
 from dtypecheck.output import EVERY_FORMAT, REPORT_FORMATS, format_help, format_metavar, parse_format
 from dtypecheck.render import OutputFormat, render, write_atomically
 
@@ -22,6 +24,69 @@ if TYPE_CHECKING:
     from dtypecheck.render import Report
 
 T = TypeVar("T")
+
+
+class HelpThatFits(typer.core.TyperCommand):
+    """A command whose ``--help`` is never cut short: rich's table where it fits the terminal, else click's plain
+    layout, which wraps every line and never truncates.
+
+    Typer's rich table gives each option's name, negative name, type and help a column of its own; at 80 columns
+    their widths add up to more than the line, and rich then cuts every column with an ellipsis
+    (``--keep-float32-sq…``, ``DTYPECHECK_TRACEB…``). The docstring's paragraphs are joined into single lines,
+    since rich keeps a docstring's hard line breaks (``... what each available device`` / ``measures, ...``).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.help:
+            paragraphs = inspect.cleandoc(self.help).split("\n\n")
+            self.help = "\n\n".join(" ".join(paragraph.split()) for paragraph in paragraphs)
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        if self.rich_markup_mode is None or _ELLIPSIS not in _rich_help(self, ctx):
+            super().format_help(ctx, formatter)
+            return
+        # Plain click: the help texts' "\\[default: ...]" escapes are rich markup, shown literally here.
+        helped = [p for p in self.params if isinstance(p, typer.core.TyperOption | typer.core.TyperArgument)]
+        texts = [param.help for param in helped]
+        markup_mode, self.rich_markup_mode = self.rich_markup_mode, None
+        try:
+            for param, text in zip(helped, texts, strict=True):
+                param.help = None if text is None else text.replace("\\[", "[")
+            super().format_help(ctx, formatter)
+        finally:
+            self.rich_markup_mode = markup_mode
+            for param, text in zip(helped, texts, strict=True):
+                param.help = text
+
+
+_ELLIPSIS = "\N{HORIZONTAL ELLIPSIS}"
+"""What rich puts where it cut a cell short."""
+
+
+def _rich_help(command: typer.core.TyperCommand, ctx: Any) -> str:
+    """The rich help ``command`` would print now, at the terminal's width, as text (nothing is printed)."""
+    from typer import rich_utils
+
+    markup_mode = command.rich_markup_mode
+    if markup_mode is None:
+        return ""
+    consoles: list[Any] = []
+    make_console = rich_utils._get_rich_console
+
+    def capturing(stderr: bool = False) -> Any:
+        console = make_console(stderr)
+        console.begin_capture()
+        consoles.append(console)
+        return console
+
+    rich_utils._get_rich_console = capturing
+    try:
+        rich_utils.rich_format_help(obj=command, ctx=ctx, markup_mode=markup_mode)
+    finally:
+        rich_utils._get_rich_console = make_console
+    return "".join(console.end_capture() for console in consoles)
+
 
 app = typer.Typer(
     name="dtypecheck",
@@ -204,6 +269,28 @@ def project_config(explicit: Path | None, scanned: tuple[str, ...] | list[str] =
     from dtypecheck.config import load_config
 
     return load_config(explicit, scanned=tuple(scanned))
+
+
+def refuse_overwriting_inputs(inputs: tuple[str, ...] | list[str], written: dict[str, Path | None]) -> None:
+    """A file the command writes (``written``: ``{"--output": path}``) that is one of its own inputs would be
+    replaced by the report: ``scan-model model.safetensors -o model.safetensors`` lost the checkpoint, ``-o
+    train.py`` the user's script. A usage error naming both; nothing is read or run before it."""
+    from dtypecheck.usercode import python_target
+
+    for flag, out in written.items():
+        if out is None or not out.is_file():
+            continue
+        for target in inputs:
+            code = python_target(target)
+            source = code[0] if code is not None else Path(target)
+            try:
+                same = source.is_file() and source.samefile(out)
+            except OSError:
+                same = False
+            if same:
+                raise UsageError(
+                    f"{flag} {out} is the input {source}: writing there would replace it; name another file"
+                )
 
 
 def pick(value: T | None, config: Config, command: str, key: str, default: T) -> T:

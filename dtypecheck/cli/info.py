@@ -11,6 +11,7 @@ import typer
 from dtypecheck.cli._app import (
     ConfigOption,
     FormatOption,
+    HelpThatFits,
     OutputOption,
     QuietOption,
     TracebackOption,
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from dtypecheck.dtypes import DtypeSpec
 
 
-@app.command()
+@app.command(cls=HelpThatFits)
 def info(
     dtypes: Annotated[
         list[str] | None,

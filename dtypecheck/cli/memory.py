@@ -12,6 +12,7 @@ import typer
 
 from dtypecheck.cli._app import (
     ConfigOption,
+    HelpThatFits,
     OutputOption,
     QuietOption,
     ReportFormatOption,
@@ -21,6 +22,7 @@ from dtypecheck.cli._app import (
     emit,
     pick,
     project_config,
+    refuse_overwriting_inputs,
     settle_start_up_heap,
     user_code_guard,
 )
@@ -34,7 +36,7 @@ if TYPE_CHECKING:
     from dtypecheck.memory.estimate import EstimateOptions
 
 
-@app.command("estimate-memory")
+@app.command("estimate-memory", cls=HelpThatFits)
 def estimate_memory(
     model: Annotated[
         str,
@@ -158,7 +160,8 @@ def estimate_memory(
         typer.Option(
             help="Break each row down by module: parameters, weight/grad/optimizer bytes, the activation bytes it "
             "holds at the step's peak, and the peak's op, module and phase (traces the model whole)."
-            + default_is("off: totals only")
+            + default_is("off: totals only"),
+            show_default=False,
         ),
     ] = False,
     depth: Annotated[int, typer.Option(min=1, help="With --by-module: depth of the dotted module paths.")] = 2,
@@ -277,6 +280,7 @@ def resolve_memory_options(
 
     if plot is not None and plot.suffix.lower() not in PLOT_SUFFIXES:
         raise UsageError(f"--plot {plot}: the file must end in .png or .html")
+    refuse_overwriting_inputs([model], {"--output": output, "--plot": plot})
     if fmt.findings_only:
         names = format_names(REPORT_FORMATS)
         raise UsageError(f"estimate-memory writes {names}, not {fmt.value} (a memory estimate has no findings)")

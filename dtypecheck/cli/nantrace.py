@@ -15,6 +15,7 @@ from dtypecheck.cli._app import (
     FailOn,
     FailOnOption,
     FormatOption,
+    HelpThatFits,
     OutputOption,
     QuietOption,
     TracebackOption,
@@ -24,6 +25,7 @@ from dtypecheck.cli._app import (
     level_exit_code,
     pick,
     project_config,
+    refuse_overwriting_inputs,
     user_code_guard,
 )
 from dtypecheck.errors import UsageError, UserCodeError
@@ -38,7 +40,7 @@ COMMAND = "nan-trace"
 _RUN = RunSettings()
 
 
-@app.command(COMMAND)
+@app.command(COMMAND, cls=HelpThatFits)
 def nan_trace(
     target: Annotated[
         str,
@@ -204,6 +206,7 @@ def resolve_nantrace_options(
     from dtypecheck.nantrace.runner import split_target
     from dtypecheck.usercode import check_python_file
 
+    refuse_overwriting_inputs([target], {"--output": output})
     settings = project_config(given.config)
     autocast = _autocast_name(pick(given.autocast, settings, COMMAND, "autocast", None))
     device = pick(given.device, settings, COMMAND, "device", None)

@@ -14,6 +14,7 @@ from dtypecheck.cli._app import (
     FailOn,
     FailOnOption,
     FormatOption,
+    HelpThatFits,
     OutputOption,
     QuietOption,
     TracebackOption,
@@ -22,6 +23,7 @@ from dtypecheck.cli._app import (
     emit,
     pick,
     project_config,
+    refuse_overwriting_inputs,
     user_code_guard,
     write_document,
 )
@@ -40,7 +42,7 @@ DEFAULT_TOP = 20
 SCANNED_INPUTS["scan-model"] = "checkpoints"  # a configuration shipped with one of them is never read
 
 
-@app.command("scan-model")
+@app.command("scan-model", cls=HelpThatFits)
 def scan_model(
     checkpoints: Annotated[
         list[str],
@@ -248,6 +250,7 @@ def resolve_scan_options(
         raise UsageError(f"one checkpoint per {held} (json and sarif take several); scan them one at a time")
     if several and plot is not None:
         raise UsageError("one checkpoint per --plot; scan them one at a time")
+    refuse_overwriting_inputs(checkpoints, {"--output": output, "--plot": plot})
     from dtypecheck.scan.select import Selection
 
     chosen = Selection(*selection)
@@ -264,6 +267,8 @@ def resolve_scan_options(
                 f"--update-baseline: no baseline file for {plan.checkpoint}; give --baseline FILE or set "
                 "baseline in [tool.dtypecheck.scan-model]"
             )
+        if update_baseline:
+            refuse_overwriting_inputs(checkpoints, {"--update-baseline's baseline": plan.baseline})
     if plot is not None:
         from dtypecheck.render.scan_plot import require_matplotlib
 

@@ -69,6 +69,16 @@ def require_version(framework: str, installed: str, minimum: tuple[int, ...], be
         )
 
 
+_DETECTED = {
+    "loss": "the loss",
+    "gradients": "the gradients",
+    "optimizer_step": "the optimizer's update",
+    "scale_collapse": "GradScaler's scale",
+    "held_tensors": "a held parameter or buffer",
+}
+"""``WatchSummary.detected`` in words."""
+
+
 def log_line(report: NanTraceReport, path: Path | None) -> str:
     """``dtypecheck nan-trace: step 7: inf born in aten.exp.default (forward) in module block at train.py:13``."""
     first = report.first
@@ -81,8 +91,23 @@ def log_line(report: NanTraceReport, path: Path | None) -> str:
         return f"dtypecheck nan-trace: clean over {report.steps} step(s){where}"
     module = "outside every module" if first.module is None else f"in module {first.module or '(model)'}"
     line = f" at {first.location.file}:{first.location.line}" if first.location is not None else ""
-    born = f"{first.kind} born in {first.op} ({first.phase})"
-    return f"dtypecheck nan-trace: step {first.step}: {born} {module}{line}{where}"
+    if first.cause == "input":
+        # The op only read a value that was already non-finite (a parameter an earlier update wrote, the batch):
+        # "born in" would send the reader to a line that did nothing wrong.
+        born = f"{first.kind} already in the input of {first.op} ({first.phase})"
+    else:
+        born = f"{first.kind} born in {first.op} ({first.phase})"
+    found = f"step {first.step}: {born} {module}{line}"
+    watch = report.watch
+    if watch is not None and watch.exact is False and watch.detected_step not in (None, first.step):
+        # The step that went non-finite could not be replayed; what follows is only the first value the fully
+        # traced later steps saw, usually the earlier step's NaN coming back through the weights.
+        found = (
+            f"step {watch.detected_step}: {_DETECTED.get(watch.detected or '', 'a check')} went non-finite but the "
+            f"step could not be replayed exactly (the report's watch.reason says why); the next steps, traced "
+            f"fully: {found}"
+        )
+    return f"dtypecheck nan-trace: {found}{where}"
 
 
 class WatchSession:

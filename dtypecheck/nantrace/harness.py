@@ -138,7 +138,13 @@ class FactoryTraining:
         model = getattr(made.model, "_orig_mod", made.model)  # an already-compiled model runs its original eagerly
         device = torch.device(settings.device or "cpu")
         model = model.to(device)
-        optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        if not trainable:  # torch.optim would raise "optimizer got an empty parameter list"
+            raise InputError(
+                f"{path}:{name}(): the model has no parameter that requires grad, and factory mode trains it "
+                "(forward, backward, SGD step); trace a script that runs it instead"
+            )
+        optimizer = torch.optim.SGD(trainable, lr=1e-3)
         inputs = to_device(made.inputs, device)
         loss_fn = made.loss_fn if made.loss_fn is not None else default_loss(inputs)
         return cls(model, inputs, loss_fn, optimizer, settings)

@@ -53,7 +53,10 @@ def run_script(
         pass
     except SystemExit as exc:
         if exc.code not in (None, 0) and not _found_nonfinite(tracer):
-            raise UserCodeError(f"{path.name} exited with status {exc.code}") from None
+            if isinstance(exc.code, int):
+                raise UserCodeError(f"{path.name} exited with status {exc.code}") from None
+            # sys.exit("message"): Python prints the message and exits 1 ("exited with status fatal: ..." before)
+            raise UserCodeError(f"{path.name} exited with status 1: sys.exit({exc.code!r})") from None
     except Exception as exc:  # noqa: BLE001  (the user's own exception becomes exit 3 with their traceback)
         failure = _failure(tracer, exc, path.name, path)
     finally:

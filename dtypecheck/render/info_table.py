@@ -13,6 +13,7 @@ from dtypecheck.info.names import DtypeList
 from dtypecheck.info.report import FloatInfo, InfoReport, IntInfo
 from dtypecheck.promotion import Defaults, PromotionReport
 from dtypecheck.render.cells import fmt_float, fmt_pow2
+from dtypecheck.render.fit import fit_columns
 
 COLUMNS_PER_TABLE = 5
 LINE_WIDTH = 72
@@ -84,10 +85,26 @@ FLOAT_ROWS: tuple[Row, ...] = (
 )
 
 
-def _float_tables(floats: Sequence[FloatInfo]) -> list[RenderableType]:
-    tables: list[RenderableType] = []
-    for start in range(0, len(floats), COLUMNS_PER_TABLE):
-        chunk = floats[start : start + COLUMNS_PER_TABLE]
+class _FittedFloatTables:
+    """The float dtypes side by side, ``COLUMNS_PER_TABLE`` to a table where they fit the line whole, fewer where
+    they do not: five at 80 columns folded every value inside a word (``(2.22e-1`` / ``6)``, ``float8_e`` /
+    ``4m3fn``)."""
+
+    def __init__(self, floats: Sequence[FloatInfo]) -> None:
+        self.floats = floats
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        for per_table in range(COLUMNS_PER_TABLE, 0, -1):
+            tables = _float_tables(self.floats, per_table)
+            if all(fit_columns(table, console, options) for table in tables):
+                break
+        yield from tables
+
+
+def _float_tables(floats: Sequence[FloatInfo], per_table: int = COLUMNS_PER_TABLE) -> list[Table]:
+    tables: list[Table] = []
+    for start in range(0, len(floats), per_table):
+        chunk = floats[start : start + per_table]
         table = Table(show_lines=False, header_style="bold")
         table.add_column("", style="bold", no_wrap=True)
         for info in chunk:
@@ -205,9 +222,34 @@ def _range_label(info: FloatInfo) -> str:
     return f"2^{math.frexp(smallest)[1] - 1} .. {fmt_float(info.max, 5)}"
 
 
-def _int_table(ints: Sequence[IntInfo]) -> Table:
+class _FittedIntTable:
+    """The integer table with exact bounds (``9,223,372,036,854,775,807``) where it fits the line, else with them
+    as powers of two (``2^63-1``): two 26-character columns left no room at 80 columns, and every dtype name was
+    cut to ``…``."""
+
+    def __init__(self, ints: Sequence[IntInfo]) -> None:
+        self.ints = ints
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        table = _int_table(self.ints)
+        if not fit_columns(table, console, options):
+            table = _int_table(self.ints, bound=_pow2_bound)
+            fit_columns(table, console, options)
+        yield table
+
+
+def _pow2_bound(value: int) -> str:
+    """``-2^63``, ``2^63-1``, ``2^64-1``; small values as they are."""
+    if abs(value) < 2**16:
+        return f"{value:,}"
+    if value < 0:
+        return f"-2^{(-value).bit_length() - 1}"
+    return f"2^{value.bit_length()}-1"
+
+
+def _int_table(ints: Sequence[IntInfo], bound: Callable[[int], str] = "{:,}".format) -> Table:
     table = Table(header_style="bold")
-    widest = max(len(f"{v:,}") for info in ints for v in (info.min, info.max))
+    widest = max(len(bound(v)) for info in ints for v in (info.min, info.max))
     for name in ("dtype", "kind", "bits", "min", "max", "torch.iinfo", "notes"):
         numeric = name in ("bits", "min", "max")
         table.add_column(
@@ -228,7 +270,7 @@ def _int_table(ints: Sequence[IntInfo]) -> Table:
             for n in ("quantized" if info.quantized else "", f"{info.packed} per byte" if info.packed > 1 else "")
             if n
         )
-        table.add_row(info.name, info.kind, str(info.bits), f"{info.min:,}", f"{info.max:,}", iinfo, notes)
+        table.add_row(info.name, info.kind, str(info.bits), bound(info.min), bound(info.max), iinfo, notes)
     return table
 
 
@@ -269,12 +311,12 @@ def render_info(report: InfoReport) -> list[RenderableType]:
     ints = [d for d in report.dtypes if isinstance(d, IntInfo)]
     out: list[RenderableType] = []
     if floats:
-        out += _float_tables(floats)
+        out.append(_FittedFloatTables(floats))
         out += _findings(floats)
         out.append(Text(""))
         out.append(_FittedNumberLine(floats))
     if ints:
-        out.append(_int_table(ints))
+        out.append(_FittedIntTable(ints))
     if report.promotion is not None:
         out += _promotion(report.promotion)
     if report.defaults is not None:

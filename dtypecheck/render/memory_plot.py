@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from dtypecheck.errors import InputError
 from dtypecheck.render import write_atomically
 from dtypecheck.render.cells import fmt_bytes
+from dtypecheck.render.html.page import CSP
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -92,11 +93,13 @@ def write_step_plot(report: MemoryReport, path: Path) -> None:
         figure.savefig(buffer, format="png")
         _write_bytes(path, buffer.getvalue())
         return
-    figure.savefig(buffer, format="svg")
+    figure.savefig(buffer, format="svg", metadata={"Date": None})  # the same step draws the same page
     svg = buffer.getvalue().decode("utf-8")
     svg = svg[svg.index("<svg") :]  # the XML prolog and doctype do not belong inside HTML
     title = html.escape(f"dtypecheck estimate-memory: {report.model.source}")
-    head = f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{title}</title></head>\n'
+    # The reports' policy (render/html/page.py): the page can load nothing, as --format html's pages cannot.
+    policy = f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
+    head = f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">{policy}<title>{title}</title></head>\n'
     page = f"{head}<body>\n{svg}\n</body></html>\n"
     write_atomically(path, page)
 

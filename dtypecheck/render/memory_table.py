@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from rich import box
-from rich.console import RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.measure import Measurement as RichMeasurement
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -138,48 +140,94 @@ def render_memory(report: MemoryReport) -> list[RenderableType]:
             )
         )
     shown: list[tuple[str, Callable[[MemoryEstimate], str]]] = [(n, f) for n, f, keep in columns if keep]
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=0)
-    table.add_column("dtype", no_wrap=True)
-    table.add_column("mode", no_wrap=True)
-    table.add_column("precision", no_wrap=True)
-    for name, _ in shown:
-        table.add_column(name, justify="right", style="bold" if name == "total" else None, no_wrap=True)
     # The fit and measured columns take the bar's room: a row of a table this wide would wrap.
     with_bar = not measured and all(r.fit is None for r in rows)
-    if with_bar:
-        table.add_column("bar", no_wrap=True, min_width=BAR_WIDTH)
-    for row in rows:
-        mode = "train" if row.mode == "training" else "infer"
-        bar = (stacked_bar(_terms(row)),) if with_bar else ()
-        table.add_row(row.dtype, mode, row.precision, *(cell(row) for _, cell in shown), *bar)
-    out.append(table)
 
-    lines = Text()
+    notes = Text()
     if report.measured is not None and not report.measurements:
         m = report.measured
-        lines.append(
+        notes.append(
             f"measured on {m.device} ({m.referee}), {m.dtype} {m.mode} {m.precision}: peak {fmt_bytes(m.peak_bytes)}, "
             f"estimate {fmt_bytes(m.estimate_bytes)}, error {m.error:+.1%}\n",
             style="bold",
         )
     if report.measurements:
         m = report.measurements[0]
-        lines.append(f"measured: one real step per row on {m.device} ({m.referee}), error against the total\n")
+        notes.append(f"measured: one real step per row on {m.device} ({m.referee}), error against the total\n")
     for note in model.notes:
-        lines.append(f"note: {note}\n", style="dim")
+        notes.append(f"note: {note}\n", style="dim")
     limits = sorted({r.fit.max_seq_len_bound for r in rows if r.fit and r.fit.max_seq_len_bound} - _SEARCH_BOUNDS)
     for limit in limits:
-        lines.append(f"max seq (limit): the model's own {limit}\n", style="dim")
+        notes.append(f"max seq (limit): the model's own {limit}\n", style="dim")
     for skipped in report.skipped:
-        lines.append(f"skipped: {skipped}\n", style="dim")
-    legend = ", ".join(f"{letter} {label}" for letter, _, label in SEGMENTS)
-    lines.append("total is the peak of the step, not the sum of the columns", style="dim")
-    if with_bar:
-        lines.append(f"; bar: {legend}", style="dim")
-    out.append(lines)
+        notes.append(f"skipped: {skipped}\n", style="dim")
+    out.append(_Rows(rows, shown, with_bar, notes))
     for breakdown in report.modules:
         out.extend(render_breakdown(breakdown))
     return out
+
+
+class _Rows:
+    """The estimates' table, its notes and its legend, laid out for the width the console gives them: the bar
+    gives way first, then the table becomes one block per row. Left to rich, a table wider than the line cut every
+    cell short at 80 columns (``32.02 …``, ``tra…``, ``precisi…``; with --fit also ``bfloa…`` and ``max ba…``)."""
+
+    def __init__(
+        self,
+        rows: Sequence[MemoryEstimate],
+        shown: list[tuple[str, Callable[[MemoryEstimate], str]]],
+        with_bar: bool,
+        notes: Text,
+    ) -> None:
+        self.rows, self.shown, self.with_bar, self.notes = rows, shown, with_bar, notes
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        with_bar = self.with_bar
+        table = self._table(with_bar)
+        unbounded = options.update_width(10_000)
+        if with_bar and RichMeasurement.get(console, unbounded, table).maximum > options.max_width:
+            with_bar = False
+            table = self._table(with_bar)
+        if RichMeasurement.get(console, unbounded, table).maximum > options.max_width:
+            yield self._blocks()
+        else:
+            yield table
+        yield self.notes + _legend(with_bar)
+
+    def _table(self, with_bar: bool) -> Table:
+        table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=0)
+        table.add_column("dtype", no_wrap=True)
+        table.add_column("mode", no_wrap=True)
+        table.add_column("precision", no_wrap=True)
+        for name, _ in self.shown:
+            table.add_column(name, justify="right", style="bold" if name == "total" else None, no_wrap=True)
+        if with_bar:
+            table.add_column("bar", no_wrap=True, min_width=BAR_WIDTH)
+        for row in self.rows:
+            bar = (stacked_bar(_terms(row)),) if with_bar else ()
+            table.add_row(row.dtype, _mode(row), row.precision, *(cell(row) for _, cell in self.shown), *bar)
+        return table
+
+    def _blocks(self) -> Group:
+        """One block per row where no table fits: its dtype, mode and precision, then each column's value."""
+        blocks: list[RenderableType] = []
+        for row in self.rows:
+            blocks.append(Text(f"{row.dtype} {_mode(row)} {row.precision}", style="bold"))
+            values = " · ".join(f"{name} {cell(row)}" for name, cell in self.shown)
+            blocks.append(Padding(Text(values), (0, 0, 0, 2)))  # wrapped lines keep the indent
+        return Group(*blocks)
+
+
+def _mode(row: MemoryEstimate) -> str:
+    return "train" if row.mode == "training" else "infer"
+
+
+def _legend(with_bar: bool) -> Text:
+    legend = ", ".join(f"{letter} {label}" for letter, _, label in SEGMENTS)
+    text = Text("total is the peak of the step, not the sum of the columns", style="dim")
+    if with_bar:
+        text.append(f"; bar: {legend}", style="dim")
+    return text
 
 
 def render_breakdown(breakdown: ModuleBreakdown) -> list[RenderableType]:

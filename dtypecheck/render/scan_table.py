@@ -14,6 +14,7 @@ from rich.text import Text
 from dtypecheck.dtypes import DtypeSpec, lookup
 from dtypecheck.errors import UnknownDtypeError
 from dtypecheck.render.cells import LEVEL_STYLE, fmt_bytes, fmt_float, printable
+from dtypecheck.render.fit import fit_columns
 from dtypecheck.scan.report import (
     BaselineComparison,
     CastCounts,
@@ -205,12 +206,16 @@ class _TensorRows:
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         width = options.max_width
-        yield _tensor_table(
-            self.report, self.shown, self.axis, spark=width >= SPARK_FROM_WIDTH, low=width >= MIN_ABS_FROM_WIDTH
-        )
+        spark, low = width >= SPARK_FROM_WIDTH, width >= MIN_ABS_FROM_WIDTH
+        while True:
+            table = _tensor_table(self.report, self.shown, self.axis, spark=spark, low=low)
+            if fit_columns(table, console, options) or not (spark or low):
+                break
+            spark, low = (False, low) if spark else (False, False)  # the optional columns give way to the counts
+        yield table
         if self.hidden is not None:
             yield self.hidden
-        yield Text(legend(self.report, self.axis, spark=width >= SPARK_FROM_WIDTH), style="dim")
+        yield Text(legend(self.report, self.axis, spark=spark), style="dim")
 
 
 def _tensor_table(

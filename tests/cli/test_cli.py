@@ -174,6 +174,15 @@ def test_python_m_dtypecheck_help_smoke() -> None:
         assert re.search(rf"\b{command}\b", done.stdout), command
 
 
+def test_dtypecheck_alone_lists_the_commands_without_an_empty_error_line() -> None:
+    # It printed the help, then "error:  (see 'dtypecheck --help')": click's NoArgsIsHelpError, whose message
+    # is empty once rich has printed the help itself.
+    done = subprocess.run([sys.executable, "-m", "dtypecheck"], capture_output=True, text=True, check=False, timeout=60)
+    assert (done.returncode, done.stderr) == (2, "")
+    for command in ("info", "scan-model", "estimate-memory", "nan-trace"):
+        assert re.search(rf"\b{command}\b", done.stdout), command
+
+
 def test_estimate_memory_console_smoke(tmp_path: Path) -> None:
     # The one whole-process run of estimate-memory (the other commands have theirs in tests/cli/test_user_code.py
     # and tests/nantrace/test_modes.py): the console entry's fast exit still delivers the whole document.
@@ -211,3 +220,54 @@ def test_public_api_names_resolve_lazily() -> None:
         assert getattr(dtypecheck, name) is not None, name
     with pytest.raises(AttributeError):
         dtypecheck.no_such_name  # noqa: B018
+
+
+@pytest.mark.parametrize(
+    ("command", "written", "flag"),
+    [
+        ("scan-model", "model.safetensors", "--output"),
+        ("scan-model", "model.safetensors", "--plot"),
+        ("scan-model", "model.safetensors", "--baseline"),
+        ("estimate-memory", "model.safetensors", "--output"),
+        ("estimate-memory", "factory.py", "--output"),
+        ("nan-trace", "train.py", "--output"),
+    ],
+)
+def test_a_written_file_that_is_the_input_is_refused_and_the_input_kept(
+    cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str, written: str, flag: str
+) -> None:
+    """``scan-model model.safetensors -o model.safetensors`` replaced the checkpoint with its JSON report (exit 0);
+    ``nan-trace train.py -o train.py`` the user's script."""
+    import torch
+    from safetensors.torch import save_file
+
+    monkeypatch.chdir(tmp_path)
+    save_file({"w": torch.ones(4, 4)}, "model.safetensors")
+    Path("factory.py").write_text("import torch\n\ndef make():\n    return torch.nn.Linear(4, 2), torch.ones(3, 4)\n")
+    Path("train.py").write_text("import torch\n\ntorch.ones(2).sum()\n")
+    before = {name: Path(name).read_bytes() for name in ("model.safetensors", "factory.py", "train.py")}
+    target = {"nan-trace": "train.py", "estimate-memory": "model.safetensors", "scan-model": "model.safetensors"}
+    source = "factory.py:make" if written == "factory.py" else target[command]
+    extra = ["--update-baseline"] if flag == "--baseline" else ["--format", "json"]
+    result = cli(command, source, flag, written, *extra)
+    shown = "--update-baseline's baseline" if flag == "--baseline" else flag
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == (
+        f"error: {shown} {written} is the input {written}: writing there would replace it; name another file\n"
+    )
+    assert {name: Path(name).read_bytes() for name in before} == before
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_info_tables_keep_every_cell_whole_at_80_columns(width: int) -> None:
+    """At 80 columns ``info --all``'s integer table cut every dtype name to ``…`` (its two 26-character bound
+    columns left no room) and five floats to a table folded values inside words (``(2.22e-1`` / ``6)``)."""
+    names = ["fp64", "fp32", "bf16", "fp16", "e4m3", "e5m2", "fp4", "int8", "int64", "uint64", "int4", "bool"]
+    report = describe_dtypes([lookup(n) for n in names], devices=["cpu"])
+    text = render(report, OutputFormat.table, width=width)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= width
+    assert [line for line in lines if "…" in line] == []
+    words = set(text.replace("│", " ").replace("┃", " ").split())
+    assert {"float8_e4m3fn", "float4_e2m1fn_x2", "uint64", "(2.22e-16)", "1.79769e+308", "2^-1074"} <= words
+    assert {"2^64-1", "-2^63"} <= words or {"18,446,744,073,709,551,615", "-9,223,372,036,854,775,808"} <= words

@@ -189,3 +189,63 @@ def test_modules_are_named_from_the_module_called_outermost_as_a_full_trace_name
     doc = json.loads((tmp_path / "nantrace.json").read_text(encoding="utf-8"))
     first = doc["first"]
     assert (first["kind"], first["op"], first["module"], first["step"]) == ("inf", "aten.mul.Tensor", "1", 4)
+
+
+class LogOfItsOutput(LightningModule):
+    """A NaN born outside every module, in ``training_step``'s own ``log``: watch mode re-runs model calls only."""
+
+    calls: torch.Tensor
+
+    def __init__(self, at_step: int) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        self.at_step = at_step
+        self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        self.calls += 1
+        out = self.net(x)
+        if int(self.calls) == self.at_step:
+            out = torch.log(out - 1e3)  # planted NaN, outside the model
+        return torch.nn.functional.mse_loss(out, y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=1e-2)
+
+
+def test_the_log_line_names_the_step_that_failed_when_it_could_not_be_replayed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The step whose loss went NaN cannot be replayed (the NaN is born outside the model); the next step's first
+    NaN only came back through the weights its update wrote. The log line said "step 5: nan born in
+    aten.addmm.default ... at <the model call>", sending the reader to a line that did nothing wrong."""
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+    trainer = lightning.Trainer(
+        accelerator="cpu",
+        max_steps=STEPS,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[NanTraceCallback(tmp_path / "nantrace.json")],
+        default_root_dir=str(tmp_path),
+    )
+    with caplog.at_level(logging.INFO, logger="dtypecheck"):
+        trainer.fit(LogOfItsOutput(at_step=4), torch.utils.data.DataLoader(data, batch_size=4))
+    doc = json.loads((tmp_path / "nantrace.json").read_text(encoding="utf-8"))
+    first = doc["first"]
+    assert (doc["watch"]["detected_step"], doc["watch"]["exact"], first["step"], first["cause"]) == (
+        4,
+        False,
+        5,
+        "input",
+    )
+    location = first["location"]
+    assert [r.getMessage() for r in caplog.records if r.name == "dtypecheck"] == [
+        "dtypecheck nan-trace: step 4: the loss went non-finite but the step could not be replayed exactly (the "
+        "report's watch.reason says why); the next steps, traced fully: step 5: nan already in the input of "
+        f"{first['op']} (forward) in module {first['module']} at {location['file']}:{location['line']} "
+        f"(report: {tmp_path / 'nantrace.json'})"
+    ]

@@ -84,6 +84,10 @@ def test_plot_png_and_self_contained_html(cli, two, tmp_path):
     assert "<svg" in text
     assert "<script" not in text
     assert "src=" not in text
+    # As the --format html pages: a policy that lets the page load nothing; and no timestamp, so the same step
+    # draws the same file.
+    assert '<meta http-equiv="Content-Security-Policy" content="default-src \'none\';' in text
+    assert "<dc:date>" not in text
     (step,) = [s for s in result.json()["steps"] if s["mode"] == "training"]
     assert step["total"] == result.json()["estimates"][1]["bytes"]["total"]
     bad = cli("estimate-memory", two, "--plot", str(tmp_path / "step.pdf"))

@@ -106,6 +106,24 @@ def test_table_golden(cli, golden, decoder_config, monkeypatch):
     golden("memory_decoder.txt", result.stdout.replace(f"{decoder_config.name}/config.json", "<config>/config.json", 1))
 
 
+@pytest.mark.parametrize("width", [60, 80, 100, 200])
+def test_the_table_is_never_cut_short(cli, factories, monkeypatch, width):
+    """At 80 columns every cell was cut with an ellipsis (``32.02 …``, ``tra…``, ``precisi…``): the bar gives way
+    first, then the table becomes one block per row."""
+    monkeypatch.setenv("COLUMNS", str(width))
+    result = cli("estimate-memory", f"{factories}:mlp", "-d", "fp32,bf16,fp16,e4m3,int8,int4")
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert [line for line in lines if "…" in line] == []
+    assert max(len(line) for line in lines) <= width
+    wide = cli("estimate-memory", f"{factories}:mlp", "-d", "fp32,bf16,fp16,e4m3,int8,int4", "-f", "json").json()
+    text = " ".join(result.stdout.split())
+    for row in wide["estimates"]:  # each row's dtype and total, whole
+        assert row["dtype"] in text
+        total = row["bytes"]["total"]
+        assert (f"{total / 2**20:.2f} MiB" if total >= 2**20 else f"{total / 2**10:.2f} KiB") in text
+
+
 def test_factory_without_inputs(cli, factories):
     doc = cli("estimate-memory", f"{factories}:no_inputs", "-f", "json", "-d", "fp32").json()
     assert doc["model"]["parameters"] == 16 * 16 + 16

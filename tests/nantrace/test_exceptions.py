@@ -4,6 +4,7 @@ non-finite involved. The CLI and ``dtypecheck.trace()`` report the same."""
 
 from __future__ import annotations
 
+import json
 import runpy
 
 import pytest
@@ -168,3 +169,30 @@ def test_an_exception_with_nothing_nonfinite_still_exits_3(nantrace: NanTrace) -
     assert result.stderr == (
         f"error: {masked.name} raised ValueError: unrelated (at line 4 in <module>; --traceback shows the traceback)\n"
     )  # line 4: the dedented script starts with an empty line
+
+
+@pytest.mark.parametrize(
+    ("ending", "code", "error"),
+    [
+        ("sys.exit(0)", 0, None),
+        ("sys.exit()", 0, None),
+        ("os._exit(0)", 0, None),
+        ("sys.exit(5)", 3, "error: ends.py exited with status 5\n"),
+        ("exit(5)", 3, "error: ends.py exited with status 5\n"),
+        # It said "exited with status fatal: bad config".
+        ('sys.exit("fatal: bad config")', 3, "error: ends.py exited with status 1: sys.exit('fatal: bad config')\n"),
+    ],
+)
+def test_a_script_that_exits_ends_as_its_exit_status_says(
+    nantrace: NanTrace, ending: str, code: int, error: str | None
+) -> None:
+    """A script's ``sys.exit(0)`` is its normal end (the report is written, exit 0, as ``python train.py`` would
+    succeed); a non-zero status is an input error naming it, with nothing on stdout."""
+    script, _ = nantrace.write("ends.py", f"import os, sys\nimport torch\n\ntorch.ones(2).sum()\n{ending}\n")
+    result = nantrace.run(str(script), "--format", "json", "--quiet")
+    assert result.exit_code == code
+    if error is None:
+        assert json.loads(result.stdout)["status"] == "clean"
+        assert result.stderr == ""
+    else:
+        assert (result.stdout, result.stderr) == ("", error)

@@ -52,6 +52,14 @@ def model_only():
 def raises():
     raise ValueError("no data here")  # factory raises
 
+def no_parameters():
+    return torch.nn.ReLU(), torch.randn(3, 4)
+
+def frozen():
+    model = torch.nn.Linear(4, 2)
+    model.requires_grad_(False)
+    return model, torch.randn(3, 4)
+
 not_a_function = 3
 """
 
@@ -86,6 +94,17 @@ def test_factory_mode_names_the_module_from_named_modules(nantrace: NanTrace) ->
         ("not_a_function", "factory.py:not_a_function is not callable (it is a int)"),
         ("wrong", "wrong() must return an nn.Module, (model, inputs) or (model, inputs, loss_fn); got Tensor"),
         ("model_only", "model_only() must return (model, inputs) or (model, inputs, loss_fn) for nan-trace"),
+        # These two crashed with torch's "ValueError: optimizer got an empty parameter list" traceback, exit 1.
+        (
+            "no_parameters",
+            "no_parameters(): the model has no parameter that requires grad, and factory mode trains it (forward, "
+            "backward, SGD step); trace a script that runs it instead",
+        ),
+        (
+            "frozen",
+            "frozen(): the model has no parameter that requires grad, and factory mode trains it (forward, "
+            "backward, SGD step); trace a script that runs it instead",
+        ),
     ],
 )
 def test_bad_factories_exit_3_with_one_line(nantrace: NanTrace, cli: Any, target: str, message: str) -> None:

@@ -196,7 +196,8 @@ def test_no_config_is_empty(tmp_path: Path) -> None:
         ("[tool.dtypecheck.scan-model]\ntarget = ['fp16']\n", "unknown key 'target'"),
         ("[tool.dtypecheck.scan-model]\nmax-underflow-fraction = { float16 = 2 }\n", "between 0 and 1"),
         ("[[tool.dtypecheck.scan-model.ignore]]\npattern = '*'\n", "needs a reason"),
-        ("[tool.dtypecheck.nan-trace]\nhistory = 0\n", "positive integer"),
+        ("[tool.dtypecheck.nan-trace]\nhistory = -1\n", "history: expected an integer of 0 or more, got -1"),
+        ("[tool.dtypecheck.nan-trace]\nsteps = 0\n", "steps: expected a positive integer, got 0"),
         ("[tool.dtypecheck\n", "not valid TOML"),
     ],
 )
@@ -216,6 +217,12 @@ def test_explicit_dtypecheck_toml(tmp_path: Path) -> None:
     assert config.get("scan-model", "targets") == ["bfloat16"]
     with pytest.raises(UsageError):
         load_config(explicit=tmp_path / "missing.toml")
+
+
+def test_history_0_is_valid_in_the_config_as_on_the_command_line(tmp_path: Path) -> None:
+    # --history takes 0 (no ops shown before an event); the config refused it as "expected a positive integer".
+    (tmp_path / "pyproject.toml").write_text("[tool.dtypecheck.nan-trace]\nhistory = 0\n")
+    assert load_config(tmp_path / "pyproject.toml").get("nan-trace", "history") == 0
 
 
 def test_estimate_memory_reads_its_config_section(cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

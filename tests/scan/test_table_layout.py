@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from dtypecheck.dtypes import lookup
 from dtypecheck.render import OutputFormat, render
 from dtypecheck.render.scan_table import DottedName
 from dtypecheck.scan.run import scan_checkpoint
@@ -112,3 +113,28 @@ def test_training_checkpoint_golden_at_each_width(
     report = scan_checkpoint(str(ckpts.plain(tmp_path, "adam")))
     report = dataclasses.replace(report, source="plain.pt")
     golden(f"scan_adam_checkpoint_{width}.txt", render(report, OutputFormat.table, width=width, limit=6))
+
+
+@pytest.mark.parametrize("width", [80, 90, 100])
+def test_three_targets_fit_the_width_without_cropping_a_cell(tmp_path: Path, width: int) -> None:
+    """At 80 columns with ``--target fp16,bf16,e4m3`` (the README's example) the table came out 84 wide: rich
+    shrank the names below their minimum, put it back after the layout, and the console cropped the last column
+    at the edge (``170 u``, ``0.073``, ``unf@a``)."""
+    path = tmp_path / "tiny_model.safetensors"
+    save_file(make_example_checkpoint.build(), str(path))
+    report = scan_checkpoint(str(path), [lookup("fp16"), lookup("bf16"), lookup("e4m3")])
+    text = render(report, OutputFormat.table, width=width, limit=2)
+    assert max(len(line) for line in text.splitlines()) <= width
+    lines = text.splitlines()
+    rows = lines[next(i for i, line in enumerate(lines) if line.startswith("tensor ")) :]
+    column = [cell.strip() for cell in rows[0].split("┃")].index("e4m3")
+    # every cell of the e4m3 column whole: each word a cast cell can hold
+    e4m3 = [line.split("│")[column].strip() for line in rows if line.count("│") >= column]
+    assert set(" ".join(e4m3).split()) == {
+        "fail", "ok", "3", "ovf", "0.073%", "170", "unf", "4.2%", "2026", "sub", "49%", "4093", "unf@amax", "100%",
+        "168", "4.1%", "2047", "50%",
+    }  # fmt: skip
+    if width >= 100:  # the sparkline, shown from 100 columns, is whole: it was cut to 5 of its 12 characters
+        wide = render(report, OutputFormat.table, width=200, limit=2).splitlines()
+        wide_rows = wide[next(i for i, line in enumerate(wide) if line.startswith("tensor ")) :]
+        assert [line.rsplit("│", 1)[1] for line in rows[2:4]] == [line.rsplit("│", 1)[1] for line in wide_rows[2:4]]
