@@ -595,12 +595,32 @@ def estimate_subject(
     return estimate_with_traces(subject, options, progress)[0]
 
 
+def frozen_model_options(subject: Subject, options: EstimateOptions) -> tuple[EstimateOptions, str | None]:
+    """A model none of whose parameters requires grad (frozen whole) has no training step: by default its
+    inference alone is estimated (and the note returned says why); ``--mode training`` asked for is an input error
+    that says so. Any other model: the options as they are, and no note."""
+    if subject.inventory.trainable_count or subject.inventory.parameter_count == 0:
+        return options, None
+    why = (
+        f"the model has no trainable parameter (requires_grad is False on all {subject.inventory.parameter_count:,}), "
+        "so a training step has nothing to update"
+    )
+    if Mode.training in options.modes:
+        raise InputError(f"cannot estimate training: {why}; estimate its inference with --mode inference")
+    if options.modes == (Mode.inference,):
+        return options, None
+    return dataclasses.replace(options, modes=(Mode.inference,)), f"training: {why}"
+
+
 def estimate_with_traces(
     subject: Subject, options: EstimateOptions, progress: ProgressCallback = no_progress
 ) -> tuple[MemoryReport, TraceCache]:
     """``estimate_subject``, and the traces it took (``--fit`` starts its search from them)."""
     validate(subject, options)
+    options, frozen = frozen_model_options(subject, options)
     rows, skipped = plan_rows(options)
+    if frozen is not None:
+        skipped = [frozen, *(s for s in skipped if " training: " not in f" {s}")]
     attribute = options.by_module is not None or options.step_timeline
     profiles = TraceCache(subject, options.checkpointing, progress, total=len(rows), attribute=attribute)
     estimates = tuple(estimate_row(subject, row, options, profiles.get(row)) for row in rows)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from dtypecheck.errors import InputError, ParameterError
 from dtypecheck.memory.config_models import open_hf_config
 from dtypecheck.memory.devices import DeviceBudget, default_device, parse_fit
-from dtypecheck.memory.estimate import EstimateOptions, estimate_with_traces, fixed_host_random
+from dtypecheck.memory.estimate import EstimateOptions, estimate_with_traces, fixed_host_random, frozen_model_options
 from dtypecheck.memory.fit import DEFAULT_FIT_TIMEOUT
 from dtypecheck.memory.subject import Subject, load_checkpoint, open_factory
 from dtypecheck.memory_words import DeviceKind, Mode
@@ -68,7 +68,10 @@ def estimate_memory(
             subject = model
         else:
             subject = open_subject(model, batch_size=batch_size, seq_len=seq_len, loss=loss)
+        options, frozen = frozen_model_options(subject, options)  # --fit and the breakdown plan the same rows
         report, traces = estimate_with_traces(subject, options, progress)
+        if frozen is not None:
+            report = dataclasses.replace(report, skipped=(frozen, *report.skipped))
         if options.by_module is not None or options.step_timeline:
             from dtypecheck.memory.breakdown import with_breakdowns
 

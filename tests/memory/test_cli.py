@@ -356,3 +356,55 @@ def test_output_file(cli, factories, tmp_path):
     assert result.exit_code == 0
     assert result.stdout == ""
     assert json.loads(out.read_text())["schema"] == "dtypecheck.memory/1"
+
+
+FROZEN = """
+import torch
+
+
+def _model(trainable_last):
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    if trainable_last:
+        model[2].weight.requires_grad_(True)
+    return model, torch.randn(8, 16)
+
+
+def frozen():
+    return _model(False)
+
+
+def last_weight_trains():
+    return _model(True)
+"""
+
+
+def test_a_frozen_model_gets_its_inference_and_says_why_no_training(cli, tmp_path):
+    """Every parameter with requires_grad=False: no backward can be traced. The default grid gives the inference
+    rows and a skipped note; --mode training asked for is one error line, exit 3."""
+    factory = tmp_path / "frozen.py"
+    factory.write_text(FROZEN, encoding="utf-8")
+    params = 16 * 16 + 16 + 16 * 4 + 4  # two Linear layers, by hand: 340
+    result = cli("estimate-memory", f"{factory}:frozen", "-d", "fp32,bf16", "-f", "json")
+    assert result.exit_code == 0, result.stderr
+    doc = result.json()
+    assert (doc["model"]["parameters"], doc["model"]["trainable_parameters"]) == (params, 0)
+    assert [(r["dtype"], r["mode"]) for r in doc["estimates"]] == [("float32", "inference"), ("bfloat16", "inference")]
+    assert [r["bytes"]["parameters"] for r in doc["estimates"]] == [4 * params, 2 * params]
+    assert doc["skipped"] == [
+        f"training: the model has no trainable parameter (requires_grad is False on all {params}), "
+        "so a training step has nothing to update"
+    ]
+    asked = cli("estimate-memory", f"{factory}:frozen", "-m", "training")
+    assert asked.exit_code == 3
+    assert asked.stdout == ""
+    assert asked.stderr.splitlines() == [
+        f"error: cannot estimate training: the model has no trainable parameter (requires_grad is False on all "
+        f"{params}), so a training step has nothing to update; estimate its inference with --mode inference"
+    ]
+    # One trainable weight is enough for a training step: its rows are there, and nothing is skipped for it.
+    partly = cli("estimate-memory", f"{factory}:last_weight_trains", "-d", "fp32", "-f", "json").json()
+    assert [r["mode"] for r in partly["estimates"]] == ["inference", "training"]
+    assert partly["model"]["trainable_parameters"] == 16 * 4
+    assert partly["skipped"] == []
