@@ -90,6 +90,15 @@ class Config:
                 return values[key]
         return default
 
+    def where(self, command: str, key: str) -> str | None:
+        """Where the value ``get`` gives was set, as messages name it (``pyproject.toml: [tool.dtypecheck.nan-trace]
+        device``), or None when the configuration does not set it."""
+        for section in (command, ""):
+            if key in self.sections.get(section, {}):
+                table = f"tool.dtypecheck.{section}" if section else "tool.dtypecheck"
+                return f"{self.path}: [{table}] {key}"
+        return None
+
 
 EMPTY = Config(None, {})
 

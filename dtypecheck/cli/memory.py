@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -238,7 +238,26 @@ class MemoryCommand:
     """``--plot FILE``: .png or .html."""
     fit_workers: int | None = None
     """Processes sharing the fit's traces; None: one per core."""
+    configured: dict[str, str] = field(default_factory=dict)
+    """The core's parameters whose value came from the project config, each with where it was set: an error about
+    one names that key (``pyproject.toml: [tool.dtypecheck.estimate-memory] fit``), not a flag nobody gave."""
 
+
+CONFIGURED = {
+    "optimizer": "optimizer",
+    "strategy": "strategy",
+    "world_size": "world-size",
+    "grad_accum": "grad-accum",
+    "device": "device",
+    "batch_size": "batch-size",
+    "seq_len": "seq-len",
+    "loss": "loss",
+    "fit": "fit",
+    "reserve": "reserve",
+    "fit_workers": "fit-workers",
+    "dtypes": "dtypes",
+}
+"""The core's parameters that ``[tool.dtypecheck.estimate-memory]`` can set, and their keys there."""
 
 PLOT_SUFFIXES = (".png", ".html")
 
@@ -285,8 +304,18 @@ def resolve_memory_options(
         names = format_names(REPORT_FORMATS)
         raise UsageError(f"estimate-memory writes {names}, not {fmt.value} (a memory estimate has no findings)")
     section = "estimate-memory"
+    given = {
+        "optimizer": optimizer, "strategy": strategy, "world_size": world_size, "grad_accum": grad_accum,
+        "device": device, "batch_size": batch_size, "seq_len": seq_len, "loss": loss, "fit": fit, "reserve": reserve,
+        "fit_workers": fit_workers, "dtypes": dtype,
+    }  # fmt: skip
+    configured = {
+        name: where
+        for name, key in CONFIGURED.items()
+        if given[name] is None and (where := settings.where(section, key)) is not None
+    }
     configured_device = pick(device, settings, section, "device", None)
-    with flags_named():
+    with flags_named(configured):
         options = EstimateOptions(
             dtypes=tuple(parse_dtype_list(dtype or settings.get(section, "dtypes"))),
             modes=tuple(mode or ()),
@@ -320,6 +349,7 @@ def resolve_memory_options(
         quiet=quiet,
         plot=plot,
         fit_workers=pick(fit_workers, settings, section, "fit-workers", None),
+        configured=configured,
     )
 
 
@@ -332,7 +362,7 @@ def execute_memory(command: MemoryCommand) -> int:
 
     settle_start_up_heap()
     with (
-        flags_named(),
+        flags_named(command.configured),
         user_code_guard(command.model),
         progress_bar("estimating memory", quiet=command.quiet, unit="passes") as progress,
     ):
@@ -358,12 +388,13 @@ def execute_memory(command: MemoryCommand) -> int:
 
 
 @contextlib.contextmanager
-def flags_named() -> Iterator[None]:
-    """The core names its parameters (``world_size``); the command line says which flag (``--world-size``)."""
+def flags_named(configured: dict[str, str] | None = None) -> Iterator[None]:
+    """The core names its parameters (``world_size``); the command line says which flag (``--world-size``), or,
+    for a value the project config set (``configured``), where it was set."""
     try:
         yield
     except ParameterError as exc:
-        raise exc.with_flags(FLAGS) from None
+        raise exc.with_flags({**FLAGS, **(configured or {})}) from None
 
 
 FLAGS = {"dtypes": "--dtype", "modes": "--mode", "precisions": "--precision"}

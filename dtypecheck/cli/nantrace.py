@@ -210,7 +210,7 @@ def resolve_nantrace_options(
     settings = project_config(given.config)
     autocast = _autocast_name(pick(given.autocast, settings, COMMAND, "autocast", None))
     device = pick(given.device, settings, COMMAND, "device", None)
-    _check_device(device)
+    _check_device(device, "--device" if given.device is not None else settings.where(COMMAND, "device"))
     trace = TraceOptions(
         keep_going=pick(True if given.keep_going else None, settings, COMMAND, "keep-going", TraceOptions.keep_going),
         history=pick(given.history, settings, COMMAND, "history", TraceOptions.history),
@@ -285,7 +285,8 @@ def _autocast_name(autocast: str | None) -> str | None:
     return name
 
 
-def _check_device(device: str | None) -> None:
+def _check_device(device: str | None, named: str | None) -> None:
+    """``named``: where the device was given (the flag, or the configuration's key), as the message says it."""
     if device is None:
         return
     import torch
@@ -293,11 +294,11 @@ def _check_device(device: str | None) -> None:
     try:
         chosen = torch.device(device)
     except RuntimeError as exc:
-        raise UsageError(f"--device {device!r}: {exc}") from None
+        raise UsageError(f"{named} {device!r}: {exc}") from None
     backend = getattr(torch, chosen.type, None) if chosen.type != "cpu" else None
     available = getattr(backend, "is_available", None)
     if chosen.type not in ("cpu", "meta") and (available is None or not available()):
-        raise UsageError(f"--device {device}: this machine (torch {torch.__version__}) has no {chosen.type} device")
+        raise UsageError(f"{named} {device!r}: this machine (torch {torch.__version__}) has no {chosen.type} device")
 
 
 def execute_nantrace(options: NanTraceOptions) -> int:

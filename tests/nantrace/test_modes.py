@@ -370,5 +370,5 @@ def test_device_the_machine_lacks_is_a_usage_error(cli, tmp_path) -> None:
     script.write_text("import torch\nx = torch.ones(3)\n")
     result = cli("nan-trace", str(script), "--device", "cuda")
     assert result.exit_code == 2
-    assert result.stderr.startswith("error: --device cuda: this machine")
+    assert result.stderr.startswith("error: --device 'cuda': this machine")
     assert "has no cuda device" in result.stderr

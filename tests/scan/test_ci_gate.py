@@ -302,3 +302,47 @@ def test_nantrace_sarif_end_to_end_for_a_dtype_mismatch(cli, tmp_path: Path) -> 
     [mismatch] = [r for r in log["runs"][0]["results"] if r["ruleId"] == "DTC205"]
     assert mismatch["level"] == "error"
     assert mismatch["locations"][0]["physicalLocation"]["region"]["startLine"] == 4
+
+
+def test_config_where_names_the_file_table_and_key(tmp_path: Path) -> None:
+    config_file = tmp_path / "pyproject.toml"
+    config_file.write_text("[tool.dtypecheck]\nfail-on = 'warn'\n[tool.dtypecheck.nan-trace]\nsteps = 3\n")
+    config = load_config(explicit=config_file)
+    assert config.where("nan-trace", "steps") == f"{config_file}: [tool.dtypecheck.nan-trace] steps"
+    assert config.where("scan-model", "fail-on") == f"{config_file}: [tool.dtypecheck] fail-on"
+    assert config.where("nan-trace", "history") is None
+
+
+def test_a_bad_configured_value_is_blamed_on_its_key_not_on_a_flag(
+    cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A value the core or the command refuses names where it was set: the config's key when it came from
+    there (it said '--fit' and '--device', flags nobody gave), the flag when the command line gave it."""
+    config_file = tmp_path / "pyproject.toml"
+    config_file.write_text(
+        '[tool.dtypecheck.estimate-memory]\nfit = "bogus"\nworld-size = 3\n'
+        '[tool.dtypecheck.nan-trace]\ndevice = "tpu9"\n'
+    )
+    (tmp_path / "model.py").write_text(
+        "import torch\n\ndef make():\n    return torch.nn.Linear(8, 4), torch.zeros(2, 8)\n"
+    )
+    (tmp_path / "train.py").write_text("import torch\nx = torch.ones(2)\n")
+    monkeypatch.chdir(tmp_path)
+    memory = cli("estimate-memory", "model.py:make", "--strategy", "ddp")
+    assert memory.exit_code == 2
+    assert memory.stderr.startswith(
+        f"error: {config_file}: [tool.dtypecheck.estimate-memory] fit 'bogus': not a size or a known device"
+    )
+    flag = cli("estimate-memory", "model.py:make", "--strategy", "ddp", "--fit", "bogus2")
+    assert flag.stderr.startswith("error: --fit 'bogus2': not a size or a known device")
+    shards = cli("estimate-memory", "model.py:make", "--fit", "80GiB")
+    assert shards.stderr.splitlines() == [
+        f"error: {config_file}: [tool.dtypecheck.estimate-memory] world-size needs a --strategy "
+        "(ddp, zero1, zero2, zero3 or fsdp)"
+    ]
+    traced = cli("nan-trace", "train.py")
+    assert traced.exit_code == 2
+    assert traced.stderr.splitlines() == [
+        f"error: {config_file}: [tool.dtypecheck.nan-trace] device 'tpu9': Invalid device string: 'tpu9'"
+    ]
+    assert cli("nan-trace", "train.py", "--device", "tpu8").stderr.startswith("error: --device 'tpu8': ")
