@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
-from rich.console import RenderableType
+from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -21,6 +22,7 @@ from dtypecheck.nantrace.report import (
     TensorArg,
 )
 from dtypecheck.render.cells import fmt_float
+from dtypecheck.render.fit import fit_columns
 
 CAUSE_TEXT = {
     "range_overflow": "range overflow: finite in float64, beyond what {dtype} holds",
@@ -100,13 +102,54 @@ def _event_panel(event: Event, title: str) -> Panel:
     return Panel(grid, title=Text(title, style=style), title_align="left", expand=False)
 
 
-def _history_table(history: tuple[HistoryEntry, ...]) -> Table:
-    table = Table(title="ops before it (absmax / dtype max)", title_justify="left", header_style="bold")
-    for name in ("op", "phase", "module", "dtype", "absmax", "/ max", "line"):
-        table.add_column(name, justify="right" if name in ("absmax", "/ max") else "left", overflow="fold")
-    for entry in history:
-        style = "yellow" if entry.ratio >= 0.5 else None
-        table.add_row(
+class _OpRows:
+    """A table of ops with every cell whole at the console's width (an op name or a line folded inside a word
+    reads as two: ``aten.pow.T`` / ``ensor_Scalar``): the boxed table where it fits; else without its outer
+    border, with a dtype every row shares moved into the title; else one block per op, its name on its own line
+    and the other cells as ``name value`` after it."""
+
+    def __init__(
+        self, title: str, columns: tuple[str, ...], rows: Sequence[tuple[str, ...]], styles: Sequence[str | None]
+    ) -> None:
+        self.title, self.columns, self.rows, self.styles = title, columns, rows, styles
+
+    def _table(self, compact: bool) -> Table:
+        columns, rows, title = self.columns, self.rows, self.title
+        dtypes = {row[columns.index("dtype")] for row in rows} if "dtype" in columns else set()
+        if compact and len(dtypes) == 1:
+            keep = [i for i, name in enumerate(columns) if name != "dtype"]
+            columns, rows = tuple(columns[i] for i in keep), [tuple(row[i] for i in keep) for row in rows]
+            title = f"{title}; {dtypes.pop()}"
+        table = Table(title=title, title_justify="left", header_style="bold")
+        if compact:
+            table.show_edge, table.pad_edge, table.collapse_padding = False, False, True
+        for name in columns:
+            table.add_column(name, justify="right" if name in _RIGHT else "left", overflow="fold")
+        for row, style in zip(rows, self.styles, strict=True):
+            table.add_row(*row, style=style)
+        return table
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        for compact in (False, True):
+            table = self._table(compact)
+            if fit_columns(table, console, options):
+                yield table
+                return
+        yield Text(self.title, style="italic")
+        op = self.columns.index("op")
+        for row, style in zip(self.rows, self.styles, strict=True):
+            yield Text(row[op], style=style or "bold")
+            rest = " · ".join(f"{name} {value}" for name, value in zip(self.columns, row, strict=True) if name != "op")
+            yield Text("  " + rest, style=style or "")
+
+
+_RIGHT = frozenset({"absmax", "/ max"})
+"""Columns of numbers, right-aligned."""
+
+
+def _history_table(history: tuple[HistoryEntry, ...]) -> _OpRows:
+    rows = [
+        (
             entry.op,
             entry.phase,
             _module(entry.module),
@@ -114,17 +157,17 @@ def _history_table(history: tuple[HistoryEntry, ...]) -> Table:
             fmt_float(entry.absmax, 6),
             fmt_float(entry.ratio, 3),
             _where(entry.location),
-            style=style,
         )
-    return table
+        for entry in history
+    ]
+    styles = ["yellow" if entry.ratio >= 0.5 else None for entry in history]
+    columns = ("op", "phase", "module", "dtype", "absmax", "/ max", "line")
+    return _OpRows("ops before it (absmax / dtype max)", columns, rows, styles)
 
 
-def _warnings_table(warnings: tuple[Event, ...]) -> Table:
-    table = Table(title="warnings", title_justify="left", header_style="bold")
-    for name in ("kind", "op", "phase", "module", "dtype", "absmax / max", "subnormal", "line"):
-        table.add_column(name, overflow="fold")
-    for w in warnings:
-        table.add_row(
+def _warnings_table(warnings: tuple[Event, ...]) -> _OpRows:
+    rows = [
+        (
             w.kind,
             w.op,
             w.phase,
@@ -133,22 +176,22 @@ def _warnings_table(warnings: tuple[Event, ...]) -> Table:
             _ratio(w.absmax, w.limit),
             "?" if w.counts.subnormal is None else f"{w.counts.subnormal:,}",
             _where(w.location),
-            style="yellow",
         )
-    return table
+        for w in warnings
+    ]
+    columns = ("kind", "op", "phase", "module", "dtype", "absmax / max", "subnormal", "line")
+    return _OpRows("warnings", columns, rows, ["yellow"] * len(rows))
 
 
-def _handled_table(handled: tuple[Event, ...]) -> Table:
+def _handled_table(handled: tuple[Event, ...]) -> _OpRows:
     more = len(handled) - _SHOWN_NOTES
     title = "handled non-finite values (notes, not failures)" + (f"; first {_SHOWN_NOTES} shown" if more > 0 else "")
-    table = Table(title=title, title_justify="left", header_style="bold")
-    for name in ("kind", "op", "phase", "module", "step", "handled", "line"):
-        table.add_column(name, overflow="fold")
-    for e in handled[:_SHOWN_NOTES]:
-        table.add_row(
-            e.kind, e.op, e.phase, _module(e.module), str(e.step), e.consequence or "-", _where(e.location), style="dim"
-        )
-    return table
+    rows = [
+        (e.kind, e.op, e.phase, _module(e.module), str(e.step), e.consequence or "-", _where(e.location))
+        for e in handled[:_SHOWN_NOTES]
+    ]
+    columns = ("kind", "op", "phase", "module", "step", "handled", "line")
+    return _OpRows(title, columns, rows, ["dim"] * len(rows))
 
 
 def _scaler_lines(report: NanTraceReport) -> list[RenderableType]:

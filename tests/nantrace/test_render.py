@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+
+import pytest
 
 from dtypecheck.nantrace.report import Event, HistoryEntry, Location, NanTraceReport, ValueCounts
 from dtypecheck.render import OutputFormat, render
@@ -70,3 +73,30 @@ def test_clean_table_says_so() -> None:
     report = NanTraceReport(status="clean", first=None, warnings=(), ops=1234, steps=3)
     assert render(report, OutputFormat.table, width=100).strip() == "clean: no NaN or Inf in 1,234 ops over 3 step(s)"
     assert report.level == "ok"
+
+
+def _long_history_report() -> NanTraceReport:
+    line = Location("/work/project/training/train_language_model.py", 213, "forward", "y = x.pow(2)")
+    names = ("aten.pow.Tensor_Scalar", "aten.native_layer_norm.default", "aten._log_softmax_backward_data.default")
+    history = tuple(
+        HistoryEntry(name, "backward", "encoder.layers.11.attention", "float16", 1.5, FP16_MAX, 1.5 / FP16_MAX, line)
+        for name in names
+    )
+    report = _report()
+    assert report.first is not None
+    first = dataclasses.replace(report.first, history=history)
+    return dataclasses.replace(_report(), first=first, events=(first,), warnings=())
+
+
+@pytest.mark.parametrize("width", [60, 80, 100, 160])
+def test_every_op_name_and_line_stays_whole_at_any_width(width: int) -> None:
+    """At 80 columns the history table folded op names and lines inside words (``aten.pow.T`` / ``ensor_Scal`` /
+    ``ar``, ``nanscript.`` / ``py:11``): it drops its outer border and moves the shared dtype to its title, and
+    below that becomes one block per op."""
+    text = render(_long_history_report(), OutputFormat.table, width=width)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= width
+    for name in ("aten.pow.Tensor_Scalar", "aten.native_layer_norm.default", "aten._log_softmax_backward_data.default"):
+        assert any(name in line for line in lines), (width, name)
+    assert sum("train_language_model.py:213" in line for line in lines) >= 3  # every row's line, whole
+    assert sum("encoder.layers.11.attention" in line for line in lines) >= 3
