@@ -39,6 +39,24 @@ ESTIMATE = """
     }))
 """
 
+AFTER = """
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    raw = FakeTensorMode.__dict__["__torch_dispatch__"].__wrapped__
+    served_as_is = getattr(raw, "__dynamo_disable", None) is raw
+    compiling = torch._dynamo.is_compiling()  # an attribute the stand-in does not hold: the real package loads
+    compiled = torch.compile(lambda x: x * 2 + 1, backend="eager")(torch.arange(3.0)).tolist()
+    print(json.dumps({
+        "served_as_is": served_as_is,
+        "compiling": compiling,
+        "real": type(torch._dynamo).__name__ == "module" and sys.modules["torch._dynamo"] is torch._dynamo,
+        "one_config": torch._dynamo.config is sys.modules["torch._dynamo.config"],
+        "compiled": compiled,
+        "frame_now": getattr(raw, "__dynamo_disable", None) not in (None, raw),
+    }))
+"""
+"""Run after ``ESTIMATE`` in the same process: what comes after an estimate finds torch whole."""
+
 
 @pytest.fixture(scope="module")
 def deep_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -47,8 +65,26 @@ def deep_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def test_a_config_estimate_does_not_import_dynamo_and_equals_one_made_with_it(deep_config: Path) -> None:
-    without = _python(ESTIMATE, str(deep_config), "fresh")
+@pytest.fixture(scope="module")
+def fresh_estimate(deep_config: Path) -> list[dict[str, object]]:
+    """One fresh interpreter that estimates (``ESTIMATE``, printing what it imported at that point) and then uses
+    torch's dynamo (``AFTER``): the two documents it printed, in order. Each estimate traces a 6-block model, so
+    the two tests below share this process rather than start one each."""
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(ESTIMATE) + textwrap.dedent(AFTER), str(deep_config), "fresh"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()[-2:]]
+
+
+def test_a_config_estimate_does_not_import_dynamo_and_equals_one_made_with_it(
+    deep_config: Path, fresh_estimate: list[dict[str, object]]
+) -> None:
+    without = fresh_estimate[0]
     with_dynamo = _python(ESTIMATE, str(deep_config), "dynamo-first")
     assert without["dynamo"] is False
     assert with_dynamo["dynamo"] is True
@@ -58,28 +94,8 @@ def test_a_config_estimate_does_not_import_dynamo_and_equals_one_made_with_it(de
     assert len(totals) == 9  # the default grid
 
 
-def test_torch_dynamo_is_whole_after_an_estimate(deep_config: Path) -> None:
-    code = """
-        import json, sys
-        from dtypecheck.memory import estimate_memory
-        estimate_memory(sys.argv[1])
-        import torch
-        from torch._subclasses.fake_tensor import FakeTensorMode
-        raw = FakeTensorMode.__dict__["__torch_dispatch__"].__wrapped__
-        served_as_is = getattr(raw, "__dynamo_disable", None) is raw
-        compiling = torch._dynamo.is_compiling()  # an attribute the stand-in does not hold: the real package loads
-        compiled = torch.compile(lambda x: x * 2 + 1, backend="eager")(torch.arange(3.0)).tolist()
-        print(json.dumps({
-            "served_as_is": served_as_is,
-            "compiling": compiling,
-            "real": type(torch._dynamo).__name__ == "module" and sys.modules["torch._dynamo"] is torch._dynamo,
-            "one_config": torch._dynamo.config is sys.modules["torch._dynamo.config"],
-            "compiled": compiled,
-            "frame_now": getattr(raw, "__dynamo_disable", None) not in (None, raw),
-        }))
-    """
-    result = _python(code, str(deep_config))
-    assert result == {
+def test_torch_dynamo_is_whole_after_an_estimate(fresh_estimate: list[dict[str, object]]) -> None:
+    assert fresh_estimate[1] == {
         "served_as_is": True,  # during the estimate, no dynamo-disable frame was built
         "compiling": False,
         "real": True,
