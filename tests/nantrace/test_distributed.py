@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -93,12 +94,17 @@ def test_a_clean_ddp_run_through_nproc_exits_0(nantrace: NanTrace) -> None:
 
 def test_fsdp2_nan_on_rank_1_and_a_clean_fsdp2_run(nantrace: NanTrace) -> None:
     script, text = nantrace.write("fsdp.py", FSDP)
-    done = nproc(nantrace, script, "--", "data")
+    # The two launches are independent (each its own store port and ranks): run side by side, they overlap the
+    # waits of their 3 processes each.
+    with ThreadPoolExecutor(2) as pool:
+        failing = pool.submit(nproc, nantrace, script, "--", "data")
+        clean = pool.submit(nproc, nantrace, script)
+        done = failing.result()
     assert done.returncode == 1, done.stderr
     first = json.loads(done.stdout)["first"]
     assert (first["rank"], first["op"], first["step"]) == (1, "aten.log.default", 2)
     assert first["location"]["line"] == line_of(text, "rank 1 data")
-    done = nproc(nantrace, script)
+    done = clean.result()
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     assert (doc["status"], doc["handled"], doc["warnings"]) == ("clean", [], [])
