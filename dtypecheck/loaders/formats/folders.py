@@ -129,6 +129,11 @@ def side_findings(folder: Path, scanned: set[Path]) -> list[Finding]:
     unpickles whatever is not a zip or a tar), so every file is read as it would, not only those that look like a
     pickle; every JSON file is checked for code ``trust_remote_code`` would import (``shipped_code``). A FIFO,
     socket or device among them is refused (``InputError``) before it is opened."""
+    return _below_findings(folder, scanned, "")
+
+
+def _below_findings(folder: Path, scanned: set[Path], prefix: str) -> list[Finding]:
+    """``side_findings`` of ``folder``, each file labelled ``prefix`` + its path relative to ``folder``."""
     from dtypecheck.loaders._io.pickle_files import side_file_findings
     from dtypecheck.loaders._io.regular import require_regular
     from dtypecheck.loaders._io.shipped_code import code_references
@@ -139,24 +144,37 @@ def side_findings(folder: Path, scanned: set[Path]) -> list[Finding]:
         if path in scanned or not path.exists():  # a dangling symlink: nothing torch could load
             continue
         require_regular(path)
-        findings.extend(code_references(path, label))
-        findings.extend(side_file_findings(path, label))
+        findings.extend(code_references(path, prefix + label))
+        findings.extend(side_file_findings(path, prefix + label))
     for path, label in distributed:
-        findings.extend(_distributed_findings(path, label))
+        findings.extend(_distributed_findings(path, prefix + label, scanned))
     findings.extend(Finding("unreadable-file", "fail", detail) for detail in beyond)
     return findings
 
 
-def _distributed_findings(path: Path, label: str) -> list[Finding]:
+def _distributed_findings(path: Path, label: str, scanned: set[Path]) -> list[Finding]:
     """What ``dcp.load`` of a distributed checkpoint in a subfolder (an FSDP ``pytorch_model_fsdp_0/``) would
     run: its security findings, read as a scan of it reads them (its bytes items are ``torch.save`` archives inside
-    its ``.distcp`` files, which no reading of a whole file finds), each naming the subfolder."""
+    its ``.distcp`` files, which no reading of a whole file finds), each naming the subfolder.
+
+    A ``.metadata`` that is no distributed checkpoint's and references no global the unpickler could import (a
+    plain text or JSON file some other tool wrote; text's ``c`` reads as a ``GLOBAL`` of no Python name) is no
+    ``Metadata``: ``FileSystemReader.read_metadata`` ``pickle.load``s it and stops there (it fails, or sets
+    ``storage_meta`` on a plain value, which fails), having run nothing. Such a
+    subfolder is judged file by file like any other; any other unreadable one stays an ``unreadable-file`` fail."""
     from dtypecheck.findings import is_security
+    from dtypecheck.loaders._io.pickle_files import file_globals, importable
     from dtypecheck.loaders.formats.dcp import DcpCheckpoint
 
     try:
         checkpoint = DcpCheckpoint(path)
     except InputError as exc:
+        try:
+            report = file_globals(path / ".metadata")
+        except (InputError, OSError, ValueError):
+            report = None
+        if report is not None and not any(importable(ref) for ref in report.globals) and not report.limited:
+            return _below_findings(path, scanned, label)
         return [Finding("unreadable-file", "fail", f"{label}: a distributed checkpoint dcp.load would read ({exc})")]
     try:
         found = [f for f in checkpoint.findings if is_security(f) or f.kind == "unreadable-file"]
