@@ -21,6 +21,7 @@ MAX_INDEX_BYTES = 64 * 1024 * 1024
 INDEX_PREFERENCE = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 SAME_WEIGHTS = (("model.safetensors", "pytorch_model.bin"), ("adapter_model.safetensors", "adapter_model.bin"))
 """Hugging Face folders often hold the same weights twice; the safetensors copy is read."""
+_DIFFUSERS_WEIGHTS = ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.bin")
 OpenFile = Callable[[Path], Checkpoint]
 
 
@@ -76,6 +77,8 @@ def open_folder(folder: Path, open_file: OpenFile, sniff: Callable[[Path], bool]
     """A folder of one or more checkpoint files (a folder with an index is ``open_index_folder``'s)."""
     candidates = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
     files = [p for p in candidates if sniff(p)]
+    if not files and _is_file(folder / "model_index.json"):
+        return _open_pipeline(folder, open_file, sniff)
     if not files:
         raise InputError(f"{folder}: no checkpoint found in this folder")
     # A file named like a checkpoint whose content is not one (truncated, corrupt) must not vanish silently.
@@ -109,6 +112,35 @@ def open_folder(folder: Path, open_file: OpenFile, sniff: Callable[[Path], bool]
         PrefixedCheckpoint(part, prefix + ".") for part, prefix in zip(opened.values(), prefixes, strict=True)
     ]
     return CompositeCheckpoint(str(folder), "folder", parts, extra)
+
+
+def _open_pipeline(folder: Path, open_file: OpenFile, sniff: Callable[[Path], bool]) -> Checkpoint:
+    """A diffusers pipeline folder (``model_index.json``, weights only in its components' subfolders: ``unet/``,
+    ``vae/``, ``text_encoder/``...): the checkpoint files directly in each subfolder are read, their tensors named
+    ``SUBFOLDER/STEM.NAME``; every file of the folder is judged as ``side_findings`` judges them. A component's
+    shard index is not checked against its shards (each shard is read on its own)."""
+    subfolders = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+    files: list[Path] = []
+    for sub in subfolders:
+        found = sorted(p for p in sub.iterdir() if p.is_file() and not p.name.startswith(".") and sniff(p))
+        names = {p.name for p in found}
+        for safetensors, duplicate in (*SAME_WEIGHTS, _DIFFUSERS_WEIGHTS):
+            if safetensors in names:
+                found = [p for p in found if p.name != duplicate]
+        files.extend(found)
+    if not files:
+        raise InputError(f"{folder}: a diffusers pipeline (model_index.json) with no component weights found")
+    opened, unread = _open_each(files, open_file)
+    try:
+        side = side_findings(folder, set(opened))
+    except BaseException:
+        for part in opened.values():
+            part.close()
+        raise
+    parts: list[Checkpoint] = [
+        PrefixedCheckpoint(part, f"{path.parent.name}/{path.stem}.") for path, part in opened.items()
+    ]
+    return CompositeCheckpoint(str(folder), "folder", parts, unread + side)
 
 
 MAX_SIDE_FILES = 20_000
