@@ -4,8 +4,10 @@ folders those loaders read as frameworks write them pass (no false alarms)."""
 
 from __future__ import annotations
 
+import collections
 import json
 import os
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from dtypecheck.loaders.formats import folders
 from tests.conftest import CliResult
 from tests.security import corpus
 from tests.security.gate import model_folders
-from tests.security.harness import prove_live, run_cli
+from tests.security.harness import prove_live, run_cli, run_python
 
 # name -> (finding kind, a piece of its detail) that must be reported ``fail``
 EXPECTED_FAIL = {
@@ -122,10 +124,54 @@ def test_subfolder_walk_is_bounded_and_fails_closed(tmp_path: Path, monkeypatch:
 
 def test_a_broken_distributed_subfolder_fails(tmp_path: Path) -> None:
     (tmp_path / "fsdp_0").mkdir()
-    (tmp_path / "fsdp_0" / ".metadata").write_bytes(b"\x80\x04N.")  # no Metadata: dcp.load would fail, unjudged
+    # a pickle with a global but no Metadata: what dcp.load would make of the rest is not judged
+    (tmp_path / "fsdp_0" / ".metadata").write_bytes(pickle.dumps(collections.OrderedDict(a=1), protocol=2))
     findings = folders.side_findings(tmp_path, set())
     assert [(f.kind, f.level) for f in findings] == [("unreadable-file", "fail")]
     assert findings[0].detail.startswith("fsdp_0/: a distributed checkpoint")
+
+
+METADATA_TEXTS = {
+    "text": b"created by some-tool 1.2\nrows: 10\n",
+    "json": json.dumps({"version": 3, "columns": ["a", "b"], "note": "cos\nsystem\n"}).encode(),
+    "none-pickle": b"\x80\x04N.",
+}
+
+
+@pytest.mark.parametrize("name", sorted(METADATA_TEXTS))
+def test_a_metadata_file_with_no_global_is_no_distributed_checkpoint(tmp_path: Path, name: str) -> None:
+    """A ``.metadata`` some other tool wrote (text, JSON) references no global: ``dcp.load`` pickle.loads it and
+    stops in ``read_metadata`` (an unpickling error, or no ``storage_meta`` to set on a plain value), running
+    nothing; the subfolder is judged file by file like any other, its other files included."""
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / ".metadata").write_bytes(METADATA_TEXTS[name])
+    assert folders.side_findings(tmp_path, set()) == []
+    proof = run_python(DCP_READ_METADATA, str(tmp_path / "logs"))
+    assert proof.stdout.strip().startswith("stopped"), proof.stdout + proof.stderr[-300:]
+    payload = tmp_path / "logs" / "extra.bin"
+    payload.write_bytes(b"cos\nsystem\n(S'true'\ntR.")
+    found = folders.side_findings(tmp_path, set())
+    assert ("pickle-global", "fail") in {(f.kind, f.level) for f in found}
+    assert any("logs/extra.bin" in f.detail for f in found)
+
+
+def test_a_metadata_payload_outside_a_distributed_checkpoint_fails(tmp_path: Path) -> None:
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / ".metadata").write_bytes(b"cos\nsystem\n(S'true'\ntR.")
+    assert ("fail") in {f.level for f in folders.side_findings(tmp_path, set())}
+
+
+DCP_READ_METADATA = """
+import sys, warnings
+warnings.simplefilter("ignore")
+import torch.distributed.checkpoint as dcp
+try:
+    dcp.FileSystemReader(sys.argv[1]).read_metadata()
+except Exception as exc:
+    print("stopped", type(exc).__name__)
+else:
+    print("read")
+"""
 
 
 def test_subfolder_walk_survives_symlink_loops_and_skips_git(tmp_path: Path) -> None:

@@ -32,6 +32,11 @@ def _levels(result: CliResult) -> dict[str, str]:
     return {f["detail"]: f["level"] for f in result.json()["findings"] if f["kind"] == "pickle-global"}
 
 
+EXTRA_FAIL = {"moduledict-setitems-add-module": ["torch.nn.modules.container.ModuleDict"]}
+"""Globals that fail besides the expected one: a module class given ``SETITEMS`` (its ``__setitem__`` runs), which
+``torch.save`` never writes (it ``BUILD``s a module's ``__dict__``)."""
+
+
 def test_every_payload_fails_the_gate(inputs: list[corpus.Hostile], cli: Callable[..., CliResult]) -> None:
     assert {h.name for h in inputs if not h.benign} == set(EXPECTED_FAIL)
     for hostile in (h for h in inputs if not h.benign):
@@ -41,7 +46,8 @@ def test_every_payload_fails_the_gate(inputs: list[corpus.Hostile], cli: Callabl
         assert result.exit_code == 1, (hostile.name, result.stderr)
         levels = _levels(result)
         assert levels[EXPECTED_FAIL[hostile.name]] == "fail", (hostile.name, levels)
-        assert [name for name, level in levels.items() if level == "fail"] == [EXPECTED_FAIL[hostile.name]]
+        extra = EXTRA_FAIL.get(hostile.name, [])
+        assert [name for name, level in levels.items() if level == "fail"] == [*extra, EXPECTED_FAIL[hostile.name]]
         assert not hostile.canary.exists(), hostile.name
 
 

@@ -15,8 +15,10 @@ fails closed: a global is judged by its name *and* by how the stream uses it (``
   a TransformerEncoderLayer's activation) or a numpy scalar type. Any other torch or numpy name stored as a value
   fails: code that runs on the loaded object may call it (``Optimizer.__setstate__`` calls ``self.state.get(p,
   [])``, and a rebuilt module whose ``get`` attribute is ``numpy.savetxt`` writes the file ``p`` names). Even the
-  allowed ones fail when the stream ``BUILD``s onto the global itself (monkeypatching a module or class) or calls
-  an instance of it.
+  allowed ones fail when the stream ``BUILD``s onto the global itself (monkeypatching a module or class), calls
+  an instance of it, calls a module, optimizer or scheduler class with arguments (``torch.save`` only ever makes a
+  bare instance and ``BUILD``s its ``__dict__``; ``torch.nn.Linear(10**6, 10**6)`` allocates 4 TB), or calls one
+  of ``pickle_vm.SIZED_CALLS`` with a size over ``SIZE_LIMIT`` (``bytearray(10**12)``, ``range(10**12)``).
 - ``warn``: a class of ``VETTED`` (framework classes that frameworks really pickle, ``TrainingArguments`` and its
   enums), used only the way its entry allows (a bare instance then ``BUILD`` of a plain ``__dict__``, or an enum
   called with one plain value), whose top-level package is not shipped beside the checkpoint. A test checks each
@@ -277,12 +279,23 @@ def judge(ref: GlobalRef, beside: Shipped | None = None) -> tuple[Level, str]:
         return "fail", "the pickle calls an instance of it that it rebuilt"
     if beside.code and not _imported_with_torch(module) and ref.qualname not in ALLOWED:
         return "fail", f"importing {module} may import a module shipped beside the checkpoint"
+    if "sized" in ref.uses:
+        return "fail", (
+            "called with a size the gate cannot bound (over 16 Mi elements): torch.load would allocate or loop that "
+            "much (bytearray(10**12), torch.FloatStorage(10**12)); torch.save never calls it with a size"
+        )
     if ref.qualname in ALLOWED:
         return "ok", "data"
     if any(part.startswith("__") and part.endswith("__") for part in (*parts, name)):
         return "fail", "reaches into a dunder attribute"
     if _known_safe_class(module, name):
-        return "ok", "data"
+        if ref.uses <= (_SAFE_CLASS_USES if _is_module_like(module, name) else _SAFE_CLASS_USES | {"value"}):
+            return "ok", "data"
+        return "fail", (
+            f"a torch module, optimizer, scheduler or enum class, but {_how(ref)}: torch.load would run its "
+            "constructor on the pickle's arguments (torch.nn.Linear(10**6, 10**6) allocates 4 TB); torch.save "
+            "rebuilds these as a bare instance and a BUILD of its __dict__ (an enum: a lookup by one value)"
+        )
     if parts[0] in {"torch", "numpy"} and not ref.uses and _inert_reference(module, name):
         return "ok", "a plain reference to an activation function or a numpy scalar type (stored, never called)"
     if parts[0] in {"torch", "numpy"} and not ref.uses:
@@ -301,6 +314,24 @@ def judge(ref: GlobalRef, beside: Shipped | None = None) -> tuple[Level, str]:
             f"a vetted class of {parts[0]}, but {_how(ref)}: torch.load would run its code on the pickle's data",
         )
     return "fail", f"{_how(ref)}: torch.load(weights_only=False) would import {module} (unvetted) and run its code"
+
+
+_SAFE_CLASS_USES = frozenset({"new", "state"})
+"""How a pickle may use a class that ``_known_safe_class`` allows: a bare instance (``new``) given a plain
+``__dict__`` (``state``), as ``torch.save`` pickles modules, optimizers and schedulers; torch's enums and numpy's
+dtype classes may also be called with one plain value (``value``: a member lookup). Calling a module, optimizer or
+scheduler class, even with one value (``torch.nn.BatchNorm1d(10**12)``), runs its constructor."""
+
+
+def _is_module_like(module: str, name: str) -> bool:
+    """Whether the allowed class ``module.name`` is a torch module, optimizer or scheduler (not an enum, not a
+    numpy dtype class): one whose constructor allocates from its arguments."""
+    if module.split(".", maxsplit=1)[0] != "torch":
+        return False
+    import enum
+
+    value: Any = vars(sys.modules[module]).get(name)
+    return not (isinstance(value, type) and issubclass(value, enum.Enum))
 
 
 def _imported_with_torch(module: str) -> bool:

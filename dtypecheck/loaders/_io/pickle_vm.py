@@ -34,7 +34,7 @@ class PickleLimitError(InputError):
     real unpickler might go on, running what comes next."""
 
 
-USES = ("call", "value", "new", "state", "setstate", "items", "handed", "patched", "instance-called")
+USES = ("call", "value", "new", "state", "setstate", "items", "handed", "patched", "instance-called", "sized")
 """How a pickle can use a global, besides pushing and storing it (a *plain reference*, inert):
 
 - ``call``: called (``REDUCE``, ``NEWOBJ`` with arguments, ``INST``, ``OBJ``, or by a rebuild helper that calls or
@@ -50,7 +50,36 @@ USES = ("call", "value", "new", "state", "setstate", "items", "handed", "patched
 - ``patched``: ``BUILD`` onto the global itself: sets attributes of a module or class (monkeypatching the names a
   later global resolves to);
 - ``instance-called``: an instance of it (rebuilt by the pickle) is called (a module whose ``forward`` the state
-  replaced)."""
+  replaced);
+- ``sized``: one of ``SIZED_CALLS`` (a callable that allocates, or counts, as many elements as its integer arguments
+  say) is called with a count, or a shape, over ``SIZE_LIMIT`` (``bytearray(10**12)``, ``range(10**12)`` handed to
+  ``list``, ``torch.FloatStorage(10**12)``, ``numpy.ndarray((10**6, 10**6))``): ``torch.load`` would allocate or
+  loop that much before any scan of the result could bound it. ``torch.save`` and ``numpy`` never call these with
+  a size: tensors come from the archive's records, arrays from ``_reconstruct(ndarray, (0,), ...)`` + ``BUILD``."""
+
+SIZE_LIMIT = 2**24
+"""The largest count or shape (elements or bytes, 16 Mi) a call of ``SIZED_CALLS`` may take without ``sized``."""
+
+_SHAPED = (
+    *(f"torch.{kind}{name}" for kind in ("", "cuda.", "sparse.", "cuda.sparse.") for name in (
+        "DoubleStorage", "FloatStorage", "HalfStorage", "BFloat16Storage", "LongStorage", "IntStorage",
+        "ShortStorage", "CharStorage", "ByteStorage", "BoolStorage", "ComplexDoubleStorage", "ComplexFloatStorage",
+        "DoubleTensor", "FloatTensor", "HalfTensor", "BFloat16Tensor", "LongTensor", "IntTensor", "ShortTensor",
+        "CharTensor", "ByteTensor", "BoolTensor", "QInt8Storage", "QInt32Storage", "QUInt8Storage",
+        "QUInt4x2Storage", "QUInt2x4Storage")),
+    "torch.Tensor", "torch.UntypedStorage", "torch.TypedStorage", "torch.storage.UntypedStorage",
+    "torch.storage.TypedStorage", "torch.nn.parameter.Parameter", "torch.nn.parameter.Buffer",
+    "numpy.ndarray", "numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct",
+)  # fmt: skip
+SIZED_CALLS: dict[str, str] = {
+    "builtins.bytearray": "count",
+    "builtins.bytes": "count",
+    "builtins.range": "count",
+    **dict.fromkeys(_SHAPED, "shape"),
+}
+"""Allowed callables whose integer arguments size what they allocate (or iterate): ``count`` (any one integer
+argument is the size), ``shape`` (the product of the integer arguments, and of the integers of a tuple or list
+argument, is)."""
 
 
 @dataclass(frozen=True)
@@ -197,6 +226,13 @@ class SafeUnpickler:
             helper(self, args, kwargs)
             return
         self._use(factory, _call_kind(args, kwargs, new))
+        self._sized(factory, args, kwargs)
+
+    def _sized(self, factory: GlobalRef, args: tuple[Any, ...], kwargs: dict[Any, Any] | None = None) -> None:
+        """Record ``sized`` when a ``SIZED_CALLS`` callable gets a size over ``SIZE_LIMIT``."""
+        kind = SIZED_CALLS.get(factory.qualname)
+        if kind is not None and _size(kind, (*args, *(kwargs or {}).values())) > SIZE_LIMIT:
+            self._use(factory, "sized")
 
     def _use(self, ref: GlobalRef, kind: str) -> None:
         index = self._index.get(ref)
@@ -430,6 +466,23 @@ def _plain_value(value: Any) -> bool:
     return value is None or isinstance(value, str | int | float | bool)
 
 
+def _size(kind: str, args: tuple[Any, ...]) -> int:
+    """The count (largest integer argument) or shape (product of the nonzero integer arguments and of those of
+    tuple and list arguments) that ``args`` give a ``SIZED_CALLS`` callable of this kind."""
+    ints = [abs(a) for a in args if isinstance(a, int) and not isinstance(a, bool)]
+    if kind == "count":
+        return max(ints, default=0)
+    for arg in args:
+        if isinstance(arg, tuple | list):
+            ints.extend(abs(a) for a in arg if isinstance(a, int) and not isinstance(a, bool))
+    size = 1
+    for value in ints:
+        size *= max(value, 1)
+        if size > SIZE_LIMIT:
+            break
+    return size if ints else 0
+
+
 def _call_kind(args: tuple[Any, ...], kwargs: dict[Any, Any] | None, new: bool) -> str:
     if kwargs:
         return "call"
@@ -460,6 +513,7 @@ def _reconstructor(machine: SafeUnpickler, args: tuple[Any, ...], _kwargs: dict[
         machine._use(cls, "new" if plain else "call")
     if isinstance(base, GlobalRef):
         machine._use(base, "call")
+        machine._sized(base, tuple(args[2:3]))  # base.__init__(obj, state): bytearray.__init__(obj, 10**12)
     for arg in args[2:]:
         if isinstance(arg, GlobalRef):
             machine._use(arg, "handed")
@@ -469,6 +523,7 @@ def _newobj(machine: SafeUnpickler, args: tuple[Any, ...], kwargs: dict[Any, Any
     """``copyreg.__newobj__(cls, *args)``, protocol 2's ``NEWOBJ`` spelled as a ``REDUCE``."""
     if args and isinstance(args[0], GlobalRef):
         machine._use(args[0], _call_kind(args[1:], kwargs, new=True))
+        machine._sized(args[0], args[1:], kwargs)
     for arg in args[1:]:
         if isinstance(arg, GlobalRef):
             machine._use(arg, "handed")
@@ -481,6 +536,7 @@ def _newobj_ex(machine: SafeUnpickler, args: tuple[Any, ...], _kwargs: dict[Any,
     if args and isinstance(args[0], GlobalRef):
         odd = len(args) != 3 or (len(args) > 2 and not isinstance(args[2], dict | type(None)))
         machine._use(args[0], "call" if odd else _call_kind(inner, inner_kwargs, new=True))
+        machine._sized(args[0], inner, inner_kwargs)
     for arg in (*inner, *(inner_kwargs or {}).values()):
         if isinstance(arg, GlobalRef):
             machine._use(arg, "handed")

@@ -21,6 +21,7 @@ MAX_INDEX_BYTES = 64 * 1024 * 1024
 INDEX_PREFERENCE = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 SAME_WEIGHTS = (("model.safetensors", "pytorch_model.bin"), ("adapter_model.safetensors", "adapter_model.bin"))
 """Hugging Face folders often hold the same weights twice; the safetensors copy is read."""
+_DIFFUSERS_WEIGHTS = ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.bin")
 OpenFile = Callable[[Path], Checkpoint]
 
 
@@ -76,6 +77,8 @@ def open_folder(folder: Path, open_file: OpenFile, sniff: Callable[[Path], bool]
     """A folder of one or more checkpoint files (a folder with an index is ``open_index_folder``'s)."""
     candidates = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
     files = [p for p in candidates if sniff(p)]
+    if not files and _is_file(folder / "model_index.json"):
+        return _open_pipeline(folder, open_file, sniff)
     if not files:
         raise InputError(f"{folder}: no checkpoint found in this folder")
     # A file named like a checkpoint whose content is not one (truncated, corrupt) must not vanish silently.
@@ -111,6 +114,35 @@ def open_folder(folder: Path, open_file: OpenFile, sniff: Callable[[Path], bool]
     return CompositeCheckpoint(str(folder), "folder", parts, extra)
 
 
+def _open_pipeline(folder: Path, open_file: OpenFile, sniff: Callable[[Path], bool]) -> Checkpoint:
+    """A diffusers pipeline folder (``model_index.json``, weights only in its components' subfolders: ``unet/``,
+    ``vae/``, ``text_encoder/``...): the checkpoint files directly in each subfolder are read, their tensors named
+    ``SUBFOLDER/STEM.NAME``; every file of the folder is judged as ``side_findings`` judges them. A component's
+    shard index is not checked against its shards (each shard is read on its own)."""
+    subfolders = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+    files: list[Path] = []
+    for sub in subfolders:
+        found = sorted(p for p in sub.iterdir() if p.is_file() and not p.name.startswith(".") and sniff(p))
+        names = {p.name for p in found}
+        for safetensors, duplicate in (*SAME_WEIGHTS, _DIFFUSERS_WEIGHTS):
+            if safetensors in names:
+                found = [p for p in found if p.name != duplicate]
+        files.extend(found)
+    if not files:
+        raise InputError(f"{folder}: a diffusers pipeline (model_index.json) with no component weights found")
+    opened, unread = _open_each(files, open_file)
+    try:
+        side = side_findings(folder, set(opened))
+    except BaseException:
+        for part in opened.values():
+            part.close()
+        raise
+    parts: list[Checkpoint] = [
+        PrefixedCheckpoint(part, f"{path.parent.name}/{path.stem}.") for path, part in opened.items()
+    ]
+    return CompositeCheckpoint(str(folder), "folder", parts, unread + side)
+
+
 MAX_SIDE_FILES = 20_000
 """Most files of a folder (its subfolders included) judged as ``torch.load`` would read them; past it, an
 ``unreadable-file`` ``fail`` (what the rest would run is unknown)."""
@@ -129,6 +161,11 @@ def side_findings(folder: Path, scanned: set[Path]) -> list[Finding]:
     unpickles whatever is not a zip or a tar), so every file is read as it would, not only those that look like a
     pickle; every JSON file is checked for code ``trust_remote_code`` would import (``shipped_code``). A FIFO,
     socket or device among them is refused (``InputError``) before it is opened."""
+    return _below_findings(folder, scanned, "")
+
+
+def _below_findings(folder: Path, scanned: set[Path], prefix: str) -> list[Finding]:
+    """``side_findings`` of ``folder``, each file labelled ``prefix`` + its path relative to ``folder``."""
     from dtypecheck.loaders._io.pickle_files import side_file_findings
     from dtypecheck.loaders._io.regular import require_regular
     from dtypecheck.loaders._io.shipped_code import code_references
@@ -139,24 +176,37 @@ def side_findings(folder: Path, scanned: set[Path]) -> list[Finding]:
         if path in scanned or not path.exists():  # a dangling symlink: nothing torch could load
             continue
         require_regular(path)
-        findings.extend(code_references(path, label))
-        findings.extend(side_file_findings(path, label))
+        findings.extend(code_references(path, prefix + label))
+        findings.extend(side_file_findings(path, prefix + label))
     for path, label in distributed:
-        findings.extend(_distributed_findings(path, label))
+        findings.extend(_distributed_findings(path, prefix + label, scanned))
     findings.extend(Finding("unreadable-file", "fail", detail) for detail in beyond)
     return findings
 
 
-def _distributed_findings(path: Path, label: str) -> list[Finding]:
+def _distributed_findings(path: Path, label: str, scanned: set[Path]) -> list[Finding]:
     """What ``dcp.load`` of a distributed checkpoint in a subfolder (an FSDP ``pytorch_model_fsdp_0/``) would
     run: its security findings, read as a scan of it reads them (its bytes items are ``torch.save`` archives inside
-    its ``.distcp`` files, which no reading of a whole file finds), each naming the subfolder."""
+    its ``.distcp`` files, which no reading of a whole file finds), each naming the subfolder.
+
+    A ``.metadata`` that is no distributed checkpoint's and references no global the unpickler could import (a
+    plain text or JSON file some other tool wrote; text's ``c`` reads as a ``GLOBAL`` of no Python name) is no
+    ``Metadata``: ``FileSystemReader.read_metadata`` ``pickle.load``s it and stops there (it fails, or sets
+    ``storage_meta`` on a plain value, which fails), having run nothing. Such a
+    subfolder is judged file by file like any other; any other unreadable one stays an ``unreadable-file`` fail."""
     from dtypecheck.findings import is_security
+    from dtypecheck.loaders._io.pickle_files import file_globals, importable
     from dtypecheck.loaders.formats.dcp import DcpCheckpoint
 
     try:
         checkpoint = DcpCheckpoint(path)
     except InputError as exc:
+        try:
+            report = file_globals(path / ".metadata")
+        except (InputError, OSError, ValueError):
+            report = None
+        if report is not None and not any(importable(ref) for ref in report.globals) and not report.limited:
+            return _below_findings(path, scanned, label)
         return [Finding("unreadable-file", "fail", f"{label}: a distributed checkpoint dcp.load would read ({exc})")]
     try:
         found = [f for f in checkpoint.findings if is_security(f) or f.kind == "unreadable-file"]
