@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import pickle
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from dtypecheck.loaders.formats import folders
+from dtypecheck.loaders.formats import folders, side_files
 from tests.conftest import CliResult
 from tests.security import corpus
 from tests.security.gate import model_folders
@@ -105,19 +105,19 @@ def _tree(root: Path, depth: int) -> Path:
 
 
 def test_subfolder_walk_is_bounded_and_fails_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _tree(tmp_path / "deep", folders.MAX_SIDE_DEPTH + 1)
-    files, beyond, _ = folders._files_below(tmp_path / "deep")
+    _tree(tmp_path / "deep", side_files.MAX_SIDE_DEPTH + 1)
+    files, beyond, _ = side_files._files_below(tmp_path / "deep")
     assert files == []
     assert len(beyond) == 1
     assert "folders deep" in beyond[0]
-    _tree(tmp_path / "fine", folders.MAX_SIDE_DEPTH)
-    assert folders._files_below(tmp_path / "fine")[1] == []
+    _tree(tmp_path / "fine", side_files.MAX_SIDE_DEPTH)
+    assert side_files._files_below(tmp_path / "fine")[1] == []
     many = tmp_path / "many"
     many.mkdir()
     for index in range(4):
         (many / f"f{index}").write_bytes(b"")
-    monkeypatch.setattr(folders, "MAX_SIDE_FILES", 2)
-    files, beyond, _ = folders._files_below(many)
+    monkeypatch.setattr(side_files, "MAX_SIDE_FILES", 2)
+    files, beyond, _ = side_files._files_below(many)
     assert len(files) == 2
     assert "over 2 files" in beyond[0]
 
@@ -180,20 +180,27 @@ def test_subfolder_walk_survives_symlink_loops_and_skips_git(tmp_path: Path) -> 
     (tmp_path / "a" / "x.pt").write_bytes(b"")
     (tmp_path / ".git").mkdir()
     (tmp_path / ".git" / "packed").write_bytes(b"PACK")
-    files, beyond, _ = folders._files_below(tmp_path)
+    files, beyond, _ = side_files._files_below(tmp_path)
     assert [label for _, label in files] == ["a/x.pt"]
     assert beyond == []
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root lists any folder")
-def test_an_unlistable_subfolder_fails(tmp_path: Path) -> None:
+def test_an_unlistable_subfolder_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A subfolder this user cannot list (mode 0 for anyone but root, which lists any folder: the refusal is
+    made by the listing itself here, so that the test runs as root too) is an unreadable-file fail."""
     locked = tmp_path / "locked"
     locked.mkdir()
-    locked.chmod(0)
-    try:
-        assert "cannot be listed" in folders._files_below(tmp_path)[1][0]
-    finally:
-        locked.chmod(0o700)
+    listing = Path.iterdir
+
+    def refuse_locked(self: Path) -> Any:
+        if self == locked:
+            raise PermissionError(13, "Permission denied", str(self))
+        return listing(self)
+
+    monkeypatch.setattr(Path, "iterdir", refuse_locked)
+    beyond = side_files._files_below(tmp_path)[1]
+    assert beyond == ["locked/: cannot be listed (Permission denied): not judged"]
+    assert [(f.kind, f.level) for f in folders.side_findings(tmp_path, set())] == [("unreadable-file", "fail")]
 
 
 def test_numpy_headers(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ entries (``BytesStorageMetadata``) are ``torch.save``d objects: their pickles ar
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -113,9 +113,10 @@ class DcpCheckpoint:
         for (fqn, offset), info in locations.items():
             if (fqn, offset) not in self._chunks_read:
                 self._add_findings(self._archive(info, fqn).findings)
-        from dtypecheck.loaders.formats.folders import side_findings
+        from dtypecheck.loaders.formats.side_files import judge_below
 
-        self._add_findings(side_findings(self.folder, {self.folder / name for name in (".metadata", *self._maps)}))
+        scanned = {self.folder / name for name in (".metadata", *self._maps)}
+        self._add_findings(judge_below(self.folder, scanned, "", distributed_findings))
         self.findings[:] = worst_first(self.findings)
         return records
 
@@ -191,3 +192,34 @@ class DcpCheckpoint:
         for mapped in self._maps.values():
             mapped.close()
         self._maps.clear()
+
+
+def distributed_findings(path: Path, label: str, scanned: set[Path]) -> list[Finding]:
+    """What ``dcp.load`` of a distributed checkpoint in a subfolder (an FSDP ``pytorch_model_fsdp_0/``) would
+    run: its security findings, read as a scan of it reads them (its bytes items are ``torch.save`` archives inside
+    its ``.distcp`` files, which no reading of a whole file finds), each naming the subfolder.
+
+    A ``.metadata`` that is no distributed checkpoint's and references no global the unpickler could import (a
+    plain text or JSON file some other tool wrote; text's ``c`` reads as a ``GLOBAL`` of no Python name) is no
+    ``Metadata``: ``FileSystemReader.read_metadata`` ``pickle.load``s it and stops there (it fails, or sets
+    ``storage_meta`` on a plain value, which fails), having run nothing. Such a
+    subfolder is judged file by file like any other; any other unreadable one stays an ``unreadable-file`` fail."""
+    from dtypecheck.findings import is_security
+    from dtypecheck.loaders._io.pickle_files import file_globals, importable
+    from dtypecheck.loaders.formats.side_files import judge_below
+
+    try:
+        checkpoint = DcpCheckpoint(path)
+    except InputError as exc:
+        try:
+            report = file_globals(path / ".metadata")
+        except (InputError, OSError, ValueError):
+            report = None
+        if report is not None and not any(importable(ref) for ref in report.globals) and not report.limited:
+            return judge_below(path, scanned, label, distributed_findings)
+        return [Finding("unreadable-file", "fail", f"{label}: a distributed checkpoint dcp.load would read ({exc})")]
+    try:
+        found = [f for f in checkpoint.findings if is_security(f) or f.kind == "unreadable-file"]
+    finally:
+        checkpoint.close()
+    return [replace(f, detail=f"{f.detail} (in {label})") for f in found]

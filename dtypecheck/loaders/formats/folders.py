@@ -16,6 +16,7 @@ from dtypecheck.errors import InputError, NotACheckpointError
 from dtypecheck.loaders._io.pickle_globals import worst_first
 from dtypecheck.loaders.base import Checkpoint, Finding, TensorRecord
 from dtypecheck.loaders.formats import checkpoint_suffixes
+from dtypecheck.loaders.formats.side_files import is_file
 
 MAX_INDEX_BYTES = 64 * 1024 * 1024
 INDEX_PREFERENCE = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
@@ -77,7 +78,7 @@ def open_folder(folder: Path, open_file: OpenFile, sniff: Callable[[Path], bool]
     """A folder of one or more checkpoint files (a folder with an index is ``open_index_folder``'s)."""
     candidates = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
     files = [p for p in candidates if sniff(p)]
-    if not files and _is_file(folder / "model_index.json"):
+    if not files and is_file(folder / "model_index.json"):
         return _open_pipeline(folder, open_file, sniff)
     if not files:
         raise InputError(f"{folder}: no checkpoint found in this folder")
@@ -143,124 +144,14 @@ def _open_pipeline(folder: Path, open_file: OpenFile, sniff: Callable[[Path], bo
     return CompositeCheckpoint(str(folder), "folder", parts, unread + side)
 
 
-MAX_SIDE_FILES = 20_000
-"""Most files of a folder (its subfolders included) judged as ``torch.load`` would read them; past it, an
-``unreadable-file`` ``fail`` (what the rest would run is unknown)."""
-MAX_SIDE_DEPTH = 16
-"""Deepest subfolder judged; a deeper one is an ``unreadable-file`` ``fail``."""
-SKIPPED_FOLDERS = frozenset({".git"})
-"""Subfolders no loader reads (a clone's object store, zlib data): never judged."""
-
-
 def side_findings(folder: Path, scanned: set[Path]) -> list[Finding]:
-    """Every file of ``folder`` and of its subfolders that is not scanned for tensors (``training_args.bin``
-    beside an index, the ``pytorch_model.bin`` twin of ``model.safetensors``, a raw pickle of any protocol, a
-    legacy tar, a Trainer's ``checkpoint-500/optimizer.pt``, a diffusers component's ``unet/*.bin``, an ``.npy`` or
-    ``.npz`` of objects) has judged what ``torch.load`` or ``np.load(allow_pickle=True)`` of it would run: whoever
-    loads the folder (resumes from it, loads a ``subfolder=``) runs it. ``torch.load`` accepts any file (it
-    unpickles whatever is not a zip or a tar), so every file is read as it would, not only those that look like a
-    pickle; every JSON file is checked for code ``trust_remote_code`` would import (``shipped_code``). A FIFO,
-    socket or device among them is refused (``InputError``) before it is opened."""
-    return _below_findings(folder, scanned, "")
+    """Every file of ``folder`` and of its subfolders that is not scanned for tensors judged as its loaders would
+    read it (``side_files.judge_below``), a distributed checkpoint among the subfolders read as ``dcp.load`` reads
+    it."""
+    from dtypecheck.loaders.formats.dcp import distributed_findings
+    from dtypecheck.loaders.formats.side_files import judge_below
 
-
-def _below_findings(folder: Path, scanned: set[Path], prefix: str) -> list[Finding]:
-    """``side_findings`` of ``folder``, each file labelled ``prefix`` + its path relative to ``folder``."""
-    from dtypecheck.loaders._io.pickle_files import side_file_findings
-    from dtypecheck.loaders._io.regular import require_regular
-    from dtypecheck.loaders._io.shipped_code import code_references
-
-    findings: list[Finding] = []
-    files, beyond, distributed = _files_below(folder)
-    for path, label in files:
-        if path in scanned or not path.exists():  # a dangling symlink: nothing torch could load
-            continue
-        require_regular(path)
-        findings.extend(code_references(path, prefix + label))
-        findings.extend(side_file_findings(path, prefix + label))
-    for path, label in distributed:
-        findings.extend(_distributed_findings(path, prefix + label, scanned))
-    findings.extend(Finding("unreadable-file", "fail", detail) for detail in beyond)
-    return findings
-
-
-def _distributed_findings(path: Path, label: str, scanned: set[Path]) -> list[Finding]:
-    """What ``dcp.load`` of a distributed checkpoint in a subfolder (an FSDP ``pytorch_model_fsdp_0/``) would
-    run: its security findings, read as a scan of it reads them (its bytes items are ``torch.save`` archives inside
-    its ``.distcp`` files, which no reading of a whole file finds), each naming the subfolder.
-
-    A ``.metadata`` that is no distributed checkpoint's and references no global the unpickler could import (a
-    plain text or JSON file some other tool wrote; text's ``c`` reads as a ``GLOBAL`` of no Python name) is no
-    ``Metadata``: ``FileSystemReader.read_metadata`` ``pickle.load``s it and stops there (it fails, or sets
-    ``storage_meta`` on a plain value, which fails), having run nothing. Such a
-    subfolder is judged file by file like any other; any other unreadable one stays an ``unreadable-file`` fail."""
-    from dtypecheck.findings import is_security
-    from dtypecheck.loaders._io.pickle_files import file_globals, importable
-    from dtypecheck.loaders.formats.dcp import DcpCheckpoint
-
-    try:
-        checkpoint = DcpCheckpoint(path)
-    except InputError as exc:
-        try:
-            report = file_globals(path / ".metadata")
-        except (InputError, OSError, ValueError):
-            report = None
-        if report is not None and not any(importable(ref) for ref in report.globals) and not report.limited:
-            return _below_findings(path, scanned, label)
-        return [Finding("unreadable-file", "fail", f"{label}: a distributed checkpoint dcp.load would read ({exc})")]
-    try:
-        found = [f for f in checkpoint.findings if is_security(f) or f.kind == "unreadable-file"]
-    finally:
-        checkpoint.close()
-    return [replace(f, detail=f"{f.detail} (in {label})") for f in found]
-
-
-def _files_below(folder: Path) -> tuple[list[tuple[Path, str]], list[str], list[tuple[Path, str]]]:
-    """(path, label relative to ``folder``) of every file below it, a folder level at a time, each level's names
-    sorted; subfolders reached twice (symlinks) are read once. Also what was left out past the limits, and the
-    subfolders that are distributed checkpoints (a ``.metadata``), read as such instead of file by file."""
-    files: list[tuple[Path, str]] = []
-    beyond: list[str] = []
-    distributed: list[tuple[Path, str]] = []
-    seen = {folder.resolve()}
-    level: list[tuple[Path, str]] = [(folder, "")]
-    for depth in range(MAX_SIDE_DEPTH + 1):
-        below: list[tuple[Path, str]] = []
-        for where, prefix in level:
-            try:
-                entries = sorted(where.iterdir())
-            except OSError as exc:  # a subfolder this user cannot list: what it holds is unknown
-                beyond.append(f"{prefix or folder}: cannot be listed ({exc.strerror or exc}): not judged")
-                continue
-            for path in entries:
-                label = prefix + path.name
-                if not path.is_dir():
-                    files.append((path, label))
-                    continue
-                real = path.resolve()
-                if path.name in SKIPPED_FOLDERS or real in seen:
-                    continue
-                seen.add(real)
-                if _is_file(path / ".metadata"):
-                    distributed.append((path, label + "/"))
-                else:
-                    below.append((path, label + "/"))
-            if len(files) > MAX_SIDE_FILES:
-                beyond.append(f"{folder}: over {MAX_SIDE_FILES} files below it: the rest was not judged")
-                return files[:MAX_SIDE_FILES], beyond, distributed
-        if not below:
-            return files, beyond, distributed
-        if depth == MAX_SIDE_DEPTH:
-            beyond.append(f"{below[0][1]}: nested over {MAX_SIDE_DEPTH} folders deep: not judged")
-        level = below
-    return files, beyond, distributed
-
-
-def _is_file(path: Path) -> bool:
-    try:
-        return path.is_file()
-    except OSError:
-        return False
+    return judge_below(folder, scanned, "", distributed_findings)
 
 
 class PrefixedCheckpoint:
