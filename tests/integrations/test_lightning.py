@@ -43,8 +43,14 @@ class Regressor(LightningModule):
 
 
 def _fit(
-    tmp_path: Path, at_call: int | None, watch: NanTraceCallback | None = None, **callback: Any
+    tmp_path: Path,
+    at_call: int | None,
+    watch: NanTraceCallback | None = None,
+    module: LightningModule | None = None,
+    **callback: Any,
 ) -> tuple[NanTraceCallback, Any]:
+    """``module`` (default: a ``Regressor`` planting its NaN at ``at_call``) fitted for ``STEPS`` steps on the same
+    seeded data, watched by ``watch`` (default: a callback writing ``tmp_path/nantrace.json``)."""
     torch.manual_seed(0)
     data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
     loader = torch.utils.data.DataLoader(data, batch_size=4)
@@ -59,7 +65,7 @@ def _fit(
         callbacks=[watch],
         default_root_dir=str(tmp_path),
     )
-    trainer.fit(Regressor(at_call), loader)
+    trainer.fit(module if module is not None else Regressor(at_call), loader)
     return watch, trainer
 
 
@@ -173,19 +179,7 @@ class CallsItsNet(LightningModule):
 def test_modules_are_named_from_the_module_called_outermost_as_a_full_trace_names_them(tmp_path: Path) -> None:
     """Issue 30.4: the callback named ``net.1`` where a full trace of the script (which knows no LightningModule,
     only the modules called) names ``1``."""
-    torch.manual_seed(0)
-    data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
-    trainer = lightning.Trainer(
-        accelerator="cpu",
-        max_steps=STEPS,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[NanTraceCallback(tmp_path / "nantrace.json")],
-        default_root_dir=str(tmp_path),
-    )
-    trainer.fit(CallsItsNet(at_call=4), torch.utils.data.DataLoader(data, batch_size=4))
+    _fit(tmp_path, None, module=CallsItsNet(at_call=4))
     doc = json.loads((tmp_path / "nantrace.json").read_text(encoding="utf-8"))
     first = doc["first"]
     assert (first["kind"], first["op"], first["module"], first["step"]) == ("inf", "aten.mul.Tensor", "1", 4)
@@ -220,20 +214,8 @@ def test_the_log_line_names_the_step_that_failed_when_it_could_not_be_replayed(
     """The step whose loss went NaN cannot be replayed (the NaN is born outside the model); the next step's first
     NaN only came back through the weights its update wrote. The log line said "step 5: nan born in
     aten.addmm.default ... at <the model call>", sending the reader to a line that did nothing wrong."""
-    torch.manual_seed(0)
-    data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
-    trainer = lightning.Trainer(
-        accelerator="cpu",
-        max_steps=STEPS,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[NanTraceCallback(tmp_path / "nantrace.json")],
-        default_root_dir=str(tmp_path),
-    )
     with caplog.at_level(logging.INFO, logger="dtypecheck"):
-        trainer.fit(LogOfItsOutput(at_step=4), torch.utils.data.DataLoader(data, batch_size=4))
+        _fit(tmp_path, None, module=LogOfItsOutput(at_step=4))
     doc = json.loads((tmp_path / "nantrace.json").read_text(encoding="utf-8"))
     first = doc["first"]
     assert (doc["watch"]["detected_step"], doc["watch"]["exact"], first["step"], first["cause"]) == (

@@ -134,6 +134,21 @@ def run_cli(
     )
 
 
+def assert_cli_fails_each_in_its_own_process(
+    inputs: list[Hostile], formats: tuple[tuple[str, ...], ...] = ((), ("-f", "json"))
+) -> None:
+    """As CI runs it (``python -m dtypecheck``, in each of ``formats``): every payload of ``inputs`` exits 1, with
+    no traceback, and runs nothing (its canary, which the live proof made, is not made again)."""
+    for hostile in (h for h in inputs if not h.benign):
+        assert hostile.canary is not None
+        hostile.canary.unlink(missing_ok=True)  # the live proof made it
+        for extra in formats:
+            done = run_cli((*hostile.args, *extra))
+            assert done.returncode == 1, (hostile.name, done.stderr)
+            assert "Traceback" not in done.stderr, hostile.name
+            assert not hostile.canary.exists(), hostile.name
+
+
 def torch_load_all(paths: list[Path], timeout: float = 300) -> None:
     """``torch.load(path, weights_only=False)`` of each path (``dcp.load`` of a folder) in one throwaway process
     (errors ignored)."""

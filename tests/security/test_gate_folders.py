@@ -18,7 +18,7 @@ from dtypecheck.loaders.formats import folders, side_files
 from tests.conftest import CliResult
 from tests.security import corpus
 from tests.security.gate import model_folders
-from tests.security.harness import prove_live, run_cli, run_python
+from tests.security.harness import assert_cli_fails_each_in_its_own_process, prove_live, run_python
 
 # name -> (finding kind, a piece of its detail) that must be reported ``fail``
 EXPECTED_FAIL = {
@@ -67,14 +67,7 @@ def test_every_payload_is_live(inputs: list[corpus.Hostile]) -> None:
 
 def test_the_cli_fails_them_in_a_process_of_its_own(inputs: list[corpus.Hostile]) -> None:
     """As CI runs it (``python -m dtypecheck``, table and JSON): exit 1, no traceback, nothing run."""
-    for hostile in (h for h in inputs if not h.benign):
-        assert hostile.canary is not None
-        hostile.canary.unlink(missing_ok=True)  # the live proof made it
-        for extra in ((), ("-f", "json")):
-            done = run_cli((*hostile.args, *extra))
-            assert done.returncode == 1, (hostile.name, done.stderr)
-            assert "Traceback" not in done.stderr, hostile.name
-            assert not hostile.canary.exists(), hostile.name
+    assert_cli_fails_each_in_its_own_process(inputs)
 
 
 def test_benign_folders_pass(inputs: list[corpus.Hostile], cli: Callable[..., CliResult]) -> None:

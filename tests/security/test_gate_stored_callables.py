@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import CliResult
 from tests.security import corpus
 from tests.security.gate import stored_callables
-from tests.security.harness import prove_live, run_cli
+from tests.security.harness import assert_cli_fails_each_in_its_own_process, prove_live
 
 # name -> the global that must be reported ``fail`` for it (every other global of these files is ok)
 EXPECTED_FAIL = {
@@ -56,13 +56,7 @@ def test_every_payload_is_live(inputs: list[corpus.Hostile]) -> None:
 
 
 def test_the_cli_fails_them_in_a_process_of_its_own(inputs: list[corpus.Hostile]) -> None:
-    for hostile in (h for h in inputs if not h.benign):
-        assert hostile.canary is not None
-        hostile.canary.unlink(missing_ok=True)
-        done = run_cli((*hostile.args, "-f", "json"))
-        assert done.returncode == 1, (hostile.name, done.stderr)
-        assert "Traceback" not in done.stderr, hostile.name
-        assert not hostile.canary.exists(), hostile.name
+    assert_cli_fails_each_in_its_own_process(inputs, (("-f", "json"),))
 
 
 def test_whole_objects_still_pass(inputs: list[corpus.Hostile], cli: Callable[..., CliResult]) -> None:

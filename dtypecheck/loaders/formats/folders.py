@@ -94,13 +94,7 @@ def open_folder(folder: Path, open_file: OpenFile, sniff: Callable[[Path], bool]
             files = [p for p in files if p.name != duplicate]
     # The folder is judged file by file: one file of no format dtypecheck reads (a torch.package archive) is that
     # file's finding, not the whole folder's exit 3; its pickles are still judged below, as every side file's.
-    opened, unread = _open_each(files, open_file)
-    try:
-        side = side_findings(folder, set(opened))
-    except BaseException:
-        for part in opened.values():
-            part.close()
-        raise
+    opened, unread, side = _open_judged(folder, files, open_file)
     extra = skipped + unread + side
     if len(files) == 1 and opened:
         (single,) = opened.values()
@@ -131,13 +125,7 @@ def _open_pipeline(folder: Path, open_file: OpenFile, sniff: Callable[[Path], bo
         files.extend(found)
     if not files:
         raise InputError(f"{folder}: a diffusers pipeline (model_index.json) with no component weights found")
-    opened, unread = _open_each(files, open_file)
-    try:
-        side = side_findings(folder, set(opened))
-    except BaseException:
-        for part in opened.values():
-            part.close()
-        raise
+    opened, unread, side = _open_judged(folder, files, open_file)
     parts: list[Checkpoint] = [
         PrefixedCheckpoint(part, f"{path.parent.name}/{path.stem}.") for path, part in opened.items()
     ]
@@ -176,6 +164,21 @@ class PrefixedCheckpoint:
 
     def close(self) -> None:
         self.inner.close()
+
+
+def _open_judged(
+    folder: Path, files: list[Path], open_file: OpenFile
+) -> tuple[dict[Path, Checkpoint], list[Finding], list[Finding]]:
+    """``_open_each`` of ``files``, then the folder's other files judged (``side_findings``); what was opened is
+    closed again when that judging refuses the folder."""
+    opened, unread = _open_each(files, open_file)
+    try:
+        side = side_findings(folder, set(opened))
+    except BaseException:
+        for part in opened.values():
+            part.close()
+        raise
+    return opened, unread, side
 
 
 def _open_each(paths: list[Path], open_file: OpenFile) -> tuple[dict[Path, Checkpoint], list[Finding]]:
