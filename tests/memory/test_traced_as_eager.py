@@ -60,9 +60,7 @@ def test_a_llama_without_a_cache_at_512_tokens_is_within_5_percent_of_memtracker
         hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
         vocab_size=128,
     )  # fmt: skip
-    config.to_json_file(str(tmp_path / "config.json"))
-    report = estimate_memory(str(tmp_path), EstimateOptions(dtypes=(lookup("float32"),)), measure=True, seq_len=512)
-    assert max(abs(m.error) for m in report.measurements) <= 0.05, report.measurements
+    _assert_within_5_percent_of_memtracker(config, tmp_path, seq_len=512)
 
 
 def test_an_encoder_with_a_mask_of_every_frame_is_within_5_percent_of_memtracker(tmp_path):
@@ -72,6 +70,11 @@ def test_an_encoder_with_a_mask_of_every_frame_is_within_5_percent_of_memtracker
         d_model=16, encoder_layers=2, encoder_attention_heads=2, encoder_ffn_dim=32, num_mel_bins=8,
         max_source_positions=256,
     )  # fmt: skip
-    config.to_json_file(str(tmp_path / "config.json"))
-    report = estimate_memory(str(tmp_path), EstimateOptions(dtypes=(lookup("float32"),)), measure=True, seq_len=16)
+    _assert_within_5_percent_of_memtracker(config, tmp_path, seq_len=16)
+
+
+def _assert_within_5_percent_of_memtracker(config, folder, *, seq_len):
+    """The config's float32 inference and training estimates, each within 5% of a measured step (MemTracker)."""
+    config.to_json_file(str(folder / "config.json"))
+    report = estimate_memory(str(folder), EstimateOptions(dtypes=(lookup("float32"),)), measure=True, seq_len=seq_len)
     assert max(abs(m.error) for m in report.measurements) <= 0.05, report.measurements

@@ -8,10 +8,10 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tests.security.corpus import Hostile
@@ -132,6 +132,18 @@ def run_cli(
         cwd=cwd or code_under_test(),
         stdin=subprocess.DEVNULL,
     )
+
+
+def payload_scans(inputs: list[Hostile], cli: Callable[..., Any]) -> Iterator[tuple[Hostile, Any]]:
+    """Each payload of ``inputs`` scanned in this process (``--format json``), its canary removed first (the live
+    proof made it): (the payload, the CLI result), once its exit 1 and untouched canary are asserted."""
+    for hostile in (h for h in inputs if not h.benign):
+        assert hostile.canary is not None
+        hostile.canary.unlink(missing_ok=True)
+        result = cli(*hostile.args, "--format", "json")
+        assert result.exit_code == 1, (hostile.name, result.stderr)
+        assert not hostile.canary.exists(), hostile.name
+        yield hostile, result
 
 
 def assert_cli_fails_each_in_its_own_process(
