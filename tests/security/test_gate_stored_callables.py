@@ -51,7 +51,7 @@ def test_every_payload_is_live(inputs: list[corpus.Hostile]) -> None:
 
 
 def test_the_cli_fails_them_in_a_process_of_its_own(inputs: list[corpus.Hostile]) -> None:
-    assert_cli_fails_each_in_its_own_process(inputs, (("-f", "json"),))
+    assert_cli_fails_each_in_its_own_process(inputs)
 
 
 def test_whole_objects_still_pass(inputs: list[corpus.Hostile], cli: Callable[..., CliResult]) -> None:
