@@ -41,6 +41,7 @@ GATE_CLASSES = (
     "benign-frameworks",
     "folder-loaders",
     "stored-callables",
+    "sentence-transformers",
 )
 """Issue 27's classes (the gate fails closed): built by ``tests/security/gate/`` (one module per area)."""
 
@@ -76,7 +77,8 @@ class Hostile:
     archive), ``np.load`` (``allow_pickle=True``; every array of an ``.npz``), ``from_pretrained.CLASS``
     (``transformers.CLASS.from_pretrained(folder, trust_remote_code=True)``; diffusers' for
     ``DiffusionPipeline``), ``generate.custom_generate`` (a causal LM's ``generate(custom_generate=folder,
-    trust_remote_code=True)``) or ``none`` (nothing to prove: the input carries no code)."""
+    trust_remote_code=True)``), ``sentence_transformers.CLASS`` (``CLASS(folder, trust_remote_code=True)``) or
+    ``none`` (nothing to prove: the input carries no code)."""
 
 
 # --- a small pickle assembler (protocol 4 opcodes) -------------------------------------------------------------

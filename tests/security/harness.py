@@ -45,6 +45,10 @@ PROVE_BY_LOADER = textwrap.dedent(
                 import transformers
                 model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
                 model.generate(torch.tensor([[1, 2]]), custom_generate=path, trust_remote_code=True, max_new_tokens=1)
+            elif loader.startswith("sentence_transformers."):  # SentenceTransformer(folder), CrossEncoder(folder)
+                import sentence_transformers
+                cls = getattr(sentence_transformers, loader.split(".", 1)[1])
+                cls(path, trust_remote_code=True, local_files_only=True)
             elif loader.startswith("from_pretrained."):  # a model folder, as its config asks to be loaded
                 import importlib
                 name = loader.split(".", 1)[1]

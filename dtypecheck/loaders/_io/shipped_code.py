@@ -1,5 +1,6 @@
 """Code a model folder tells its loaders to import: ``auto_map`` and ``custom_pipelines`` in its JSON configs,
-custom components of a diffusers ``model_index.json``, and ``custom_generate/generate.py``.
+custom components of a diffusers ``model_index.json``, the dotted paths sentence-transformers imports, and
+``custom_generate/generate.py``.
 
 ``AutoConfig``/``AutoModel``/``AutoTokenizer``/``pipeline``'s ``from_pretrained(folder, trust_remote_code=True)``
 imports the modules a config's ``auto_map`` (or ``custom_pipelines``) names, from the folder itself or, for a
@@ -7,6 +8,16 @@ imports the modules a config's ``auto_map`` (or ``custom_pipelines``) names, fro
 ``custom_generate/generate.py``; ``DiffusionPipeline.from_pretrained(folder, trust_remote_code=True)`` imports
 ``unet/my_unet.py`` for a component ``"unet": ["my_unet", "MyUNet"]``. Loading such a folder the way its files
 ask runs that code, which no pickle rule sees: each is a ``contains-code`` ``fail``.
+
+``SentenceTransformer(folder)`` and ``CrossEncoder(folder)`` import a dotted path from several files: each module's
+``type`` in ``modules.json``, a Router's ``types`` (``router_config.json``), a WordEmbeddings' ``tokenizer_class``,
+a Dense module's ``activation_function`` and a cross-encoder's ``activation_fn`` (which it calls; in
+``config_sentence_transformers.json``, or ``config.json`` as older versions wrote it). Before
+sentence-transformers 6.0 a local folder was trusted without ``trust_remote_code`` (the activations still are, for
+any ``torch.`` path). A path is inert only inside the ``sentence_transformers`` package, or for an activation, as
+one of torch's activation classes (built with no arguments), or a name with no module path (GPT-2's config.json
+says ``"activation_function": "gelu_new"``, which no import can resolve); a module ``path`` that leaves the folder
+loads what this scan never read. Anything else fails.
 """
 
 from __future__ import annotations
@@ -27,6 +38,46 @@ _HINTS = (*(key.encode() for key in CODE_KEYS), b"\\u")
 GENERATE = ("custom_generate", "generate.py")
 PIPELINE_INDEX = "model_index.json"
 """A diffusers pipeline's index: its components' ``[library, class]`` may name code shipped in the folder."""
+SENTENCE_FILES = ("modules.json", "router_config.json", "wordembedding_config.json", "config.json")
+"""Files whose dotted paths sentence-transformers imports (a Router's legacy ``config.json`` holds its ``types``)."""
+_SENTENCE_HINTS = (b"activation_f", b"sbert_ce_default_activation_function")
+"""Bytes without which no other JSON file holds an activation sentence-transformers imports."""
+_ACTIVATIONS = frozenset(
+    (
+        "CELU",
+        "ELU",
+        "GELU",
+        "GLU",
+        "Hardshrink",
+        "Hardsigmoid",
+        "Hardswish",
+        "Hardtanh",
+        "Identity",
+        "LeakyReLU",
+        "LogSigmoid",
+        "LogSoftmax",
+        "Mish",
+        "PReLU",
+        "RReLU",
+        "ReLU",
+        "ReLU6",
+        "SELU",
+        "SiLU",
+        "Sigmoid",
+        "Softmax",
+        "Softmax2d",
+        "Softmin",
+        "Softplus",
+        "Softshrink",
+        "Softsign",
+        "Tanh",
+        "Tanhshrink",
+        "Threshold",
+    )
+)
+"""torch's activation classes (``torch.nn.modules.activation``, and ``Identity``): what sentence-transformers
+writes as an activation, each built with no arguments and inert."""
+_ACTIVATION_PREFIXES = ("torch.nn.modules.activation.", "torch.nn.modules.linear.", "torch.nn.modules.", "torch.nn.")
 
 
 def code_references(path: Path, label: str) -> list[Finding]:
@@ -50,18 +101,70 @@ def code_references(path: Path, label: str) -> list[Finding]:
         detail = f"{label}: over {MAX_CONFIG_BYTES} bytes, not checked for auto_map code (a loader would read it)"
         return [Finding("unreadable-file", "fail", detail)]
     pipeline = path.name == PIPELINE_INDEX
-    if not pipeline and not any(hint in raw for hint in _HINTS):
+    sentence = path.name in SENTENCE_FILES or any(hint in raw for hint in _SENTENCE_HINTS)
+    if not pipeline and not sentence and not any(hint in raw for hint in _HINTS):
         return []
     try:
         document = json.loads(raw)
     except (UnicodeDecodeError, ValueError, RecursionError):
         return []  # transformers' json.loads fails the same way: nothing is imported
     named = _named_code(document) | (_pipeline_code(document, path.parent) if pipeline else set())
-    if not named:
-        return []
-    shown = ", ".join(sorted(named)[:3]) + (f" and {len(named) - 3} more" if len(named) > 3 else "")
-    detail = f"{label}: names code ({shown}) that from_pretrained(..., trust_remote_code=True) imports and runs"
-    return [Finding("contains-code", "fail", detail)]
+    imported = sentence_transformers_code(document, path.name)
+    findings = []
+    if named:
+        shown = ", ".join(sorted(named)[:3]) + (f" and {len(named) - 3} more" if len(named) > 3 else "")
+        detail = f"{label}: names code ({shown}) that from_pretrained(..., trust_remote_code=True) imports and runs"
+        findings.append(Finding("contains-code", "fail", detail))
+    if imported:
+        shown = ", ".join(sorted(imported)[:3]) + (f" and {len(imported) - 3} more" if len(imported) > 3 else "")
+        detail = f"{label}: names {shown}, which sentence-transformers imports (from outside its own package)"
+        findings.append(Finding("contains-code", "fail", detail))
+    return findings
+
+
+def sentence_transformers_code(document: Any, name: str) -> set[str]:
+    """The dotted paths (and module paths leaving the folder) in a sentence-transformers file named ``name`` that
+    are not shown inert (see the module's docstring)."""
+    named: set[str] = set()
+
+    def class_ref(where: str, value: Any) -> None:
+        if not (isinstance(value, str) and value.startswith("sentence_transformers.")):
+            named.add(f"{where} {value!r}")
+
+    def activation(where: str, value: Any) -> None:
+        if isinstance(value, str) and "." not in value:
+            return  # a transformers config's own name ("gelu_new"): no module path, nothing to import
+        if isinstance(value, str):
+            for prefix in _ACTIVATION_PREFIXES:
+                if value.startswith(prefix) and value.removeprefix(prefix) in _ACTIVATIONS:
+                    return
+        if value is not None:
+            named.add(f"{where} {value!r}")
+
+    if name == "modules.json" and isinstance(document, list):
+        for entry in document:
+            if isinstance(entry, dict):
+                class_ref("a module of type", entry.get("type"))
+                where = entry.get("path")
+                if isinstance(where, str) and (where.startswith(("/", "\\")) or ".." in Path(where).parts):
+                    named.add(f"a module at {where!r} (outside the folder)")
+    if not isinstance(document, dict):
+        return named
+    if name in ("router_config.json", "config.json") and isinstance(document.get("types"), dict):
+        for value in document["types"].values():
+            class_ref("a Router module of type", value)
+    if name == "wordembedding_config.json" and "tokenizer_class" in document:
+        class_ref("the tokenizer class", document["tokenizer_class"])
+    if "activation_function" in document:
+        activation("the activation", document["activation_function"])
+    nested = document.get("sentence_transformers")
+    if isinstance(nested, dict) and "activation_fn" in nested:
+        activation("the activation", nested["activation_fn"])
+    if "activation_fn" in document:  # config_sentence_transformers.json (6.x)
+        activation("the activation", document["activation_fn"])
+    if "sbert_ce_default_activation_function" in document:
+        activation("the activation", document["sbert_ce_default_activation_function"])
+    return named
 
 
 def _pipeline_code(document: Any, folder: Path) -> set[str]:

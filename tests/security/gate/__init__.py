@@ -18,6 +18,7 @@ from tests.security.gate import (
     model_folders,
     readings,
     roles,
+    sentence_folders,
     shipped_config,
     stored_callables,
     tracebacks,
@@ -33,4 +34,5 @@ GATE_BUILDERS: dict[str, Callable[[Path], list[Hostile]]] = {
     "benign-frameworks": benign.build,
     "folder-loaders": model_folders.build,
     "stored-callables": stored_callables.build,
+    "sentence-transformers": sentence_folders.build,
 }
