@@ -8,6 +8,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import pytest
 import torch
 
 from dtypecheck.nantrace import native
@@ -89,7 +90,9 @@ def test_a_call_keeps_the_gradient_its_output_received_even_when_changed_in_plac
         assert torch.equal(call.grads[0], 2.0 * weights)
 
 
-def test_a_snapshot_copy_is_bit_for_bit_at_every_alignment_and_length() -> None:
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_snapshot_copy_is_bit_for_bit_at_every_alignment_and_length(streamed: bool) -> None:
+    """Through the cache (a group under 1 MiB) and with non-temporal stores (a 1 MiB tensor beside it)."""
     module = native.load(build_in_background=False)
     if module is None:
         native.build()
@@ -97,6 +100,7 @@ def test_a_snapshot_copy_is_bit_for_bit_at_every_alignment_and_length() -> None:
         module = native.load(build_in_background=False)
     assert module is not None
     torch.manual_seed(0)
+    big = [torch.randn(1 << 18)] if streamed else []  # 1 MiB: the whole group is copied streaming
     for offset in range(5):
         for length in (1, 3, 15, 16, 17, 63, 64, 65, 1000, 4099):
             base = torch.randn(length + offset)
@@ -104,9 +108,11 @@ def test_a_snapshot_copy_is_bit_for_bit_at_every_alignment_and_length() -> None:
             source = base[offset:]  # contiguous, its data 4 * offset bytes past an aligned start
             whole = torch.full((length + offset,), -1.0)
             target = whole[offset:]
-            assert module.Group([target]).copy_from(module.Group([source])) is True
+            big_target = [torch.zeros_like(t) for t in big]
+            assert module.Group([target, *big_target]).copy_from(module.Group([source, *big])) is True
             assert target.view(torch.int32).equal(source.view(torch.int32)), (offset, length)
             assert torch.equal(torch.full((offset,), -1.0), whole[:offset])  # nothing written before it
+            assert all(t.equal(s) for t, s in zip(big_target, big, strict=True))
 
 
 NOISY = """
