@@ -77,7 +77,8 @@ class Hostile:
     archive), ``np.load`` (``allow_pickle=True``; every array of an ``.npz``), ``from_pretrained.CLASS``
     (``transformers.CLASS.from_pretrained(folder, trust_remote_code=True)``; diffusers' for
     ``DiffusionPipeline``), ``generate.custom_generate`` (a causal LM's ``generate(custom_generate=folder,
-    trust_remote_code=True)``), ``sentence_transformers.CLASS`` (``CLASS(folder, trust_remote_code=True)``) or
+    trust_remote_code=True)``), ``sentence_transformers`` (``CrossEncoder`` or ``SentenceTransformer(folder,
+    trust_remote_code=True)``, as its ``config_sentence_transformers.json`` says, the folder first on the path) or
     ``none`` (nothing to prove: the input carries no code)."""
 
 

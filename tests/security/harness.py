@@ -45,9 +45,13 @@ PROVE_BY_LOADER = textwrap.dedent(
                 import transformers
                 model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
                 model.generate(torch.tensor([[1, 2]]), custom_generate=path, trust_remote_code=True, max_new_tokens=1)
-            elif loader.startswith("sentence_transformers."):  # SentenceTransformer(folder), CrossEncoder(folder)
-                import sentence_transformers
-                cls = getattr(sentence_transformers, loader.split(".", 1)[1])
+            elif loader == "sentence_transformers":  # CrossEncoder(folder) or SentenceTransformer(folder), as saved
+                import json, sentence_transformers
+                sys.path.insert(0, path)  # a script beside the model imports its neighbours
+                with open(os.path.join(path, "config_sentence_transformers.json")) as handle:
+                    kind = json.load(handle).get("model_type")
+                cross = kind == "CrossEncoder"
+                cls = sentence_transformers.CrossEncoder if cross else sentence_transformers.SentenceTransformer
                 cls(path, trust_remote_code=True, local_files_only=True)
             elif loader.startswith("from_pretrained."):  # a model folder, as its config asks to be loaded
                 import importlib

@@ -5,8 +5,8 @@ round 6): a module ``type`` in ``modules.json``, a Dense module's ``activation_f
 
 Each payload is a real sentence-transformers save (a one-layer BERT, saved by ``SentenceTransformer.save`` and
 ``CrossEncoder.save``, no download) with one field changed to name a module shipped in the folder, and is proven
-live by the class that loads it, run from the folder (as a script beside the model imports its neighbours). The
-saves themselves, unchanged, are the benign inputs.
+live by the class that loads it, with the folder first on the path (as a script beside the model imports its
+neighbours). The saves themselves, unchanged, are the benign inputs.
 """
 
 from __future__ import annotations
@@ -67,25 +67,25 @@ def build(folder: Path) -> list[Hostile]:
     embedder, cross = _saves(folder)
     out: list[Hostile] = []
 
-    def payload(name: str, like: Path, loader: str) -> tuple[Path, Path]:
+    def payload(name: str, like: Path) -> tuple[Path, Path]:
         model = folder / name
         shutil.copytree(like, model)
         canary = folder / f"canary-{name}"
         args = ("scan-model", str(model))
-        out.append(Hostile(name, KLASS, args, frozenset({1}), canary, model, cwd=model, loader=loader))
+        out.append(Hostile(name, KLASS, args, frozenset({1}), canary, model, loader="sentence_transformers"))
         return model, canary
 
-    model, canary = payload("module-type", embedder, "sentence_transformers.SentenceTransformer")
+    model, canary = payload("module-type", embedder)
     modules = json.loads((model / "modules.json").read_text())
     modules[-1]["type"] = "custom_normalize.Normalize"  # imported as the folder's own module code
     (model / "modules.json").write_text(json.dumps(modules, indent=2))
     (model / "custom_normalize.py").write_text(f"{code_payload(canary)}\nclass Normalize:\n    pass\n")
 
-    model, canary = payload("dense-activation", embedder, "sentence_transformers.SentenceTransformer")
+    model, canary = payload("dense-activation", embedder)
     _edit(model / "2_Dense" / "config.json", {"activation_function": "fast_tanh.Tanh"})
     (model / "fast_tanh.py").write_text(f"{code_payload(canary)}\nimport torch\n\nTanh = torch.nn.Tanh\n")
 
-    model, canary = payload("cross-encoder-activation", cross, "sentence_transformers.CrossEncoder")
+    model, canary = payload("cross-encoder-activation", cross)
     _edit(model / "config.json", {"sentence_transformers": {"activation_fn": "calibrated.Sigmoid"}})
     settings = json.loads((model / "config_sentence_transformers.json").read_text())
     settings.pop("activation_fn", None)  # as versions 4 and 5 wrote it: in config.json only
