@@ -41,7 +41,7 @@ GATE_CLASSES = (
     "benign-frameworks",
     "folder-loaders",
     "stored-callables",
-    "sentence-transformers",
+    "library-loaders",
 )
 """Issue 27's classes (the gate fails closed): built by ``tests/security/gate/`` (one module per area)."""
 
@@ -77,7 +77,8 @@ class Hostile:
     archive), ``np.load`` (``allow_pickle=True``; every array of an ``.npz``), ``from_pretrained.CLASS``
     (``transformers.CLASS.from_pretrained(folder, trust_remote_code=True)``; diffusers' for
     ``DiffusionPipeline``), ``generate.custom_generate`` (a causal LM's ``generate(custom_generate=folder,
-    trust_remote_code=True)``), ``sentence_transformers`` (``CrossEncoder`` or ``SentenceTransformer(folder,
+    trust_remote_code=True)``), ``torch.hub`` (``torch.hub.load(folder, "model", source="local")``),
+    ``sentence_transformers`` (``CrossEncoder`` or ``SentenceTransformer(folder,
     trust_remote_code=True)``, as its ``config_sentence_transformers.json`` says, the folder first on the path) or
     ``none`` (nothing to prove: the input carries no code)."""
 

@@ -45,6 +45,8 @@ PROVE_BY_LOADER = textwrap.dedent(
                 import transformers
                 model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
                 model.generate(torch.tensor([[1, 2]]), custom_generate=path, trust_remote_code=True, max_new_tokens=1)
+            elif loader == "torch.hub":  # the folder as a local hub repository: hubconf.py and its entry point
+                torch.hub.load(path, "model", source="local")
             elif loader == "sentence_transformers":  # CrossEncoder(folder) or SentenceTransformer(folder), as saved
                 import json, sentence_transformers
                 sys.path.insert(0, path)  # a script beside the model imports its neighbours

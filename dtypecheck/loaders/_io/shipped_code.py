@@ -1,6 +1,6 @@
 """Code a model folder tells its loaders to import: ``auto_map`` and ``custom_pipelines`` in its JSON configs,
-custom components of a diffusers ``model_index.json``, the dotted paths sentence-transformers imports, and
-``custom_generate/generate.py``.
+custom components of a diffusers ``model_index.json``, the dotted paths sentence-transformers imports,
+``custom_generate/generate.py``, and a ``hubconf.py`` (``torch.hub.load(folder, name, source="local")`` runs it).
 
 ``AutoConfig``/``AutoModel``/``AutoTokenizer``/``pipeline``'s ``from_pretrained(folder, trust_remote_code=True)``
 imports the modules a config's ``auto_map`` (or ``custom_pipelines``) names, from the folder itself or, for a
@@ -36,6 +36,8 @@ CODE_KEYS = ("auto_map", "custom_pipelines")
 _HINTS = (*(key.encode() for key in CODE_KEYS), b"\\u")
 """Bytes without which no JSON file can hold a key of ``CODE_KEYS`` (``\\u`` escapes can spell one)."""
 GENERATE = ("custom_generate", "generate.py")
+HUBCONF = "hubconf.py"
+"""What ``torch.hub.load(folder, model, source="local")`` imports and runs (any folder of the tree can be one)."""
 PIPELINE_INDEX = "model_index.json"
 """A diffusers pipeline's index: its components' ``[library, class]`` may name code shipped in the folder."""
 SENTENCE_FILES = ("modules.json", "router_config.json", "wordembedding_config.json", "config.json")
@@ -85,6 +87,9 @@ def code_references(path: Path, label: str) -> list[Finding]:
     or ``custom_generate/generate.py`` itself; nothing otherwise."""
     if path.name == GENERATE[1] and path.parent.name == GENERATE[0]:
         detail = f"{label}: generate(custom_generate=..., trust_remote_code=True) imports and runs it"
+        return [Finding("contains-code", "fail", detail)]
+    if path.name == HUBCONF:
+        detail = f"{label}: torch.hub.load(folder, ..., source='local') imports and runs it"
         return [Finding("contains-code", "fail", detail)]
     if path.suffix.lower() != ".json":
         return []

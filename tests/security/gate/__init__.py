@@ -15,10 +15,10 @@ from tests.security.gate import (
     benign,
     bounded,
     code_globals,
+    library_loaders,
     model_folders,
     readings,
     roles,
-    sentence_folders,
     shipped_config,
     stored_callables,
     tracebacks,
@@ -34,5 +34,5 @@ GATE_BUILDERS: dict[str, Callable[[Path], list[Hostile]]] = {
     "benign-frameworks": benign.build,
     "folder-loaders": model_folders.build,
     "stored-callables": stored_callables.build,
-    "sentence-transformers": sentence_folders.build,
+    "library-loaders": library_loaders.build,
 }

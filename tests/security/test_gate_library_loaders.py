@@ -1,6 +1,6 @@
 """Red team, round 6: the dotted paths sentence-transformers imports from a model folder's JSON files (a module's
-``type``, a Dense activation, a cross-encoder's activation) fail the gate unless shown inert; each payload is live
-under the class that loads it, and real saves pass."""
+``type``, a Dense activation, a cross-encoder's activation) fail the gate unless shown inert, and so does a
+``hubconf.py`` (torch.hub runs it); each payload is live under the loader that reads it, and real saves pass."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from dtypecheck.loaders._io.shipped_code import code_references, sentence_transformers_code
 from tests.conftest import CliResult
 from tests.security import corpus
-from tests.security.gate import sentence_folders
+from tests.security.gate import library_loaders
 from tests.security.harness import assert_cli_fails_each_in_its_own_process, payload_scans, prove_live
 
 # name -> the file and the dotted path its contains-code fail names
@@ -21,13 +21,14 @@ EXPECTED_FAIL = {
     "module-type": ("modules.json", "'custom_normalize.Normalize'"),
     "dense-activation": ("2_Dense/config.json", "'fast_tanh.Tanh'"),
     "cross-encoder-activation": ("config.json", "'calibrated.Sigmoid'"),
+    "hubconf": ("hubconf.py", "torch.hub.load("),
 }
 BENIGN = {"sentence-embedder", "cross-encoder"}
 
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> list[corpus.Hostile]:
-    return corpus.build(tmp_path_factory.mktemp("sentence"), (sentence_folders.KLASS,))
+    return corpus.build(tmp_path_factory.mktemp("libraries"), (library_loaders.KLASS,))
 
 
 def _fails(result: CliResult) -> list[tuple[str, str]]:
@@ -40,7 +41,7 @@ def test_every_payload_fails_the_gate(inputs: list[corpus.Hostile], cli: Callabl
         label, named = EXPECTED_FAIL[hostile.name]
         (fail,) = _fails(result)
         assert fail[0] == "contains-code"
-        assert fail[1].startswith(f"{label}: names ")
+        assert fail[1].startswith(f"{label}: ")
         assert named in fail[1], fail
 
 
@@ -118,4 +119,4 @@ def test_an_escaped_key_is_read_as_the_loader_reads_it(tmp_path: Path) -> None:
 
 
 def test_sentence_transformers_class_is_registered() -> None:
-    assert sentence_folders.KLASS in corpus.GATE_CLASSES
+    assert library_loaders.KLASS in corpus.GATE_CLASSES

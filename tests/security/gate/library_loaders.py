@@ -1,7 +1,8 @@
-"""What ``SentenceTransformer(folder)`` and ``CrossEncoder(folder)`` import from a folder's JSON files (red team,
-round 6): a module ``type`` in ``modules.json``, a Dense module's ``activation_function`` and a cross-encoder's
-``activation_fn``, each a dotted path that sentence-transformers imports (and for the activations, calls). Before
-6.0 a local folder needed no ``trust_remote_code``; the activations still need none for any ``torch.`` path.
+"""What libraries beside transformers import from a model folder (red team, round 6): ``SentenceTransformer(folder)``
+and ``CrossEncoder(folder)`` a module ``type`` in ``modules.json``, a Dense module's ``activation_function`` and a
+cross-encoder's ``activation_fn``, each a dotted path that sentence-transformers imports (and for the activations,
+calls; before 6.0 a local folder needed no ``trust_remote_code``, and the activations still need none for any
+``torch.`` path); ``torch.hub.load(folder, "model", source="local")`` the folder's ``hubconf.py``.
 
 Each payload is a real sentence-transformers save (a one-layer BERT, saved by ``SentenceTransformer.save`` and
 ``CrossEncoder.save``, no download) with one field changed to name a module shipped in the folder, and is proven
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from tests.security.corpus import Hostile, code_payload
 
-KLASS = "sentence-transformers"
+KLASS = "library-loaders"
 
 
 def _tiny_bert(where: Path, *, cross_encoder: bool) -> Path:
@@ -91,6 +92,14 @@ def build(folder: Path) -> list[Hostile]:
     settings.pop("activation_fn", None)  # as versions 4 and 5 wrote it: in config.json only
     (model / "config_sentence_transformers.json").write_text(json.dumps(settings, indent=2))
     (model / "calibrated.py").write_text(f"{code_payload(canary)}\nimport torch\n\nSigmoid = torch.nn.Sigmoid\n")
+
+    name = "hubconf"  # a folder that is also a local hub repository: torch.hub.load runs its hubconf.py
+    model = folder / name
+    shutil.copytree(embedder, model)
+    canary = folder / f"canary-{name}"
+    source = f"{code_payload(canary)}\ndependencies = ['torch']\n\n\ndef model():\n    return None\n"
+    (model / "hubconf.py").write_text(source)
+    out.append(Hostile(name, KLASS, ("scan-model", str(model)), frozenset({1}), canary, model, loader="torch.hub"))
 
     for name, model in (("sentence-embedder", embedder), ("cross-encoder", cross)):
         out.append(Hostile(name, KLASS, ("scan-model", str(model)), frozenset({0}), benign=True, loader="none"))
