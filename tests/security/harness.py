@@ -36,6 +36,9 @@ PROVE_BY_LOADER = textwrap.dedent(
                     if name.endswith(".pkl") and not name.startswith(".data/"):
                         package, _, resource = name.rpartition("/")
                         importer.load_pickle(package.replace("/", "."), resource)
+            elif loader == "joblib.load":  # by its first bytes: raw, zlib, gzip, bz2, lzma, xz, lz4 or joblib's ZF
+                import joblib
+                joblib.load(path)
             elif loader == "np.load":  # an .npy, or every array of an .npz
                 import numpy
                 arrays = numpy.load(path, allow_pickle=True)

@@ -15,6 +15,7 @@ from tests.security.gate import (
     benign,
     bounded,
     code_globals,
+    compressed_pickles,
     model_folders,
     readings,
     roles,
@@ -33,4 +34,5 @@ GATE_BUILDERS: dict[str, Callable[[Path], list[Hostile]]] = {
     "benign-frameworks": benign.build,
     "folder-loaders": model_folders.build,
     "stored-callables": stored_callables.build,
+    "compressed-pickles": compressed_pickles.build,
 }
