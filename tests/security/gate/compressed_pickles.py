@@ -23,7 +23,8 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from tests.security.corpus import Hostile, code_payload
+from tests.security.corpus import Hostile
+from tests.security.gate.model_folders import _Payload, _weights
 
 KLASS = "compressed-pickles"
 COMPRESSIONS: dict[str, Any] = {
@@ -33,23 +34,6 @@ COMPRESSIONS: dict[str, Any] = {
     "xz": ("xz", 3),
     "lzma": ("lzma", 3),
 }
-
-
-class _Payload:
-    def __init__(self, marker: Path) -> None:
-        self.code = code_payload(marker)
-
-    def __reduce__(self) -> tuple[object, tuple[str]]:
-        return exec, (self.code,)
-
-
-def _weights(folder: Path) -> Path:
-    import torch
-    from safetensors.torch import save_file
-
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file({"w": torch.ones(2)}, folder / "model.safetensors")
-    return folder
 
 
 def zfile(data: bytes) -> bytes:
