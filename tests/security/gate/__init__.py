@@ -20,6 +20,7 @@ from tests.security.gate import (
     readings,
     roles,
     shipped_config,
+    sized_calls,
     stored_callables,
     tracebacks,
 )
@@ -35,4 +36,5 @@ GATE_BUILDERS: dict[str, Callable[[Path], list[Hostile]]] = {
     "folder-loaders": model_folders.build,
     "stored-callables": stored_callables.build,
     "compressed-pickles": compressed_pickles.build,
+    "sized-calls": sized_calls.build,
 }
