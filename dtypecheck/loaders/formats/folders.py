@@ -82,7 +82,7 @@ def open_index_folder(folder: Path, open_file: OpenFile) -> Checkpoint:
 def preferred_index(folder: Path) -> Path | None:
     """The shard index ``from_pretrained`` would load ``folder`` through: ``INDEX_PREFERENCE``'s first, else a
     safetensors index, else any ``*.index.json``; None when there is none."""
-    indexes = sorted(p for p in folder.glob("*.index.json") if is_file(p))
+    indexes = sorted(p for p in folder.glob("*.index.json") if not p.is_dir())  # a FIFO is read, and refused
     preferred = [folder / name for name in INDEX_PREFERENCE if is_file(folder / name)]
     safetensors = [p for p in indexes if p.name.endswith(".safetensors.index.json")]
     return next(iter(preferred + safetensors + indexes), None)
