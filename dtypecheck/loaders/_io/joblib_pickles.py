@@ -27,6 +27,8 @@ MAX_DECOMPRESSED_BYTES = 512 << 20
 """Most bytes a compressed pickle is inflated to; past it, an ``unreadable-file`` ``fail``: a decompression bomb
 is refused, not read (what ``joblib.load`` would run past it is unknown)."""
 _CHUNK = 1 << 20
+_HEAD = 16
+"""Inflated bytes looked at before the rest is inflated, for a file that must inflate to a pickle to be read."""
 
 WRAPPER = GlobalRef("joblib.numpy_pickle", "NumpyArrayWrapper")
 """What joblib pickles a numpy array as; its bytes follow the ``BUILD`` that gives it its state."""
@@ -117,16 +119,21 @@ def _read_capped(kind: str, reader: _Readable, wanted: Callable[[bytes], bool] |
     """Read ``reader`` to its end, or to the first error (a loader reading it streams, and has run what came before
     it), refusing it past ``MAX_DECOMPRESSED_BYTES``."""
     out = bytearray()
+    problem = None
     try:
         while chunk := reader.read1(_CHUNK):  # read1: what was inflated before an error is returned, not lost
-            if wanted is not None and not out and not wanted(chunk[:16]):
-                return None
             out += chunk
+            if wanted is not None and len(out) >= _HEAD:
+                if not wanted(bytes(out[:_HEAD])):
+                    return None
+                wanted = None
             if len(out) > MAX_DECOMPRESSED_BYTES:
                 return Inflated(kind, b"", refused=_over_cap(kind))
     except (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError) as exc:
-        return Inflated(kind, bytes(out), problem=f"{kind} stream breaks off ({exc})")
-    return Inflated(kind, bytes(out))
+        problem = f"{kind} stream breaks off ({exc})"
+    if wanted is not None and not wanted(bytes(out)):  # fewer than _HEAD bytes in all
+        return None
+    return Inflated(kind, bytes(out), problem)
 
 
 def _over_cap(kind: str) -> str:
