@@ -42,6 +42,8 @@ GATE_CLASSES = (
     "folder-loaders",
     "stored-callables",
     "library-loaders",
+    "compressed-pickles",
+    "sized-calls",
 )
 """Issue 27's classes (the gate fails closed): built by ``tests/security/gate/`` (one module per area)."""
 
@@ -74,7 +76,9 @@ class Hostile:
     loader: str = "torch.load"
     """How the live proof reads ``torch_load``: ``torch.load`` (``weights_only=False``), ``jit.load``,
     ``dcp.load`` (a folder), ``package.load`` (``PackageImporter.load_pickle`` of every pickle of a torch.package
-    archive), ``np.load`` (``allow_pickle=True``; every array of an ``.npz``), ``from_pretrained.CLASS``
+    archive), ``np.load`` (``allow_pickle=True``; every array of an ``.npz``), ``joblib.load`` (compressed or not,
+    as its first bytes say), ``torch.load.capped`` (a memory or time bomb: ``torch.load`` under an address-space
+    cap, ``harness.exhausts``; the proof makes the canary), ``from_pretrained.CLASS``
     (``transformers.CLASS.from_pretrained(folder, trust_remote_code=True)``; diffusers' for
     ``DiffusionPipeline``), ``generate.custom_generate`` (a causal LM's ``generate(custom_generate=folder,
     trust_remote_code=True)``), ``torch.hub`` (``torch.hub.load(folder, "model", source="local")``),

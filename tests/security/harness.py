@@ -36,6 +36,9 @@ PROVE_BY_LOADER = textwrap.dedent(
                     if name.endswith(".pkl") and not name.startswith(".data/"):
                         package, _, resource = name.rpartition("/")
                         importer.load_pickle(package.replace("/", "."), resource)
+            elif loader == "joblib.load":  # by its first bytes: raw, zlib, gzip, bz2, lzma, xz, lz4 or joblib's ZF
+                import joblib
+                joblib.load(path)
             elif loader == "np.load":  # an .npy, or every array of an .npz
                 import numpy
                 arrays = numpy.load(path, allow_pickle=True)
@@ -74,9 +77,45 @@ PROVE_BY_LOADER = textwrap.dedent(
 )
 
 
+PROVE_UNDER_A_CAP = textwrap.dedent(
+    r"""
+    import resource, sys, time, warnings
+    warnings.simplefilter("ignore")
+    import torch
+    with open("/proc/self/status") as status:
+        vm = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize"))
+    resource.setrlimit(resource.RLIMIT_AS, (vm + (2 << 30), vm + (2 << 30)))
+    start = time.monotonic()
+    try:
+        torch.load(sys.argv[1], weights_only=False)
+    except MemoryError:
+        print("MemoryError")
+    except RuntimeError as exc:
+        print("RuntimeError", "alloc" in str(exc).lower() or "memory" in str(exc).lower(), str(exc)[:200])
+    else:
+        print("loaded", time.monotonic() - start)
+    """
+)
+"""``torch.load(weights_only=False)`` of ``argv[1]`` with the address space capped at 2 GiB above what ``import
+torch`` takes: prints ``MemoryError``, ``RuntimeError True ...`` (the allocator's), or ``loaded SECONDS``."""
+
+
+def exhausts(path: Path, timeout: float = 20) -> tuple[bool, str]:
+    """(whether ``torch.load`` of ``path`` runs out of ``PROVE_UNDER_A_CAP``'s cap, what the proof printed): out
+    of memory, killed by the kernel, or past ``timeout`` (a loop over ``range(10**12)`` takes hours)."""
+    try:
+        proof = run_python(PROVE_UNDER_A_CAP, str(path), timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return True, f"past {timeout:.0f} s"
+    out = proof.stdout.strip()
+    return proof.returncode < 0 or out.startswith(("MemoryError", "RuntimeError True")), out + proof.stderr[-400:]
+
+
 def prove_live(hostiles: list[Hostile], timeout: float = 300) -> set[str]:
     """Read every payload-carrying input as its ``loader`` would, each group (same working folder, same loader) in
-    one throwaway process; the names of those whose canary then exists (canaries are removed first)."""
+    one throwaway process; the names of those whose canary then exists (canaries are removed first). A
+    ``torch.load.capped`` payload (a memory or time bomb) is loaded in a process of its own under a cap
+    (``exhausts``), and the proof makes its canary when the load exhausts it."""
     groups: dict[tuple[str, str], list[Hostile]] = {}
     for hostile in hostiles:
         if hostile.canary is None or hostile.torch_load is None or hostile.loader == "none":
@@ -87,6 +126,13 @@ def prove_live(hostiles: list[Hostile], timeout: float = 300) -> set[str]:
         key = (str(hostile.cwd or code_under_test()), loader)
         groups.setdefault(key, []).append(hostile)
     for (cwd, loader), members in groups.items():
+        if loader == "torch.load.capped":
+            for hostile in members:
+                assert hostile.canary is not None  # grouped only so
+                assert hostile.torch_load is not None
+                if exhausts(hostile.torch_load)[0]:
+                    hostile.canary.touch()
+            continue
         subprocess.run(
             [sys.executable, "-c", PROVE_BY_LOADER, loader, *(str(h.torch_load) for h in members)],
             check=False,

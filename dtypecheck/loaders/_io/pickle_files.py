@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 from dtypecheck.errors import InputError
 from dtypecheck.loaders._io.mapped import FileMap, LineTooLongError, Window, read_range
 from dtypecheck.loaders._io.pickle_globals import judge, worst_first
-from dtypecheck.loaders._io.pickle_report import PickleReport, lenient_persistent_id
-from dtypecheck.loaders._io.pickle_vm import GlobalRef, PickleLimitError, SafeUnpickler
+from dtypecheck.loaders._io.pickle_report import PickleReport, lenient_persistent_id, merged
+from dtypecheck.loaders._io.pickle_vm import BuildHook, GlobalRef, PickleLimitError, SafeUnpickler
 from dtypecheck.loaders.base import Finding
 
 if TYPE_CHECKING:
@@ -32,14 +32,14 @@ MAX_STREAM_PICKLES = 5
 MAX_ZIP_PICKLE_BYTES = 1 << 30
 
 
-def _stream_globals(stream: Window, where: str, count: int) -> PickleReport:
+def _stream_globals(stream: Window, where: str, count: int, after_build: BuildHook | None = None) -> PickleReport:
     seen: dict[GlobalRef, None] = {}
     problem = None
     limited = False
     for _ in range(count):
         if stream.tell() >= stream.length:
             break
-        machine = SafeUnpickler(stream, where=where, persistent_load=lenient_persistent_id)
+        machine = SafeUnpickler(stream, where=where, persistent_load=lenient_persistent_id, after_build=after_build)
         try:
             machine.load()
         except InputError as exc:
@@ -92,7 +92,44 @@ def _globals_in(buffer: mmap.mmap, size: int, where: str) -> PickleReport:
     in_tar = tar_globals(buffer, size, where)
     if in_tar is not None:
         return in_tar
-    return _stream_globals(Window(buffer, 0, size), where, MAX_STREAM_PICKLES)
+    return _with_joblib_arrays(_stream_globals(Window(buffer, 0, size), where, MAX_STREAM_PICKLES), buffer, size, where)
+
+
+def _with_joblib_arrays(plain: PickleReport, buffer: mmap.mmap | bytes, size: int, where: str) -> PickleReport:
+    """``plain`` (the stream read as ``pickle.load`` and ``torch.load`` read it) and, where it holds a numpy array
+    as ``joblib.dump`` writes one, what ``joblib.load`` reads past the array's bytes: two readings, both judged."""
+    from dtypecheck.loaders._io.joblib_pickles import WRAPPER, array_bytes
+
+    if WRAPPER not in plain.globals:
+        return plain
+    joblib = _stream_globals(Window(buffer, 0, size), where, 1, array_bytes)
+    if joblib.problem is None and not plain.limited:  # the plain reading broke off in an array's bytes, as
+        plain = replace(plain, problem=None)  # pickle.load does there: its globals until then still count
+    return merged(plain, joblib)
+
+
+def inflated_globals(path: Path) -> tuple[PickleReport | None, str | None]:
+    """(globals, why it was not read) of the pickle a compressed ``path`` holds, read as ``joblib.load`` (by
+    its first bytes) and ``pandas.read_pickle`` (by its name) inflate it; (None, None) when it is not compressed,
+    or holds no pickle. A file named as a pickle (``extra.joblib``, ``x.pkl.gz``) is unpickled whatever it inflates
+    to; any other only when it inflates to a pickle of protocol 2 or later (``joblib.load`` takes any name)."""
+    from dtypecheck.loaders._io.joblib_pickles import compression, inflate, pickle_named
+
+    with path.open("rb") as handle:
+        kind = compression(handle.read(8))
+    named = pickle_named(path)
+    if kind is None or (kind == "zstd" and not named):  # only pandas reads zstd, and by the name
+        return None, None
+    inflated = inflate(path, kind, None if named else looks_like_pickle)
+    if inflated is None:
+        return None, None
+    if inflated.refused is not None:
+        return None, inflated.refused
+    where, data = f"{path} ({inflated.kind}-compressed)", inflated.data
+    report = _with_joblib_arrays(_stream_globals(Window(data, 0, len(data)), where, 1), data, len(data), where)
+    if inflated.problem is not None and report.problem is None:
+        report = PickleReport(report.globals, inflated.problem, report.limited, report.differential)
+    return report, None
 
 
 def _zip_globals(buffer: mmap.mmap, size: int, where: str) -> PickleReport:
@@ -210,8 +247,12 @@ def side_file_findings(path: Path, label: str) -> list[Finding]:
         return [replace(f, detail=f"{f.detail} (in {label})") if f.kind == "pickle-global" else f for f in found]
     try:
         report = file_globals(path)
+        inflated, refused = inflated_globals(path)
     except (InputError, OSError, ValueError) as exc:
         return [Finding("unreadable-file", "warn", f"{label}: cannot be read for pickle globals ({exc})")]
+    if inflated is not None:  # compressed: torch.load of the compressed bytes stops at once, and runs nothing
+        report = merged(inflated, report) if report.globals else inflated
+    unread = [] if refused is None else [Finding("unreadable-file", "fail", f"{label}: {refused}")]
     # A name that is not made of identifiers cannot be imported: pickle.load fails there and runs nothing (random
     # bytes read as a pickle often hold such a GLOBAL opcode).
     refs = [ref for ref in report.globals if importable(ref)]
@@ -222,7 +263,7 @@ def side_file_findings(path: Path, label: str) -> list[Finding]:
         findings.append(Finding("unreadable-file", "fail", detail))
     elif report.problem is not None and refs:
         findings.append(Finding("unreadable-file", "warn", f"{label}: pickle breaks off ({report.problem})"))
-    return worst_first(findings)
+    return worst_first(findings + unread)
 
 
 def polyglot_findings(buffer: mmap.mmap, size: int, where: str, own: str) -> list[Finding]:

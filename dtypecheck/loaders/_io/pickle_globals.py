@@ -149,6 +149,9 @@ VETTED: dict[str, str] = {
     "transformers.debug_utils.DebugOption": "enum",
     "transformers.utils.generic.PaddingStrategy": "enum",
     "accelerate.utils.dataclasses.DistributedType": "enum",
+    # joblib.dump's stand-in for a numpy array (sklearn models, scalers): joblib.load reads the array's bytes after
+    # it (pickle_files reads past them the same way), and importing joblib runs only joblib's own code
+    "joblib.numpy_pickle.NumpyArrayWrapper": "state",
 }
 """Framework classes rebuilt only as plain data (``warn``), each with the one way a pickle may use it: ``state``
 (a bare instance, then ``BUILD`` of a plain ``__dict__``) or ``enum`` (called with one plain value: a member

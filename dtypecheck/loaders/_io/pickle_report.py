@@ -27,3 +27,19 @@ class PickleReport:
 def lenient_persistent_id(pid: Any) -> Any:
     """A ``persistent_load`` that returns the id itself: the pickle is read for its globals, not its storages."""
     return pid
+
+
+def merged(*reports: PickleReport) -> PickleReport:
+    """One report of several readings of a file (``torch.load``'s, ``joblib.load``'s): every global once, with
+    every use any reading saw; the first reading's problem first."""
+    uses: dict[GlobalRef, frozenset[str]] = {}
+    for report in reports:
+        for ref in report.globals:
+            uses[ref] = uses.get(ref, frozenset()) | ref.uses
+    problems = [report.problem for report in reports if report.problem]
+    return PickleReport(
+        tuple(GlobalRef(ref.module, ref.name, kinds) for ref, kinds in uses.items()),
+        problems[0] if problems else None,
+        any(report.limited for report in reports),
+        tuple(finding for report in reports for finding in report.differential),
+    )

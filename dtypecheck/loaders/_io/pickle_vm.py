@@ -132,6 +132,7 @@ class IdentityKey:
 
 CallHook = Callable[[Any, tuple[Any, ...], "dict[Any, Any] | None"], Any]
 PersistentHook = Callable[[Any], Any]
+BuildHook = Callable[["SafeUnpickler", Any], None]
 
 
 def default_call(factory: Any, args: tuple[Any, ...], kwargs: dict[Any, Any] | None) -> Any:
@@ -173,16 +174,20 @@ class SafeUnpickler:
 
     def __init__(
         self,
-        data: bytes | io.RawIOBase,
+        data: bytes | io.RawIOBase | io.BytesIO,
         *,
         where: str,
         call: CallHook = default_call,
         persistent_load: PersistentHook | None = None,
+        after_build: BuildHook | None = None,
     ) -> None:
         self.stream: io.RawIOBase | io.BytesIO = io.BytesIO(data) if isinstance(data, bytes) else data
         self.where = where
         self.call = call
         self.persistent_load = persistent_load
+        self.after_build = after_build
+        """Called with the object each ``BUILD`` gave its state, before the next opcode is read: an unpickler that
+        reads more of the stream there (joblib's, for a numpy array's bytes) is followed by reading it too."""
         self.globals_seen: list[GlobalRef] = []
         self._seen: set[GlobalRef] = set()
         self._index: dict[GlobalRef, int] = {}
@@ -233,6 +238,13 @@ class SafeUnpickler:
         kind = SIZED_CALLS.get(factory.qualname)
         if kind is not None and _size(kind, (*args, *(kwargs or {}).values())) > SIZE_LIMIT:
             self._use(factory, "sized")
+
+    def absorb(self, refs: list[GlobalRef]) -> None:
+        """Count the globals of another pickle (one nested in this stream) as this one's, with their uses."""
+        for ref in refs:
+            mine = self._global(ref.module, ref.name)
+            for kind in ref.uses:
+                self._use(mine, kind)
 
     def _use(self, ref: GlobalRef, kind: str) -> None:
         index = self._index.get(ref)
@@ -397,6 +409,8 @@ class SafeUnpickler:
             elif op == "BUILD":
                 state = pop()
                 self._build(top(), state)
+                if self.after_build is not None:
+                    self.after_build(self, top())
             elif op in {"PERSID", "BINPERSID"}:
                 pid = arg if op == "PERSID" else pop()
                 if self.persistent_load is None:

@@ -19,7 +19,11 @@ from dtypecheck.loaders.formats import checkpoint_suffixes
 from dtypecheck.loaders.formats.side_files import is_file
 
 MAX_INDEX_BYTES = 64 * 1024 * 1024
-INDEX_PREFERENCE = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+INDEX_PREFERENCE = (
+    "model.safetensors.index.json", "diffusion_pytorch_model.safetensors.index.json", "pytorch_model.bin.index.json",
+    "diffusion_pytorch_model.bin.index.json",
+)  # fmt: skip
+"""The index read when a folder holds several (the safetensors one first, as ``from_pretrained`` loads it)."""
 SAME_WEIGHTS = (("model.safetensors", "pytorch_model.bin"), ("adapter_model.safetensors", "adapter_model.bin"))
 """Hugging Face folders often hold the same weights twice; the safetensors copy is read."""
 _DIFFUSERS_WEIGHTS = ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.bin")
@@ -63,15 +67,40 @@ CHECKPOINT_SUFFIXES = checkpoint_suffixes()
 def open_index_folder(folder: Path, open_file: OpenFile) -> Checkpoint:
     """A folder holding a ``*.index.json`` with its shards (the safetensors index preferred), each shard opened
     by ``open_file``."""
-    indexes = sorted(folder.glob("*.index.json"))
-    preferred = [folder / name for name in INDEX_PREFERENCE if (folder / name).is_file()]
-    sharded = open_sharded(preferred[0] if preferred else indexes[0], open_file)
+    index = preferred_index(folder)
+    if index is None:
+        raise InputError(f"{folder}: no *.index.json file in this folder")
+    sharded = open_sharded(index, open_file)
     try:
-        sharded.add_findings(side_findings(folder, {Path(part.source) for part in sharded.parts()}))
+        sharded.add_findings(side_findings(folder, _scanned({index: sharded})))
     except BaseException:
         sharded.close()
         raise
     return sharded
+
+
+def preferred_index(folder: Path) -> Path | None:
+    """The shard index ``from_pretrained`` would load ``folder`` through: ``INDEX_PREFERENCE``'s first, else a
+    safetensors index, else any ``*.index.json``; None when there is none."""
+    indexes = sorted(p for p in folder.glob("*.index.json") if not p.is_dir())  # a FIFO is read, and refused
+    preferred = [folder / name for name in INDEX_PREFERENCE if is_file(folder / name)]
+    safetensors = [p for p in indexes if p.name.endswith(".safetensors.index.json")]
+    return next(iter(preferred + safetensors + indexes), None)
+
+
+def _is_index(path: Path) -> bool:
+    return path.name.endswith(".index.json")
+
+
+def _scanned(opened: dict[Path, Checkpoint]) -> set[Path]:
+    """The files read for tensors: each opened file, or for an index the shards it names."""
+    scanned: set[Path] = set()
+    for path, checkpoint in opened.items():
+        if _is_index(path):
+            scanned.update(Path(part.source) for part in checkpoint.parts())
+        else:
+            scanned.add(path)
+    return scanned
 
 
 def open_folder(folder: Path, open_file: OpenFile, sniff: Callable[[Path], bool]) -> Checkpoint:
@@ -112,11 +141,16 @@ def open_folder(folder: Path, open_file: OpenFile, sniff: Callable[[Path], bool]
 def _open_pipeline(folder: Path, open_file: OpenFile, sniff: Callable[[Path], bool]) -> Checkpoint:
     """A diffusers pipeline folder (``model_index.json``, weights only in its components' subfolders: ``unet/``,
     ``vae/``, ``text_encoder/``...): the checkpoint files directly in each subfolder are read, their tensors named
-    ``SUBFOLDER/STEM.NAME``; every file of the folder is judged as ``side_findings`` judges them. A component's
-    shard index is not checked against its shards (each shard is read on its own)."""
+    ``SUBFOLDER/STEM.NAME``; a sharded component is read through its index as ``from_pretrained`` loads it
+    (``open_sharded``: a shard named outside the folder or missing fails, the index is checked against the shards);
+    every other file of the folder is judged as ``side_findings`` judges them."""
     subfolders = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
     files: list[Path] = []
     for sub in subfolders:
+        index = preferred_index(sub)
+        if index is not None:
+            files.append(index)
+            continue
         found = sorted(p for p in sub.iterdir() if p.is_file() and not p.name.startswith(".") and sniff(p))
         names = {p.name for p in found}
         for safetensors, duplicate in (*SAME_WEIGHTS, _DIFFUSERS_WEIGHTS):
@@ -125,11 +159,20 @@ def _open_pipeline(folder: Path, open_file: OpenFile, sniff: Callable[[Path], bo
         files.extend(found)
     if not files:
         raise InputError(f"{folder}: a diffusers pipeline (model_index.json) with no component weights found")
-    opened, unread, side = _open_judged(folder, files, open_file)
+
+    def open_component(path: Path) -> Checkpoint:
+        return open_sharded(path, open_file, f"{path.parent.name}/{path.name}") if _is_index(path) else open_file(path)
+
+    opened, unread, side = _open_judged(folder, files, open_component)
     parts: list[Checkpoint] = [
-        PrefixedCheckpoint(part, f"{path.parent.name}/{path.stem}.") for path, part in opened.items()
+        PrefixedCheckpoint(part, f"{path.parent.name}/{_weights_stem(path)}.") for path, part in opened.items()
     ]
     return CompositeCheckpoint(str(folder), "folder", parts, unread + side)
+
+
+def _weights_stem(path: Path) -> str:
+    """``diffusion_pytorch_model`` for that file, and for its shard index (``....safetensors.index.json``)."""
+    return Path(path.name.removesuffix(".index.json")).stem if _is_index(path) else path.stem
 
 
 def side_findings(folder: Path, scanned: set[Path]) -> list[Finding]:
@@ -173,7 +216,7 @@ def _open_judged(
     closed again when that judging refuses the folder."""
     opened, unread = _open_each(files, open_file)
     try:
-        side = side_findings(folder, set(opened))
+        side = side_findings(folder, _scanned(opened))
     except BaseException:
         for part in opened.values():
             part.close()
@@ -231,8 +274,9 @@ def _read_index(index: Path) -> tuple[dict[str, str], Any]:
     return weight_map, total_size
 
 
-def open_sharded(index: Path, open_file: OpenFile) -> CompositeCheckpoint:
-    """A Hugging Face sharded checkpoint; the index is checked against what the shards hold."""
+def open_sharded(index: Path, open_file: OpenFile, label: str = "") -> CompositeCheckpoint:
+    """A Hugging Face sharded checkpoint; the index is checked against what the shards hold. ``label`` (the
+    index's path in a pipeline folder) starts each finding's detail."""
     folder = index.parent
     weight_map, total_size = _read_index(index)
     findings: list[Finding] = []
@@ -273,4 +317,6 @@ def open_sharded(index: Path, open_file: OpenFile) -> CompositeCheckpoint:
         findings.append(
             Finding("index-total-size", "warn", f"index metadata.total_size {total_size} != {real_total} bytes")
         )
+    if label:
+        findings = [replace(f, detail=f"{label}: {f.detail}") for f in findings]
     return CompositeCheckpoint(str(folder), "hf-sharded", parts, findings)

@@ -15,11 +15,13 @@ from tests.security.gate import (
     benign,
     bounded,
     code_globals,
+    compressed_pickles,
     library_loaders,
     model_folders,
     readings,
     roles,
     shipped_config,
+    sized_calls,
     stored_callables,
     tracebacks,
 )
@@ -35,4 +37,6 @@ GATE_BUILDERS: dict[str, Callable[[Path], list[Hostile]]] = {
     "folder-loaders": model_folders.build,
     "stored-callables": stored_callables.build,
     "library-loaders": library_loaders.build,
+    "compressed-pickles": compressed_pickles.build,
+    "sized-calls": sized_calls.build,
 }
