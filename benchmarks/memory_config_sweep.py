@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import signal
 import statistics
 import sys
@@ -166,13 +167,37 @@ def estimate_type(model_type: str, folder: Path, *, tiny: bool, seq_len: int = 1
     except InputError as exc:
         # Batch norm refuses to train on one value per channel (torch itself raises): such a model trains at
         # batch 2 at the least, and is estimated there (its row says so).
-        if BATCH_NORM_AT_ONE not in exc.message():
+        if BATCH_NORM_AT_ONE in exc.message():
+            return estimate_memory(str(folder), options, seq_len=seq_len, batch_size=2)
+        if not rope_sections_fit(config, exc.message()):
             raise
-    return estimate_memory(str(folder), options, seq_len=seq_len, batch_size=2)
+    (shrunk(config) if tiny else config).to_json_file(str(folder / "config.json"))
+    return estimate_memory(str(folder), options, seq_len=seq_len)
 
 
 BATCH_NORM_AT_ONE = "Expected more than 1 value per channel when training"
 """What batch norm raises in training at one value per channel: the sweep's batch of 1 is then 2."""
+ROPE_SECTIONS = re.compile(r"in module '[\w.]*rotary_emb'.*sum exactly to (\d+) .*split_sizes=\[([\d, ]+)\]")
+"""What an M-RoPE rotary embedding raises when its sections (temporal, height, width) do not split its width."""
+
+
+def rope_sections_fit(config: Any, message: str) -> bool:
+    """Whether ``message`` says the config's M-RoPE sections do not add up to its rotary width, and if so, set
+    sections of that width in the same proportions. GLM-4V's defaults leave the sections to its code's [8, 12, 12]
+    (32 frequencies) beside a 128-wide rotary head (64; its checkpoints rotate half the head, 32), and GLM-4.5V's
+    96 heads of 4096 leave 42 (its checkpoints' heads are 128 wide): the rope's width barely moves the memory."""
+    found = ROPE_SECTIONS.search(message)
+    if found is None:
+        return False
+    width, sections = int(found.group(1)), [int(v) for v in found.group(2).split(",")]
+    fitted = [width * v // sum(sections) for v in sections]
+    fitted[0] += width - sum(fitted)
+    for holder in (getattr(config, "text_config", None), config):
+        rope = getattr(holder, "rope_parameters", None)
+        if isinstance(rope, dict):
+            rope["mrope_section"] = fitted
+            return True
+    return False
 
 
 def _reason(exc: BaseException) -> str:
