@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import re
 import signal
 import statistics
@@ -144,9 +145,27 @@ def coherent(config: Any) -> Any:
     vocab = getattr(text, "vocab_size", None)
     if "num_query_tokens" in vars(config) and vars(config).get("image_token_index", 0) is None and vocab:
         config.image_token_index = vocab - 1
-    # A retriever wrapping a VLM (ColQwen2's Qwen2-VL) has that VLM's defaults, paired as the VLM's are.
-    if getattr(config, "vlm_config", None) is not None:
-        coherent(config.vlm_config)
+    # A projector that merges the tower's patch grid by a factor (Idefics3's and SmolVLM's pixel shuffle,
+    # ModernVBERT's) or pools it to a square of image tokens (Gemma 3's 256) needs a grid it divides; the defaults
+    # take the base SigLIP/Idefics tower's 224 pixels (7 or 14 patches a side), which released checkpoints
+    # replace (512 or 896): the image is made the next size up whose grid divides.
+    merge = vars(config).get("scale_factor") or vars(config).get("pixel_shuffle_factor")
+    tokens = vars(config).get("mm_tokens_per_image")
+    per_side = merge if isinstance(merge, int) else math.isqrt(tokens) if isinstance(tokens, int) else 0
+    side, patch = getattr(vision, "image_size", None), getattr(vision, "patch_size", None)
+    if (
+        vision is not None
+        and per_side > 1
+        and isinstance(side, int)
+        and isinstance(patch, int)
+        and (side // patch) % per_side
+    ):
+        vision.image_size = -(-(side // patch) // per_side) * per_side * patch
+    # A retriever wrapping a VLM (ColQwen2's Qwen2-VL) has that VLM's defaults, paired as the VLM's are, and so
+    # has an encoder-decoder's multimodal encoder (T5Gemma 2's).
+    for wrapped in ("vlm_config", "encoder"):
+        if getattr(config, wrapped, None) is not None and hasattr(getattr(config, wrapped), "to_dict"):
+            coherent(getattr(config, wrapped))
     return config
 
 
