@@ -1,6 +1,7 @@
 """Fixes of the real-size config sweep's failures by family (issue 28.1): GLM-4V's rope sections fitted to its
 rotary width; Idefics3-style models' count of real images, read after their mask is taken as all true, and their
-pixel shuffle given a grid it divides; each checked at tiny size against MemTracker."""
+pixel shuffle given a grid it divides; the codecs' padding read from constants their constructors make; each
+checked at tiny size against MemTracker."""
 
 from __future__ import annotations
 
@@ -127,3 +128,36 @@ def test_a_retriever_wrapping_an_idefics_style_vlm_gets_its_images_and_their_siz
     found = hf_inputs(model, config, "Model", 1, 16, train=False, labels=False, real=False)
     # Before: (1, 3, 224, 224), "not enough values to unpack (expected 5, got 4)".
     assert tuple(found["pixel_values"].shape) == (1, 1, 3, 64, 64)
+
+
+def _encodec():
+    return transformers.EncodecConfig(
+        hidden_size=16, num_filters=4, upsampling_ratios=[4, 2], codebook_size=32, codebook_dim=16,
+        num_lstm_layers=1, sampling_rate=800,
+    )  # fmt: skip
+
+
+def test_a_codec_reads_its_padding_from_the_constants_its_constructor_made(tmp_path):
+    # Encodec's convolutions keep their stride and kernel size as buffers made of Python ints, and read them to
+    # pad (``.item()``); on the meta device they had no values ("aten._local_scalar_dense.default ... depends on
+    # tensor values the trace does not know"). Its inference is exact; its training step is -40% against
+    # MemTracker (2,924,944 of 4,874,580 bytes), open: DAC's, another codec's, is exact.
+    _encodec().to_json_file(str(tmp_path / "config.json"))
+    report = estimate_memory(str(tmp_path), FP32, measure=True, seq_len=16)
+    inference = next(m for m in report.measurements if str(m.mode) == "inference")
+    assert abs(inference.error) <= 0.05, report.measurements
+
+
+def test_a_constructors_constant_meeting_a_meta_tensor_joins_it():
+    from dtypecheck.memory.fakes import on_meta_without_init
+
+    with on_meta_without_init():
+        stride = torch.tensor(2, dtype=torch.int64)
+        ramp = torch.arange(4)
+        joined = torch.cat([torch.tensor([7]), ramp])  # LayoutLMv3's box of its [CLS] token before its patches'
+        wide = torch.tensor(list(range(65)))
+    assert stride.device.type == "cpu"
+    assert int(stride) == 2
+    assert ramp.device.type == "meta"
+    assert joined.device.type == "meta"
+    assert wide.device.type == "meta"  # past CONSTANT_LIMIT elements
