@@ -100,7 +100,7 @@ def _meta_except_constants() -> Any:
             if any(t.device.type != "meta" for t in tensors) and any(t.device.type == "meta" for t in tensors):
                 # Such a constant meeting a meta tensor (LayoutLMv3's box cat with its patch boxes) joins it there.
                 args, kwargs = tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, (args, kwargs))
-            return super().__torch_function__(func, types, args, kwargs)
+            return super().__torch_function__(func, types, args, kwargs)  # type: ignore[no-untyped-call]
 
     return MetaExceptConstants("meta")
 

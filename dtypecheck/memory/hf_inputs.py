@@ -19,16 +19,18 @@ CLASSIFIER_HEADS = ("ImageClassification", "AudioClassification", "SequenceClass
 """Heads whose labels are one class (or, for a regression, one float per output) per sample."""
 
 
-SUB_CONFIGS = (
-    "vision_config", "audio_config", "encoder_config", "text_config", "encoder", "backbone_config", "vlm_config",
-)  # fmt: skip
-"""Where a config keeps the configs of its towers (a retriever's wrapped VLM: ColModernVBERT's)."""
+SUB_CONFIGS = ("vision_config", "audio_config", "encoder_config", "text_config", "encoder", "backbone_config")
+"""Where a config keeps the configs of its towers."""
 
 
 def _sources(config: Any) -> list[Any]:
-    """The config, its sub-configs, then theirs (T5Gemma 2's encoder's vision tower, a retriever's VLM's)."""
+    """The config, its sub-configs, then theirs and those of the VLM a retriever wraps (T5Gemma 2's encoder's
+    vision tower, ColModernVBERT's VLM's; the wrapped config's own top-level values, such as a default vocabulary
+    its text config replaces, are not read)."""
     subs = [s for s in (getattr(config, name, None) for name in SUB_CONFIGS) if s is not None]
-    deeper = [s for sub in subs for s in (getattr(sub, name, None) for name in SUB_CONFIGS) if s is not None]
+    holders = [*subs, getattr(config, "vlm_config", None)]
+    found = (getattr(sub, name, None) for sub in holders if sub is not None for name in SUB_CONFIGS)
+    deeper = [s for s in found if s is not None]
     return [config, *subs, *deeper]
 
 
