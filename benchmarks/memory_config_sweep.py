@@ -145,6 +145,12 @@ def coherent(config: Any) -> Any:
     vocab = getattr(text, "vocab_size", None)
     if "num_query_tokens" in vars(config) and vars(config).get("image_token_index", 0) is None and vocab:
         config.image_token_index = vocab - 1
+    # HunYuan's and Ministral's defaults leave ``head_dim`` None, which their attention raises to a power; their
+    # rotary embedding (and Mixtral's and MiniMax's attention, for the same None) take the width over the heads.
+    for holder in (config, text):
+        heads, hidden = getattr(holder, "num_attention_heads", None), getattr(holder, "hidden_size", None)
+        if holder is not None and "head_dim" in vars(holder) and holder.head_dim is None and heads and hidden:
+            holder.head_dim = hidden // heads
     # A projector that merges the tower's patch grid by a factor (Idefics3's and SmolVLM's pixel shuffle,
     # ModernVBERT's) or pools it to a square of image tokens (Gemma 3's 256) needs a grid it divides; the defaults
     # take the base SigLIP/Idefics tower's 224 pixels (7 or 14 patches a side), which released checkpoints

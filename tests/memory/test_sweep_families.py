@@ -1,7 +1,7 @@
 """Fixes of the real-size config sweep's failures by family (issue 28.1): GLM-4V's rope sections fitted to its
 rotary width; Idefics3-style models' count of real images, read after their mask is taken as all true, and their
-pixel shuffle given a grid it divides; the codecs' padding read from constants their constructors make; each
-checked at tiny size against MemTracker."""
+pixel shuffle given a grid it divides; the codecs' padding read from constants their constructors make; an unset
+head width given the width over the heads (Ministral, HunYuan); each checked at tiny size against MemTracker."""
 
 from __future__ import annotations
 
@@ -161,3 +161,15 @@ def test_a_constructors_constant_meeting_a_meta_tensor_joins_it():
     assert ramp.device.type == "meta"
     assert joined.device.type == "meta"
     assert wide.device.type == "meta"  # past CONSTANT_LIMIT elements
+
+
+def test_the_sweep_gives_an_unset_head_width_the_width_over_the_heads(tmp_path):
+    from benchmarks.memory_config_sweep import coherent
+
+    # Ministral's and HunYuan's defaults leave head_dim None, which their attention raises to a power ("unsupported
+    # operand type(s) for ** or pow(): 'NoneType' and 'float'").
+    config = transformers.MinistralConfig(**TEXT, head_dim=None)
+    assert coherent(config).head_dim == 16
+    _within_5_percent_of_memtracker(tmp_path, config)
+    mixtral = transformers.MixtralConfig()  # whose code takes the same width for None: left as it would build
+    assert coherent(mixtral).head_dim == mixtral.hidden_size // mixtral.num_attention_heads
