@@ -151,6 +151,10 @@ def coherent(config: Any) -> Any:
         heads, hidden = getattr(holder, "num_attention_heads", None), getattr(holder, "hidden_size", None)
         if holder is not None and "head_dim" in vars(holder) and holder.head_dim is None and heads and hidden:
             holder.head_dim = hidden // heads
+        # Nemotron's leave ``num_key_value_heads`` None, which its attention divides by: as many as the heads
+        # (plain multi-head attention), as Llama's config makes of None.
+        if holder is not None and "num_key_value_heads" in vars(holder) and holder.num_key_value_heads is None:
+            holder.num_key_value_heads = heads
     # A projector that merges the tower's patch grid by a factor (Idefics3's and SmolVLM's pixel shuffle,
     # ModernVBERT's) or pools it to a square of image tokens (Gemma 3's 256) needs a grid it divides; the defaults
     # take the base SigLIP/Idefics tower's 224 pixels (7 or 14 patches a side), which released checkpoints

@@ -1,7 +1,8 @@
 """Fixes of the real-size config sweep's failures by family (issue 28.1): GLM-4V's rope sections fitted to its
 rotary width; Idefics3-style models' count of real images, read after their mask is taken as all true, and their
 pixel shuffle given a grid it divides; the codecs' padding read from constants their constructors make; an unset
-head width given the width over the heads (Ministral, HunYuan); each checked at tiny size against MemTracker."""
+head width given the width over the heads (Ministral, HunYuan), unset key-value heads one per head (Nemotron);
+each checked at tiny size against MemTracker."""
 
 from __future__ import annotations
 
@@ -173,3 +174,12 @@ def test_the_sweep_gives_an_unset_head_width_the_width_over_the_heads(tmp_path):
     _within_5_percent_of_memtracker(tmp_path, config)
     mixtral = transformers.MixtralConfig()  # whose code takes the same width for None: left as it would build
     assert coherent(mixtral).head_dim == mixtral.hidden_size // mixtral.num_attention_heads
+
+
+def test_the_sweep_gives_unset_key_value_heads_one_per_head(tmp_path):
+    from benchmarks.memory_config_sweep import coherent
+
+    # Nemotron's defaults leave num_key_value_heads None, which its attention divides by.
+    config = transformers.NemotronConfig(**{**TEXT, "num_key_value_heads": None})
+    assert coherent(config).num_key_value_heads == 2
+    _within_5_percent_of_memtracker(tmp_path, config)
