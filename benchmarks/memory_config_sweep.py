@@ -20,6 +20,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
+import re
 import signal
 import statistics
 import sys
@@ -143,9 +145,37 @@ def coherent(config: Any) -> Any:
     vocab = getattr(text, "vocab_size", None)
     if "num_query_tokens" in vars(config) and vars(config).get("image_token_index", 0) is None and vocab:
         config.image_token_index = vocab - 1
-    # A retriever wrapping a VLM (ColQwen2's Qwen2-VL) has that VLM's defaults, paired as the VLM's are.
-    if getattr(config, "vlm_config", None) is not None:
-        coherent(config.vlm_config)
+    # HunYuan's and Ministral's defaults leave ``head_dim`` None, which their attention raises to a power; their
+    # rotary embedding (and Mixtral's and MiniMax's attention, for the same None) take the width over the heads.
+    for holder in (config, text):
+        heads, hidden = getattr(holder, "num_attention_heads", None), getattr(holder, "hidden_size", None)
+        if holder is not None and "head_dim" in vars(holder) and holder.head_dim is None and heads and hidden:
+            holder.head_dim = hidden // heads
+        # Nemotron's leave ``num_key_value_heads`` None, which its attention divides by: as many as the heads
+        # (plain multi-head attention), as Llama's config makes of None.
+        if holder is not None and "num_key_value_heads" in vars(holder) and holder.num_key_value_heads is None:
+            holder.num_key_value_heads = heads
+    # A projector that merges the tower's patch grid by a factor (Idefics3's and SmolVLM's pixel shuffle,
+    # ModernVBERT's) or pools it to a square of image tokens (Gemma 3's 256) needs a grid it divides; the defaults
+    # take the base SigLIP/Idefics tower's 224 pixels (7 or 14 patches a side), which released checkpoints
+    # replace (512 or 896): the image is made the next size up whose grid divides.
+    merge = vars(config).get("scale_factor") or vars(config).get("pixel_shuffle_factor")
+    tokens = vars(config).get("mm_tokens_per_image")
+    per_side = merge if isinstance(merge, int) else math.isqrt(tokens) if isinstance(tokens, int) else 0
+    side, patch = getattr(vision, "image_size", None), getattr(vision, "patch_size", None)
+    if (
+        vision is not None
+        and per_side > 1
+        and isinstance(side, int)
+        and isinstance(patch, int)
+        and (side // patch) % per_side
+    ):
+        vision.image_size = -(-(side // patch) // per_side) * per_side * patch
+    # A retriever wrapping a VLM (ColQwen2's Qwen2-VL) has that VLM's defaults, paired as the VLM's are, and so
+    # has an encoder-decoder's multimodal encoder (T5Gemma 2's).
+    for wrapped in ("vlm_config", "encoder"):
+        if getattr(config, wrapped, None) is not None and hasattr(getattr(config, wrapped), "to_dict"):
+            coherent(getattr(config, wrapped))
     return config
 
 
@@ -166,13 +196,37 @@ def estimate_type(model_type: str, folder: Path, *, tiny: bool, seq_len: int = 1
     except InputError as exc:
         # Batch norm refuses to train on one value per channel (torch itself raises): such a model trains at
         # batch 2 at the least, and is estimated there (its row says so).
-        if BATCH_NORM_AT_ONE not in exc.message():
+        if BATCH_NORM_AT_ONE in exc.message():
+            return estimate_memory(str(folder), options, seq_len=seq_len, batch_size=2)
+        if not rope_sections_fit(config, exc.message()):
             raise
-    return estimate_memory(str(folder), options, seq_len=seq_len, batch_size=2)
+    (shrunk(config) if tiny else config).to_json_file(str(folder / "config.json"))
+    return estimate_memory(str(folder), options, seq_len=seq_len)
 
 
 BATCH_NORM_AT_ONE = "Expected more than 1 value per channel when training"
 """What batch norm raises in training at one value per channel: the sweep's batch of 1 is then 2."""
+ROPE_SECTIONS = re.compile(r"in module '[\w.]*rotary_emb'.*sum exactly to (\d+) .*split_sizes=\[([\d, ]+)\]")
+"""What an M-RoPE rotary embedding raises when its sections (temporal, height, width) do not split its width."""
+
+
+def rope_sections_fit(config: Any, message: str) -> bool:
+    """Whether ``message`` says the config's M-RoPE sections do not add up to its rotary width, and if so, set
+    sections of that width in the same proportions. GLM-4V's defaults leave the sections to its code's [8, 12, 12]
+    (32 frequencies) beside a 128-wide rotary head (64; its checkpoints rotate half the head, 32), and GLM-4.5V's
+    96 heads of 4096 leave 42 (its checkpoints' heads are 128 wide): the rope's width barely moves the memory."""
+    found = ROPE_SECTIONS.search(message)
+    if found is None:
+        return False
+    width, sections = int(found.group(1)), [int(v) for v in found.group(2).split(",")]
+    fitted = [width * v // sum(sections) for v in sections]
+    fitted[0] += width - sum(fitted)
+    for holder in (getattr(config, "text_config", None), config):
+        rope = getattr(holder, "rope_parameters", None)
+        if isinstance(rope, dict):
+            rope["mrope_section"] = fitted
+            return True
+    return False
 
 
 def _reason(exc: BaseException) -> str:

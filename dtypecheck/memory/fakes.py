@@ -53,8 +53,56 @@ def fakify_module(module: torch.nn.Module, mode: FakeTensorMode) -> torch.nn.Mod
                 continue
             if id(buffer) not in memo:
                 memo[id(buffer)] = fake_tensor(mode, buffer)
+                if buffer.device.type != "meta" and is_small_constant(buffer):
+                    # A constant the constructor made of Python numbers (Encodec's stride): its value is known.
+                    memo[id(buffer)].constant_value = buffer.detach().clone()
             sub._buffers[name] = memo[id(buffer)]
     return module
+
+
+CONSTANT_LIMIT = 64
+"""Elements of the largest constant a constructor makes of Python numbers that is kept off the meta device."""
+
+
+def is_small_constant(tensor: torch.Tensor) -> bool:
+    """An integer or boolean tensor of at most ``CONSTANT_LIMIT`` elements."""
+    return not (tensor.is_floating_point() or tensor.is_complex()) and tensor.numel() <= CONSTANT_LIMIT
+
+
+def _python_integers(data: Any) -> int | None:
+    """How many Python ints (or bools) ``data`` nests, or None if it holds anything else."""
+    if isinstance(data, int):
+        return 1
+    if isinstance(data, list | tuple):
+        counts = [_python_integers(v) for v in data]
+        return None if None in counts else sum(c for c in counts if c is not None)
+    return None
+
+
+def _meta_except_constants() -> Any:
+    """``torch.device("meta")``, except for the small integer constants a constructor makes of Python numbers
+    (``torch.tensor(stride)``): those stay real, on the CPU, so that the trace knows their values (Encodec's and
+    Mimi's convolutions read their padding from such buffers)."""
+    import torch
+    from torch.utils._device import DeviceContext
+    from torch.utils._pytree import tree_flatten, tree_map
+
+    class MetaExceptConstants(DeviceContext):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            if func is torch.tensor and args and kwargs.get("device") is None:
+                count = _python_integers(args[0])
+                dtype = kwargs.get("dtype")
+                integral = dtype is None or not (dtype.is_floating_point or dtype.is_complex)
+                if count is not None and count <= CONSTANT_LIMIT and integral:
+                    return func(*args, **kwargs)
+            tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+            if any(t.device.type != "meta" for t in tensors) and any(t.device.type == "meta" for t in tensors):
+                # Such a constant meeting a meta tensor (LayoutLMv3's box cat with its patch boxes) joins it there.
+                args, kwargs = tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, (args, kwargs))
+            return super().__torch_function__(func, types, args, kwargs)  # type: ignore[no-untyped-call]
+
+    return MetaExceptConstants("meta")
 
 
 def fake_inputs(mode: FakeTensorMode, value: Any) -> Any:
@@ -97,7 +145,6 @@ def on_meta_without_init() -> Iterator[None]:
     """Build modules on the meta device with ``torch.nn.init``'s in-place initialisers made no-ops: a meta tensor
     has no values to fill, and the meta ``normal_`` runs through Python references that import torch._dynamo
     (seconds) on first use."""
-    import torch
     from torch.nn import init
 
     names = [name for name in dir(init) if name.endswith("_") and not name.startswith("_")]
@@ -109,7 +156,7 @@ def on_meta_without_init() -> Iterator[None]:
     try:
         for name in names:
             setattr(init, name, keep)
-        with torch.device("meta"):
+        with _meta_except_constants():
             yield
     finally:
         for name, original in originals.items():

@@ -19,9 +19,19 @@ CLASSIFIER_HEADS = ("ImageClassification", "AudioClassification", "SequenceClass
 """Heads whose labels are one class (or, for a regression, one float per output) per sample."""
 
 
+SUB_CONFIGS = ("vision_config", "audio_config", "encoder_config", "text_config", "encoder", "backbone_config")
+"""Where a config keeps the configs of its towers."""
+
+
 def _sources(config: Any) -> list[Any]:
-    subs = ("vision_config", "audio_config", "encoder_config", "text_config", "encoder", "backbone_config")
-    return [config, *(s for s in (getattr(config, name, None) for name in subs) if s is not None)]
+    """The config, its sub-configs, then theirs and those of the VLM a retriever wraps (T5Gemma 2's encoder's
+    vision tower, ColModernVBERT's VLM's; the wrapped config's own top-level values, such as a default vocabulary
+    its text config replaces, are not read)."""
+    subs = [s for s in (getattr(config, name, None) for name in SUB_CONFIGS) if s is not None]
+    holders = [*subs, getattr(config, "vlm_config", None)]
+    found = (getattr(sub, name, None) for sub in holders if sub is not None for name in SUB_CONFIGS)
+    deeper = [s for s in found if s is not None]
+    return [config, *subs, *deeper]
 
 
 def size_of(config: Any, name: str, default: int) -> int:
@@ -149,6 +159,9 @@ def hf_inputs(
         return torch.zeros(shape, dtype=torch.long)
 
     main = getattr(model, "main_input_name", "input_ids")
+    # A retriever's wrapped VLM (ColModernVBERT's ``vlm``) takes the inputs its forward passes on.
+    wrapped = getattr(getattr(model, "vlm", None), "forward", None)
+    inner = accepted | (set(inspect.signature(wrapped).parameters) if wrapped is not None else set())
     kwargs: dict[str, Any] = {}
     if "input_ids" in accepted and (main == "input_ids" or "input_ids" in required or "pixel_values" in accepted):
         kwargs["input_ids"] = ids(batch, seq)
@@ -169,7 +182,7 @@ def hf_inputs(
         height, width = (side[0], side[-1])
         channels = size_of(config, "num_channels", 3)
         frames = size_of(config, "num_frames", 0)
-        if not frames and "pixel_attention_mask" in accepted and "spatial_shapes" not in accepted:
+        if not frames and "pixel_attention_mask" in inner and "spatial_shapes" not in inner:
             # Idefics-style models take each sample's images, (batch, images, C, H, W) beside a mask of their
             # padded pixels (not given: every pixel real): one image a sample. (A mask beside spatial shapes is
             # a NaFlex tower's, over flat patches: SigLIP2, LFM2-VL.)
@@ -532,6 +545,9 @@ def _count_features(model: torch.nn.Module, features: Any, kwargs: dict[str, Any
     modes = reversed(_get_current_dispatch_mode_stack())
     shadows = next((found for m in modes if (found := getattr(m, "shadows", None)) is not None), None)
     known = KnownValuesMode(shadows) if shadows is not None else contextlib.nullcontext()
+    if shadows is not None:
+        # The images' zeros stand for data, as in the pass: Idefics3 drops the images all of whose pixels are 0.
+        shadows.forget_data({"pixel_values": kwargs["pixel_values"], **extra})
     try:
         with _disable_current_modes(), torch.no_grad(), fake_mode or contextlib.nullcontext(), known:
             out = features(pixel_values=kwargs["pixel_values"], **extra)

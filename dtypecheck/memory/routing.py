@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from dtypecheck.memory.recipes import Recipes
 from dtypecheck.memory.workspaces import op_name, run_op
 
 if TYPE_CHECKING:
@@ -74,6 +75,17 @@ MASK_NOTE = (
     "{count} boolean mask(s) of values the trace does not know taken as selecting everything (the most memory: "
     "Idefics' real-image mask, every image real)"
 )
+
+
+READS_VALUES = frozenset(
+    (
+        "aten._local_scalar_dense.default",
+        "aten.nonzero.default",
+        "aten.repeat_interleave.Tensor",
+        "aten.bincount.default",
+    )
+)
+"""Ops that read their input's values (a count, positions): an unknown input's recipe is replayed for them."""
 
 
 class DataDependentOpError(Exception):
@@ -181,6 +193,8 @@ class Shadows:
         """Unknown boolean masks indexed with, taken as all true."""
         self.assumed_finite = 0
         """Finiteness checks of unknown values, taken as all finite."""
+        self.recipes = Recipes()
+        """How unknown small integer and boolean tensors were made: their values once their sources are known."""
 
     def notes(self) -> tuple[str, ...]:
         routing = tuple(ROUTING_NOTE.format(k=k, experts=e) for k, e in sorted(self.routed))
@@ -203,6 +217,8 @@ class Shadows:
         tensors = tensors_in(args, kwargs, torch.Tensor)
         known = all(t in self.values for t in tensors)
         name = op_name(func)
+        if not known and tensors and name in READS_VALUES:
+            known = all(self._replayed(t) for t in tensors)
         if name == "aten._local_scalar_dense.default":
             if known and tensors:
                 with unset_fake_temporarily():
@@ -225,7 +241,22 @@ class Shadows:
             self._follow(func, args, kwargs, out)
         else:
             self._forget_mutated(func, args)
+            if isinstance(out, torch.Tensor | list | tuple):
+                self.recipes.record(func, args, kwargs, out, self._known)
         return out
+
+    def _known(self, tensor: torch.Tensor) -> torch.Tensor | None:
+        return self.values[tensor] if tensor in self.values else None  # noqa: SIM401  (no ``get``)
+
+    def _replayed(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor``'s value is known, worked out from its recipe where it was not."""
+        if tensor in self.values:
+            return True
+        real = self.recipes.replay(tensor, self._known)
+        if real is None or tuple(real.shape) != tuple(tensor.shape):
+            return False
+        self.values[tensor] = real
+        return True
 
     # --- helpers ----------------------------------------------------------------------------------------
 
@@ -285,6 +316,7 @@ class Shadows:
         for argument, value in zip(func._schema.arguments, args, strict=False):
             if argument.alias_info is not None and argument.alias_info.is_write and isinstance(value, torch.Tensor):
                 self.values.pop(value, None)
+                self.recipes.forget(value)
 
     def _balance(self, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         """A top-k's indices become a balanced routing: row ``r`` picks ``(r*k + j) mod E`` for ``j < k``."""

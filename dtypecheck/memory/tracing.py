@@ -615,6 +615,9 @@ def trace_pass(
     tracker.attributing = attribute
     for tensor in (*module.parameters(), *module.buffers()):
         tracker.register_external(tensor)
+        constant = getattr(tensor, "constant_value", None)
+        if constant is not None:
+            shadows.values[tensor] = constant  # a constant the constructor made (fakes.fakify_module)
     hooks = []
     graded: set[int] = set()
 
