@@ -24,8 +24,7 @@ PROVE_BY_LOADER = textwrap.dedent(
     warnings.simplefilter("ignore")
     sys.path.insert(0, os.getcwd())  # as a script run from this folder imports its neighbours
     import torch
-    loader = sys.argv[1]
-    for path in sys.argv[2:]:
+    for loader, path in zip(sys.argv[1::2], sys.argv[2::2]):  # (loader, path) pairs
         try:
             if loader == "jit.load":
                 torch.jit.load(path)
@@ -112,29 +111,28 @@ def exhausts(path: Path, timeout: float = 20) -> tuple[bool, str]:
 
 
 def prove_live(hostiles: list[Hostile], timeout: float = 300) -> set[str]:
-    """Read every payload-carrying input as its ``loader`` would, each group (same working folder, same loader) in
-    one throwaway process; the names of those whose canary then exists (canaries are removed first). A
+    """Read every payload-carrying input as its ``loader`` would, those of each working folder in one throwaway
+    process; the names of those whose canary then exists (canaries are removed first). A
     ``torch.load.capped`` payload (a memory or time bomb) is loaded in a process of its own under a cap
     (``exhausts``), and the proof makes its canary when the load exhausts it."""
-    groups: dict[tuple[str, str], list[Hostile]] = {}
+    groups: dict[str, list[tuple[str, Hostile]]] = {}
     for hostile in hostiles:
         if hostile.canary is None or hostile.torch_load is None or hostile.loader == "none":
             continue
         hostile.canary.unlink(missing_ok=True)
         # a folder: a DCP checkpoint, unless it names a loader of folders (from_pretrained, generate)
         loader = "dcp.load" if hostile.torch_load.is_dir() and hostile.loader == "torch.load" else hostile.loader
-        key = (str(hostile.cwd or code_under_test()), loader)
-        groups.setdefault(key, []).append(hostile)
-    for (cwd, loader), members in groups.items():
         if loader == "torch.load.capped":
-            for hostile in members:
-                assert hostile.canary is not None  # grouped only so
-                assert hostile.torch_load is not None
-                if exhausts(hostile.torch_load)[0]:
-                    hostile.canary.touch()
+            if exhausts(hostile.torch_load)[0]:
+                hostile.canary.touch()
             continue
+        groups.setdefault(str(hostile.cwd or code_under_test()), []).append((loader, hostile))
+    for cwd, members in groups.items():
+        # One process per working folder, every loader in it: importing torch, transformers and diffusers once per
+        # loader was most of a class's proof (the folder loaders' took 25 s in seven processes).
+        pairs = [str(part) for loader, hostile in members for part in (loader, hostile.torch_load)]
         subprocess.run(
-            [sys.executable, "-c", PROVE_BY_LOADER, loader, *(str(h.torch_load) for h in members)],
+            [sys.executable, "-c", PROVE_BY_LOADER, *pairs],
             check=False,
             capture_output=True,
             timeout=timeout,
@@ -142,7 +140,8 @@ def prove_live(hostiles: list[Hostile], timeout: float = 300) -> set[str]:
             cwd=cwd,
             stdin=subprocess.DEVNULL,
         )
-    return {h.name for members in groups.values() for h in members if h.canary is not None and h.canary.exists()}
+    proven = [h for h in hostiles if h.canary is not None and h.torch_load is not None and h.loader != "none"]
+    return {h.name for h in proven if h.canary is not None and h.canary.exists()}
 
 
 def environment() -> dict[str, str]:
@@ -226,7 +225,7 @@ def torch_load_all(paths: list[Path], timeout: float = 300) -> None:
     """``torch.load(path, weights_only=False)`` of each path (``dcp.load`` of a folder) in one throwaway process
     (errors ignored)."""
     subprocess.run(
-        [sys.executable, "-c", PROVE_BY_LOADER, "torch.load", *map(str, paths)],
+        [sys.executable, "-c", PROVE_BY_LOADER, *(part for path in paths for part in ("torch.load", str(path)))],
         check=False,
         capture_output=True,
         timeout=timeout,
