@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 FACTORIES = """
 import torch
@@ -86,3 +87,29 @@ def write_decoder_config(folder: Path) -> Path:
     target.mkdir()
     (target / "config.json").write_text(json.dumps(DECODER), encoding="utf-8")
     return target
+
+
+def fp32_options() -> Any:
+    """Float32 rows only (inference and an AdamW training step)."""
+    from dtypecheck.dtypes import lookup
+    from dtypecheck.memory import EstimateOptions
+
+    return EstimateOptions(dtypes=(lookup("float32"),))
+
+
+TINY_TEXT = {
+    "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+    "num_key_value_heads": 2, "vocab_size": 128,
+}  # fmt: skip
+"""A tiny text model's config fields (one layer, two heads): the sweep tests' text towers."""
+
+
+def within_5_percent_of_memtracker(tmp_path: Path, config: object, seq_len: int = 16) -> None:
+    """``config`` (a transformers config) estimated from its config.json in float32 is within 5% of MemTracker's
+    measured step, inference and training."""
+    from dtypecheck.memory import estimate_memory
+
+    config.to_json_file(str(tmp_path / "config.json"))  # type: ignore[attr-defined]
+    report = estimate_memory(str(tmp_path), fp32_options(), measure=True, seq_len=seq_len)
+    assert [str(m.mode) for m in report.measurements] == ["inference", "training"]
+    assert max(abs(m.error) for m in report.measurements) <= 0.05, report.measurements

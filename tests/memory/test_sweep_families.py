@@ -9,24 +9,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dtypecheck.dtypes import lookup
 from dtypecheck.errors import InputError
-from dtypecheck.memory import EstimateOptions, estimate_memory
+from dtypecheck.memory import estimate_memory
+from tests.memory._fixtures import TINY_TEXT, fp32_options, within_5_percent_of_memtracker
 
 transformers = pytest.importorskip("transformers")
 
-FP32 = EstimateOptions(dtypes=(lookup("float32"),))
-TEXT = {
-    "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-    "num_key_value_heads": 2, "vocab_size": 128,
-}  # fmt: skip
-
-
-def _within_5_percent_of_memtracker(tmp_path, config, seq_len=16) -> None:
-    config.to_json_file(str(tmp_path / "config.json"))
-    report = estimate_memory(str(tmp_path), FP32, measure=True, seq_len=seq_len)
-    assert [str(m.mode) for m in report.measurements] == ["inference", "training"]
-    assert max(abs(m.error) for m in report.measurements) <= 0.05, report.measurements
+FP32 = fp32_options()
+TEXT = TINY_TEXT
 
 
 def test_the_sweep_fits_glm4v_rope_sections_to_its_rotary_width(tmp_path):
@@ -39,7 +29,7 @@ def test_the_sweep_fits_glm4v_rope_sections_to_its_rotary_width(tmp_path):
         estimate_memory(str(tmp_path), FP32)
     assert rope_sections_fit(config, failed.value.message())
     assert config.rope_parameters["mrope_section"] == [2, 3, 3]
-    _within_5_percent_of_memtracker(tmp_path, config)
+    within_5_percent_of_memtracker(tmp_path, config)
 
 
 def test_the_sweep_leaves_other_failures_alone():
@@ -100,7 +90,7 @@ def test_idefics3_counts_its_real_images_once_its_image_mask_is_taken_as_all_tru
     # Its forward counts the images that are not all zeros (``num_real_images_per_batch``, unknown: the zeros
     # stand for data) before it indexes with that mask, and reads the count with ``.tolist()`` after; before,
     # "aten._local_scalar_dense.default ... depends on tensor values the trace does not know".
-    _within_5_percent_of_memtracker(tmp_path, _idefics3())
+    within_5_percent_of_memtracker(tmp_path, _idefics3())
 
 
 def test_the_sweep_gives_a_pixel_shuffle_or_a_pooled_grid_an_image_it_divides():
@@ -171,7 +161,7 @@ def test_the_sweep_gives_an_unset_head_width_the_width_over_the_heads(tmp_path):
     # operand type(s) for ** or pow(): 'NoneType' and 'float'").
     config = transformers.MinistralConfig(**TEXT, head_dim=None)
     assert coherent(config).head_dim == 16
-    _within_5_percent_of_memtracker(tmp_path, config)
+    within_5_percent_of_memtracker(tmp_path, config)
     mixtral = transformers.MixtralConfig()  # whose code takes the same width for None: left as it would build
     assert coherent(mixtral).head_dim == mixtral.hidden_size // mixtral.num_attention_heads
 
@@ -182,4 +172,4 @@ def test_the_sweep_gives_unset_key_value_heads_one_per_head(tmp_path):
     # Nemotron's defaults leave num_key_value_heads None, which its attention divides by.
     config = transformers.NemotronConfig(**{**TEXT, "num_key_value_heads": None})
     assert coherent(config).num_key_value_heads == 2
-    _within_5_percent_of_memtracker(tmp_path, config)
+    within_5_percent_of_memtracker(tmp_path, config)

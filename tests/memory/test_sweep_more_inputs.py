@@ -7,16 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dtypecheck.dtypes import lookup
-from dtypecheck.memory import EstimateOptions, estimate_memory
+from dtypecheck.memory import estimate_memory
+from tests.memory._fixtures import TINY_TEXT, fp32_options, within_5_percent_of_memtracker
 
 transformers = pytest.importorskip("transformers")
 
-FP32 = EstimateOptions(dtypes=(lookup("float32"),))
-TEXT = {
-    "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-    "num_key_value_heads": 2, "vocab_size": 128,
-}  # fmt: skip
+FP32 = fp32_options()
+TEXT = TINY_TEXT
 CLIP = {
     "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "image_size": 32,
     "patch_size": 8, "projection_dim": 32,
@@ -28,13 +25,6 @@ def _inputs(model, config, *, train=False):
 
     model.train(train)
     return hf_inputs(model, config, "Model", 1, 16, train=train, labels=False, real=False)
-
-
-def _within_5_percent_of_memtracker(tmp_path, config, seq_len=16) -> None:
-    config.to_json_file(str(tmp_path / "config.json"))
-    report = estimate_memory(str(tmp_path), FP32, measure=True, seq_len=seq_len)
-    assert [str(m.mode) for m in report.measurements] == ["inference", "training"]
-    assert max(abs(m.error) for m in report.measurements) <= 0.05, report.measurements
 
 
 def _llava_next():
@@ -55,14 +45,14 @@ def test_a_llava_next_image_is_its_base_patch_and_the_tiles_of_its_best_grid():
     assert found["image_sizes"].tolist() == [[32, 32]]
 
 
-def test_a_llava_next_model_is_within_5_percent_of_memtracker(tmp_path):
-    _within_5_percent_of_memtracker(tmp_path, _llava_next())
+def test_a_llava_next_model_iswithin_5_percent_of_memtracker(tmp_path):
+    within_5_percent_of_memtracker(tmp_path, _llava_next())
 
 
-def test_a_llava_next_model_at_512_tokens_is_within_5_percent_of_memtracker(tmp_path):
+def test_a_llava_next_model_at_512_tokens_iswithin_5_percent_of_memtracker(tmp_path):
     # Run with use_cache=False, its text model's mask is traced as the real run makes it: none, SDPA's is_causal.
     # Before: inference +139% (2,227,628 bytes against 932,156), a (1, 1, 548, 548) boolean mask and its float copy.
-    _within_5_percent_of_memtracker(tmp_path, _llava_next(), seq_len=512)
+    within_5_percent_of_memtracker(tmp_path, _llava_next(), seq_len=512)
 
 
 def _llava():
@@ -81,8 +71,8 @@ def test_a_llava_with_a_clip_tower_gets_no_image_sizes():
     assert "image_sizes" not in _inputs(model, config)
 
 
-def test_a_llava_model_is_within_5_percent_of_memtracker(tmp_path):
-    _within_5_percent_of_memtracker(tmp_path, _llava())
+def test_a_llava_model_iswithin_5_percent_of_memtracker(tmp_path):
+    within_5_percent_of_memtracker(tmp_path, _llava())
 
 
 def test_an_audio_tower_on_its_own_gets_the_features_of_the_model_that_holds_it():
@@ -104,8 +94,8 @@ def test_an_audio_tower_on_its_own_gets_the_features_of_the_model_that_holds_it(
     assert features.shape[1] > 1
 
 
-def test_an_audio_tower_on_its_own_is_within_5_percent_of_memtracker(tmp_path):
-    _within_5_percent_of_memtracker(
+def test_an_audio_tower_on_its_own_iswithin_5_percent_of_memtracker(tmp_path):
+    within_5_percent_of_memtracker(
         tmp_path,
         transformers.Nemotron3DiarizationAudioConfig(
             hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
@@ -126,7 +116,7 @@ def test_a_batch_only_extractor_is_given_a_batch_of_one():
 def test_longformers_global_attention_check_is_answered_from_its_known_mask(tmp_path):
     # ``(attention_mask > 0).any().item()`` of the float mask the model makes of its known 0/1 mask; before:
     # "aten._local_scalar_dense ... depends on tensor values the trace does not know".
-    _within_5_percent_of_memtracker(
+    within_5_percent_of_memtracker(
         tmp_path,
         transformers.LongformerConfig(
             hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, vocab_size=128,
@@ -138,7 +128,7 @@ def test_longformers_global_attention_check_is_answered_from_its_known_mask(tmp_
 def test_vilts_default_pixel_mask_of_ones_is_known(tmp_path):
     # ViLT makes a pixel mask of ones (float), interpolates it to its patch grid and sizes each image's patches
     # from it; before: "aten._local_scalar_dense ... depends on tensor values the trace does not know".
-    _within_5_percent_of_memtracker(
+    within_5_percent_of_memtracker(
         tmp_path,
         transformers.ViltConfig(
             hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, vocab_size=128,
@@ -194,8 +184,8 @@ def test_a_video_tower_whose_main_input_is_its_clip_gets_a_clip():
     assert tuple(_inputs(model, config)["pixel_values_videos"].shape) == (1, 2, 3, 36, 36)
 
 
-def test_a_video_tower_is_within_5_percent_of_memtracker(tmp_path):
-    _within_5_percent_of_memtracker(tmp_path, _videoprism())
+def test_a_video_tower_iswithin_5_percent_of_memtracker(tmp_path):
+    within_5_percent_of_memtracker(tmp_path, _videoprism())
 
 
 def test_a_text_tower_named_after_a_vision_parents_input_gets_token_ids():
@@ -248,8 +238,8 @@ def test_a_retriever_wrapping_a_qwen_vl_gets_each_samples_patches_padded_and_the
     assert tuple(found["input_ids"].shape) == (1, 8 * 8 + 16)  # a placeholder per merged cell, then the text
 
 
-def test_a_retriever_wrapping_a_qwen_vl_is_within_5_percent_of_memtracker(tmp_path):
-    _within_5_percent_of_memtracker(tmp_path, _colqwen2())
+def test_a_retriever_wrapping_a_qwen_vl_iswithin_5_percent_of_memtracker(tmp_path):
+    within_5_percent_of_memtracker(tmp_path, _colqwen2())
 
 
 def test_the_sweep_pairs_a_wrapped_vlms_merger_with_its_text_width():
