@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -202,20 +203,24 @@ def payload_scans(inputs: list[Hostile], cli: Callable[..., Any]) -> Iterator[tu
 
 
 def assert_cli_fails_each_in_its_own_process(inputs: list[Hostile]) -> None:
-    """As CI runs it (``python -m dtypecheck``): every payload of ``inputs`` alone in a fresh process (JSON) exits
-    1, with no traceback, and runs nothing (its canary, which the live proof made, is not made again); then all of
-    them together in one more fresh process, as the table renderer shows them: exit 1, no traceback, nothing run.
-    (One process per payload and format cost ~1.5 s each, mostly importing torch for its zip reader.)"""
+    """As CI runs it (``python -m dtypecheck``, in a fresh process, not this one): every payload of ``inputs``
+    scanned together fails in its own document of the JSON output (exit 1), with no traceback, and runs nothing
+    (its canary, which the live proof made, is not made again); then the same as the table renderer shows them.
+    (The tests' own process checks each payload's exit code alone: ``payload_scans``. A process per payload and
+    format cost ~1.5 s each, mostly importing torch for its zip reader.)"""
     payloads = [h for h in inputs if not h.benign]
     for hostile in payloads:
         assert hostile.canary is not None
         hostile.canary.unlink(missing_ok=True)  # the live proof made it
-        done = run_cli((*hostile.args, "-f", "json"))
-        assert done.returncode == 1, (hostile.name, done.stderr)
-        assert "Traceback" not in done.stderr, hostile.name
-        assert not hostile.canary.exists(), hostile.name
     assert all(len(h.args) == 2 and h.args[0] == "scan-model" for h in payloads)  # a path each, no options
-    done = run_cli(("scan-model", *(h.args[1] for h in payloads)))
+    paths = [h.args[1] for h in payloads]
+    done = run_cli(("scan-model", *paths, "-f", "json"))
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    documents = json.loads(done.stdout)["checkpoints"] if len(paths) > 1 else [json.loads(done.stdout)]
+    assert [d["source"] for d in documents] == paths
+    assert all(d["summary"]["level"] == "fail" for d in documents), [d["summary"]["level"] for d in documents]
+    done = run_cli(("scan-model", *paths))
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr + done.stdout
     assert not any(h.canary is not None and h.canary.exists() for h in payloads)
