@@ -15,6 +15,12 @@ back, and medians are compared, since the machine's cores are shared):
     .venv/bin/python benchmarks/bench_watch.py late
     .venv/bin/python benchmarks/bench_watch.py memory
 
+``blocks`` times the same small model's steps in one process instead, in blocks of ``--small-steps`` steps,
+plain and watched (``dtypecheck.trace(model, watch=True)``) alternating ``--repeats`` times, and prints the median
+of the blocks' ratios: a process per run varies by up to 1.7x on a shared machine, more than the 5% measured.
+
+    .venv/bin/python benchmarks/bench_watch.py blocks --repeats 60 --small-steps 50
+
 ``overhead --compare SRC`` also times watch mode (and with ``--full`` the full trace) with another dtypecheck
 checkout first on the path (the commit before a change), alternating with this one: before and after side by side
 on the same cores. ``--loop-only`` times only the small model's loop (issue 30.5's figures):
@@ -217,9 +223,45 @@ def memory(folder: Path) -> None:
     )
 
 
+def blocks(repeats: int, steps: int, threads: int | None) -> None:
+    """Watched against plain blocks of ``steps`` steps of ``SMALL``'s model, alternating in this process."""
+    import time
+
+    import torch
+
+    import dtypecheck
+
+    torch.set_num_threads(threads or 1)
+    namespace: dict[str, object] = {}
+    argv, sys.argv = sys.argv, [sys.argv[0], "0", "0"]
+    try:
+        exec(SMALL[: SMALL.index("start = time.process_time()")], namespace)  # the model and its optimizer
+    finally:
+        sys.argv = argv
+    model: torch.nn.Module = namespace["model"]  # type: ignore[assignment]
+    optimizer: torch.optim.Optimizer = namespace["optimizer"]  # type: ignore[assignment]
+
+    def block() -> float:
+        start = time.process_time()
+        for _ in range(steps):
+            model(torch.randn(8, 32)).pow(2).mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        return time.process_time() - start
+
+    block()  # warm-up
+    ratios = []
+    for _ in range(repeats):
+        plain = block()
+        with dtypecheck.trace(model, watch=True):
+            watched = block()
+        ratios.append(watched / plain)
+    print(f"{repeats} blocks of {steps} steps, watched / plain: median {statistics.median(ratios):.3f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=("overhead", "late", "memory"))
+    parser.add_argument("what", choices=("overhead", "late", "memory", "blocks"))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--small-steps", type=int, default=300)
     parser.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for every run")
@@ -241,6 +283,8 @@ def main() -> None:
                 loop=not args.no_loop,
                 whole=not args.loop_only,
             )
+        elif args.what == "blocks":
+            blocks(args.repeats, args.small_steps, args.threads)
         elif args.what == "late":
             late(folder)
         else:
