@@ -120,3 +120,29 @@ def test_an_escaped_key_is_read_as_the_loader_reads_it(tmp_path: Path) -> None:
 
 def test_sentence_transformers_class_is_registered() -> None:
     assert library_loaders.KLASS in corpus.GATE_CLASSES
+
+
+def test_a_file_too_large_to_parse_fails_where_a_loader_would_read_code_from_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past ``MAX_CONFIG_BYTES`` nothing is parsed: a file a loader reads code references from by its name, or one
+    holding a key that names code, fails unread; any other is left alone (a large ``tokenizer.json``)."""
+    from dtypecheck.loaders._io import shipped_code
+
+    monkeypatch.setattr(shipped_code, "MAX_CONFIG_BYTES", 64)
+    padding = " " * 64
+    cases = {
+        "modules.json": f'[{{"type": "custom_st.Evil"}}]{padding}',
+        "model_index.json": f'{{"unet": ["my_unet", "MyUNet"]}}{padding}',
+        "2_Dense/config.json": f'{{"activation_function": "fast_tanh.Tanh"}}{padding}',
+        "other.json": f'{{"activation_function": "fast_tanh.Tanh"}}{padding}',
+        "tokenizer.json": f'{{"model": {{"vocab": {{"a": 0}}}}}}{padding}',
+    }
+    found = {}
+    for name, text in cases.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        found[name] = [(f.kind, f.level) for f in code_references(path, name)]
+    unread = [("unreadable-file", "fail")]
+    assert found == {name: ([] if name == "tokenizer.json" else unread) for name in cases}

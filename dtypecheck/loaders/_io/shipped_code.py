@@ -33,8 +33,9 @@ MAX_CONFIG_BYTES = 64 << 20
 """Largest JSON file parsed for code references (a tokenizer.json may hold tens of MB)."""
 CODE_KEYS = ("auto_map", "custom_pipelines")
 """Keys of a transformers config whose values name modules ``trust_remote_code=True`` imports."""
-_HINTS = (*(key.encode() for key in CODE_KEYS), b"\\u")
-"""Bytes without which no JSON file can hold a key of ``CODE_KEYS`` (``\\u`` escapes can spell one)."""
+_HINTS = (*(key.encode() for key in CODE_KEYS), b"activation_f", b"\\u")
+"""Bytes without which no JSON file can hold a key naming code: ``CODE_KEYS``, or an activation sentence-transformers
+imports (``\\u`` escapes can spell any of them)."""
 GENERATE = ("custom_generate", "generate.py")
 HUBCONF = "hubconf.py"
 """What ``torch.hub.load(folder, model, source="local")`` imports and runs (any folder of the tree can be one)."""
@@ -42,8 +43,6 @@ PIPELINE_INDEX = "model_index.json"
 """A diffusers pipeline's index: its components' ``[library, class]`` may name code shipped in the folder."""
 SENTENCE_FILES = ("modules.json", "router_config.json", "wordembedding_config.json", "config.json")
 """Files whose dotted paths sentence-transformers imports (a Router's legacy ``config.json`` holds its ``types``)."""
-_SENTENCE_HINTS = (b"activation_f", b"sbert_ce_default_activation_function")
-"""Bytes without which no other JSON file holds an activation sentence-transformers imports."""
 _ACTIVATIONS = frozenset(
     (
         "CELU",
@@ -100,31 +99,40 @@ def code_references(path: Path, label: str) -> list[Finding]:
         raw = b"" if too_big else read_regular_file(path, MAX_CONFIG_BYTES, "config")
     except (InputError, OSError):
         return []  # unreadable: the folder's reading of the same file as a pickle reports it
-    if too_big and not _mentions_code(path):
+    # A file whose name a loader reads code references from is parsed whatever its bytes; any other only when it
+    # holds a key that names code (the same test for one too large to parse, read a block at a time).
+    always = path.name == PIPELINE_INDEX or path.name in SENTENCE_FILES
+    if not always and not (_mentions_code(path) if too_big else any(hint in raw for hint in _HINTS)):
         return []
     if too_big:
-        detail = f"{label}: over {MAX_CONFIG_BYTES} bytes, not checked for auto_map code (a loader would read it)"
+        detail = (
+            f"{label}: over {MAX_CONFIG_BYTES} bytes, not checked for code a loader imports (a loader would read it)"
+        )
         return [Finding("unreadable-file", "fail", detail)]
-    pipeline = path.name == PIPELINE_INDEX
-    sentence = path.name in SENTENCE_FILES or any(hint in raw for hint in _SENTENCE_HINTS)
-    if not pipeline and not sentence and not any(hint in raw for hint in _HINTS):
-        return []
     try:
         document = json.loads(raw)
     except (UnicodeDecodeError, ValueError, RecursionError):
         return []  # transformers' json.loads fails the same way: nothing is imported
+    pipeline = path.name == PIPELINE_INDEX
     named = _named_code(document) | (_pipeline_code(document, path.parent) if pipeline else set())
     imported = sentence_transformers_code(document, path.name)
     findings = []
     if named:
-        shown = ", ".join(sorted(named)[:3]) + (f" and {len(named) - 3} more" if len(named) > 3 else "")
-        detail = f"{label}: names code ({shown}) that from_pretrained(..., trust_remote_code=True) imports and runs"
+        detail = (
+            f"{label}: names code ({_shown(named)}) that from_pretrained(..., trust_remote_code=True) imports and runs"
+        )
         findings.append(Finding("contains-code", "fail", detail))
     if imported:
-        shown = ", ".join(sorted(imported)[:3]) + (f" and {len(imported) - 3} more" if len(imported) > 3 else "")
-        detail = f"{label}: names {shown}, which sentence-transformers imports (from outside its own package)"
+        detail = (
+            f"{label}: names {_shown(imported)}, which sentence-transformers imports (from outside its own package)"
+        )
         findings.append(Finding("contains-code", "fail", detail))
     return findings
+
+
+def _shown(names: set[str]) -> str:
+    """The first three of ``names`` in order, and how many more."""
+    return ", ".join(sorted(names)[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def sentence_transformers_code(document: Any, name: str) -> set[str]:
