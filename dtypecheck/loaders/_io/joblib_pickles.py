@@ -152,9 +152,8 @@ def _zfile(handle: IO[bytes], wanted: Callable[[bytes], bool] | None) -> Inflate
     if handle.read(1) != b" ":  # joblib <= 0.8.4 wrote one more space
         handle.seek(_ZF_HEADER)
     inflated = _read_capped("joblib-zfile", _ZlibReader(handle), wanted)
-    if (
-        inflated is not None and inflated.problem is not None
-    ):  # zlib.decompress of the whole: a broken stream gives nothing to unpickle
+    # joblib.load inflates the whole with one zlib.decompress: a broken stream gives nothing to unpickle.
+    if inflated is not None and inflated.problem is not None:
         return Inflated("joblib-zfile", b"", problem=inflated.problem)
     return inflated
 

@@ -128,7 +128,7 @@ def inflated_globals(path: Path) -> tuple[PickleReport | None, str | None]:
     where, data = f"{path} ({inflated.kind}-compressed)", inflated.data
     report = _with_joblib_arrays(_stream_globals(Window(data, 0, len(data)), where, 1), data, len(data), where)
     if inflated.problem is not None and report.problem is None:
-        report = PickleReport(report.globals, inflated.problem, report.limited, report.differential)
+        report = replace(report, problem=inflated.problem)
     return report, None
 
 
