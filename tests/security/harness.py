@@ -117,9 +117,11 @@ def prove_live(hostiles: list[Hostile], timeout: float = 300) -> set[str]:
     ``torch.load.capped`` payload (a memory or time bomb) is loaded in a process of its own under a cap
     (``exhausts``), and the proof makes its canary when the load exhausts it."""
     groups: dict[str, list[tuple[str, Hostile]]] = {}
+    proven: list[Hostile] = []
     for hostile in hostiles:
         if hostile.canary is None or hostile.torch_load is None or hostile.loader == "none":
             continue
+        proven.append(hostile)
         hostile.canary.unlink(missing_ok=True)
         # a folder: a DCP checkpoint, unless it names a loader of folders (from_pretrained, generate)
         loader = "dcp.load" if hostile.torch_load.is_dir() and hostile.loader == "torch.load" else hostile.loader
@@ -141,7 +143,6 @@ def prove_live(hostiles: list[Hostile], timeout: float = 300) -> set[str]:
             cwd=cwd,
             stdin=subprocess.DEVNULL,
         )
-    proven = [h for h in hostiles if h.canary is not None and h.torch_load is not None and h.loader != "none"]
     return {h.name for h in proven if h.canary is not None and h.canary.exists()}
 
 
