@@ -68,12 +68,11 @@ def build(folder: Path) -> list[Hostile]:
     embedder, cross = _saves(folder)
     out: list[Hostile] = []
 
-    def payload(name: str, like: Path) -> tuple[Path, Path]:
+    def payload(name: str, like: Path, loader: str = "sentence_transformers") -> tuple[Path, Path]:
         model = folder / name
         shutil.copytree(like, model)
         canary = folder / f"canary-{name}"
-        args = ("scan-model", str(model))
-        out.append(Hostile(name, KLASS, args, frozenset({1}), canary, model, loader="sentence_transformers"))
+        out.append(Hostile(name, KLASS, ("scan-model", str(model)), frozenset({1}), canary, model, loader=loader))
         return model, canary
 
     model, canary = payload("module-type", embedder)
@@ -93,13 +92,10 @@ def build(folder: Path) -> list[Hostile]:
     (model / "config_sentence_transformers.json").write_text(json.dumps(settings, indent=2))
     (model / "calibrated.py").write_text(f"{code_payload(canary)}\nimport torch\n\nSigmoid = torch.nn.Sigmoid\n")
 
-    name = "hubconf"  # a folder that is also a local hub repository: torch.hub.load runs its hubconf.py
-    model = folder / name
-    shutil.copytree(embedder, model)
-    canary = folder / f"canary-{name}"
+    # a folder that is also a local hub repository: torch.hub.load runs its hubconf.py
+    model, canary = payload("hubconf", embedder, "torch.hub")
     source = f"{code_payload(canary)}\ndependencies = ['torch']\n\n\ndef model():\n    return None\n"
     (model / "hubconf.py").write_text(source)
-    out.append(Hostile(name, KLASS, ("scan-model", str(model)), frozenset({1}), canary, model, loader="torch.hub"))
 
     for name, model in (("sentence-embedder", embedder), ("cross-encoder", cross)):
         out.append(Hostile(name, KLASS, ("scan-model", str(model)), frozenset({0}), benign=True, loader="none"))
