@@ -136,6 +136,7 @@ def measured_peak(
 
     tracker = MemTracker()
     tracker.track_external(module, *([optimizer] if optimizer is not None else []))
+    _without_module_tracking(tracker)
     _skip_frozen_grad_hooks(tracker, module)
     with warnings.catch_warnings():
         # Its module tracker warns about autograd nodes of modules already collected; the bytes are unaffected.
@@ -145,6 +146,40 @@ def measured_peak(
             # its peak is kept.
             run_step(*step, tracker.reset_mod_stats)
     return int(tracker.get_tracker_snapshot("peak")[device]["Total"])
+
+
+class _NoModuleTracking:
+    """Stands for MemTracker's module tracker, which only sorts the bytes by module (its total does not read it).
+
+    That tracker hooks the inputs and outputs of every module for its backward, and those hooks keep the autograd
+    graph of a module no gradient reaches alive until the tracker exits, where a plain step frees it once nothing
+    refers to it: a tiny Encodec, whose quantizer's integer codes cut its encoder off from the loss, measured
+    4,874,580 bytes tracked by module against 2,910,608 without (the same storages counted by a bare dispatch
+    mode, hooked and not); the estimate is 2,924,944."""
+
+    def __init__(self) -> None:
+        self.parents: set[str] = set()
+        self.is_bw = False
+
+    def register_user_hooks(self, *_hooks: Any) -> None:
+        return None
+
+    def clear_user_hooks(self) -> None:
+        return None
+
+    def __enter__(self) -> _NoModuleTracking:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        return None
+
+
+def _without_module_tracking(tracker: Any) -> None:
+    """Leave MemTracker's module tracking out (``_NoModuleTracking``), on the torch versions whose tracker reads
+    only ``parents`` and ``is_bw`` of it outside its module hooks."""
+    modules = getattr(tracker, "_mod_tracker", None)
+    if modules is not None and hasattr(modules, "is_bw") and hasattr(modules, "parents"):
+        tracker._mod_tracker = _NoModuleTracking()
 
 
 class _NoHook:

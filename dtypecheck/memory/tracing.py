@@ -19,7 +19,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -224,19 +224,27 @@ class OpTraceError(InputError):
         super().__init__(f"{op}{where}: {why}")
 
 
-def _claim_nodes(output: Any, module: str, node_modules: dict[int, str], keep: list[Any]) -> None:
-    """Map every autograd node behind ``output`` not yet claimed (by an inner module, which leaves first) to
-    ``module``: the nodes its own forward created."""
+NODE_KEY = "dtypecheck_memory"
+"""Key in an autograd node's ``metadata``: the module whose forward created it. Kept on the node, the mapping dies
+with it: holding the nodes (to keep their ids) held the graphs of modules no gradient reaches, which a plain step
+frees (a tiny Encodec's encoder, cut off from the loss by its quantizer's codes: 67% more in training)."""
+
+
+def _claim_nodes(output: Any, module: str) -> None:
+    """Mark every autograd node behind ``output`` not yet claimed (by an inner module, which leaves first) as
+    ``module``'s: the nodes its own forward created."""
     import torch
     from torch.utils._pytree import tree_flatten
 
     todo: list[Any] = [t.grad_fn for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.grad_fn]
     while todo:
         node = todo.pop()
-        if node is None or id(node) in node_modules:
+        if node is None:
             continue
-        node_modules[id(node)] = module
-        keep.append(node)  # the id stays this node's while the pass runs
+        metadata: dict[str, Any] = node.metadata
+        if NODE_KEY in metadata:
+            continue
+        metadata[NODE_KEY] = module
         todo.extend(next_node for next_node, _ in node.next_functions if next_node is not None)
 
 
@@ -244,16 +252,15 @@ def _claim_nodes(output: Any, module: str, node_modules: dict[int, str], keep: l
 def module_paths(
     module: torch.nn.Module,
     stack: list[str],
-    node_modules: dict[int, str] | None = None,
+    claim_nodes: bool = False,
     ran: set[int] | None = None,
 ) -> Iterator[None]:
-    """Keep ``stack`` at the dotted paths of the submodules of ``module`` that are running; with ``node_modules``,
-    also map the autograd nodes each module's forward creates to its path (for backward ops); with ``ran``, add
-    the id of every submodule that runs."""
+    """Keep ``stack`` at the dotted paths of the submodules of ``module`` that are running; with ``claim_nodes``,
+    also mark the autograd nodes each module's forward creates with its path (``NODE_KEY``, for backward ops);
+    with ``ran``, add the id of every submodule that runs."""
     from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
     names = {id(sub): name or type(module).__name__ for name, sub in module.named_modules()}
-    keep: list[Any] = []
 
     def enter(sub: torch.nn.Module, _args: Any) -> None:
         if id(sub) in names:
@@ -263,8 +270,8 @@ def module_paths(
 
     def leave(sub: torch.nn.Module, _args: Any, out: Any) -> None:
         if id(sub) in names and stack:
-            if node_modules is not None:
-                _claim_nodes(out, stack[-1], node_modules, keep)
+            if claim_nodes:
+                _claim_nodes(out, stack[-1])
             stack.pop()
 
     handles = [register_module_forward_pre_hook(enter), register_module_forward_hook(leave)]
@@ -309,8 +316,6 @@ class LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._creator: dict[int, str | None] = {}  # storage id -> module that created it
         self._held: dict[str | None, int] = {}  # module -> activation bytes it created that are alive
         self._peak_held: tuple[int, int, dict[str | None, int]] = (-1, -1, {})  # (bytes, index, held)
-        self.node_modules: dict[int, str] = {}
-        """id of an autograd node -> the module whose forward created it (nodes kept alive by the graph)."""
 
     def register_external(self, tensor: torch.Tensor) -> None:
         storage = tensor.untyped_storage()
@@ -339,8 +344,8 @@ class LiveBytes(TorchDispatchMode):  # type: ignore[no-untyped-call]
             return self.modules[-1] if self.modules else None
         import torch
 
-        node = torch._C._current_autograd_node()
-        return None if node is None else self.node_modules.get(id(node))
+        node: Any = torch._C._current_autograd_node()
+        return None if node is None else cast("str | None", node.metadata.get(NODE_KEY))
 
     def hold_from_start(self, tensor: torch.Tensor) -> None:
         """Count ``tensor`` as alive since the pass began, and until it ends: a loss target made at the loss
@@ -635,7 +640,7 @@ def trace_pass(
     block_list = traceable.blocks() if (checkpointing and train) else []
     try:
         ran: set[int] = set()
-        paths = module_paths(module, tracker.modules, tracker.node_modules if attribute else None, ran)
+        paths = module_paths(module, tracker.modules, claim_nodes=attribute, ran=ran)
         with (
             traceable.fake_mode,
             tracker,

@@ -62,6 +62,24 @@ def on_meta_with_kwargs():
 def tuple_inputs():
     torch.manual_seed(0)
     return Positional(), (torch.randint(0, 100, (2, 10)), 0.5)
+
+
+class Whitened(nn.Module):
+    # Factors the batch's 16 x 16 Gram matrix, of rank 4: real values are not positive-definite, which a trace,
+    # seeing no values, cannot know.
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.fc(x)
+        return torch.linalg.cholesky(h @ h.T)
+
+
+def fails_for_real():
+    torch.manual_seed(0)
+    return Whitened(), torch.randn(16, 4)
 """
 
 DECODER = {
