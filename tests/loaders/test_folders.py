@@ -333,3 +333,79 @@ def test_a_refused_file_in_a_folder_still_stops_the_scan(tmp_path: Path, cli) ->
     result = cli("scan-model", str(tmp_path))
     assert result.exit_code == 3
     assert "torch refuses it" in result.stderr
+
+
+def _sentence_folder(folder: Path, modules: list[dict[str, str]]) -> None:
+    """A sentence-transformers folder as ``SentenceTransformer.save`` lays it out: the root model's weights at the
+    top, each further module's in its own subfolder, ``modules.json`` naming them."""
+    save_file({"embeddings.weight": torch.ones(4, 2)}, folder / "model.safetensors")
+    (folder / "modules.json").write_text(json.dumps(modules))
+
+
+def test_a_sentence_transformers_modules_weights_are_read_beside_the_root_model(tmp_path: Path) -> None:
+    dense = {"linear.weight": torch.tensor([[1.0, float("nan")], [7e4, 2.0]]), "linear.bias": torch.zeros(2)}
+    _sentence_folder(
+        tmp_path,
+        [
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+            {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"},
+        ],
+    )
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text('{"word_embedding_dimension": 2}')
+    (tmp_path / "2_Dense").mkdir()
+    save_file(dense, tmp_path / "2_Dense" / "model.safetensors")
+    torch.save(dense, tmp_path / "2_Dense" / "pytorch_model.bin")  # the twin a 2.x save also wrote: judged, not read
+    loaded = load_all(tmp_path)
+    assert sorted(loaded) == ["2_Dense/model.linear.bias", "2_Dense/model.linear.weight", "embeddings.weight"]
+    assert same(loaded["2_Dense/model.linear.weight"], dense["linear.weight"])
+
+
+def test_a_module_path_outside_the_folder_or_missing_reads_nothing_more(tmp_path: Path) -> None:
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    save_file({"w": torch.ones(1)}, outside / "model.safetensors")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "linked").symlink_to(outside)
+    _sentence_folder(
+        model,
+        [
+            {"path": "", "type": "sentence_transformers.models.Transformer"},
+            {"path": "../elsewhere", "type": "sentence_transformers.models.Dense"},
+            {"path": "linked", "type": "sentence_transformers.models.Dense"},
+            {"path": "3_Missing", "type": "sentence_transformers.models.Dense"},
+            {"path": 7},
+            "not a module",
+        ],
+    )
+    assert sorted(load_all(model)) == ["embeddings.weight"]
+    (model / "modules.json").write_text("[{")  # malformed: the library cannot load it, and no module is read
+    assert sorted(load_all(model)) == ["embeddings.weight"]
+
+
+def test_a_nan_in_a_saved_sentence_transformers_dense_layer_fails_the_gate(tmp_path: Path, cli) -> None:
+    import numpy as np
+    from sentence_transformers import SentenceTransformer, models
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    base = tmp_path / "bert"
+    config = BertConfig(hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2)
+    config.vocab_size = 16
+    BertModel(config).save_pretrained(base)
+    (base / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijk"]))
+    BertTokenizerFast(str(base / "vocab.txt")).save_pretrained(base)
+    dense = models.Dense(8, 4)
+    with torch.no_grad():
+        dense.linear.weight[0, 0] = float("nan")
+        dense.linear.weight[1, 1] = 1e6  # past float16's 65504
+    model = SentenceTransformer(modules=[models.Transformer(str(base)), models.Pooling(8), dense])
+    model.save(str(tmp_path / "saved"))
+    result = cli("scan-model", str(tmp_path / "saved"), "--target", "fp16", "-f", "json", "-q")
+    assert result.exit_code == 1, result.stderr
+    document = json.loads(result.stdout)
+    (row,) = [t for t in document["tensors"] if t["name"] == "2_Dense/model.linear.weight"]
+    weight = dense.linear.weight.detach().numpy()
+    assert row["nan"] == int(np.isnan(weight).sum()) == 1
+    assert row["casts"]["float16"]["overflow"] == int((np.abs(weight[np.isfinite(weight)]) > 65504).sum()) == 1

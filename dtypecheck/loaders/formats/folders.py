@@ -117,25 +117,69 @@ def open_folder(folder: Path, open_file: OpenFile, sniff: Callable[[Path], bool]
         for p in candidates
         if p not in files and p.suffix.lower() in CHECKPOINT_SUFFIXES
     ]
-    names = {p.name for p in files}
-    for safetensors, duplicate in SAME_WEIGHTS:
-        if safetensors in names:
-            files = [p for p in files if p.name != duplicate]
+    files = _one_of_each(files)
+    modules = _module_weights(folder, sniff)
     # The folder is judged file by file: one file of no format dtypecheck reads (a torch.package archive) is that
     # file's finding, not the whole folder's exit 3; its pickles are still judged below, as every side file's.
-    opened, unread, side = _open_judged(folder, files, open_file)
+    opened, unread, side = _open_judged(folder, files + modules, open_file)
     extra = skipped + unread + side
-    if len(files) == 1 and opened:
-        (single,) = opened.values()
+    top = {path: part for path, part in opened.items() if path.parent == folder}
+    below: list[Checkpoint] = [
+        PrefixedCheckpoint(part, f"{path.parent.relative_to(folder).as_posix()}/{path.stem}.")
+        for path, part in opened.items()
+        if path.parent != folder
+    ]
+    if len(files) == 1 and len(top) == 1 and not below:
+        (single,) = top.values()
         return CompositeCheckpoint(str(folder), single.format, [single], extra) if extra else single
+    if len(files) == 1 and len(top) == 1:  # one model file and a sentence-transformers module's: its names as they are
+        return CompositeCheckpoint(str(folder), "folder", [*top.values(), *below], extra)
     # Several files (a Trainer checkpoint: model, optimizer, scheduler...): each file's names get its stem as a
     # prefix, so the optimizer's tensors read "optimizer.state.0.exp_avg_sq".
-    stems = [p.stem for p in opened]
-    prefixes = stems if len(set(stems)) == len(stems) else [p.name for p in opened]
+    stems = [p.stem for p in top]
+    prefixes = stems if len(set(stems)) == len(stems) else [p.name for p in top]
     parts: list[Checkpoint] = [
-        PrefixedCheckpoint(part, prefix + ".") for part, prefix in zip(opened.values(), prefixes, strict=True)
+        PrefixedCheckpoint(part, prefix + ".") for part, prefix in zip(top.values(), prefixes, strict=True)
     ]
-    return CompositeCheckpoint(str(folder), "folder", parts, extra)
+    return CompositeCheckpoint(str(folder), "folder", parts + below, extra)
+
+
+def _one_of_each(files: list[Path], also: tuple[tuple[str, str], ...] = ()) -> list[Path]:
+    """``files`` less the ``pytorch_model.bin`` twin of a ``model.safetensors`` beside it (and of ``also``'s
+    pairs): loaders read the safetensors one; the twin is judged as a side file."""
+    names = {p.name for p in files}
+    for safetensors, duplicate in (*SAME_WEIGHTS, *also):
+        if safetensors in names:
+            files = [p for p in files if p.name != duplicate]
+    return files
+
+
+def _module_weights(folder: Path, sniff: Callable[[Path], bool]) -> list[Path]:
+    """The weight files of a sentence-transformers model's modules (``modules.json``: a Dense layer's
+    ``2_Dense/model.safetensors``), which ``SentenceTransformer(folder)`` loads beside the root model's: each
+    module subfolder named there, inside the folder, its checkpoint files directly in it. An unreadable or
+    malformed ``modules.json`` names none (the library cannot load such a folder); a module path leaving the
+    folder is ``shipped_code``'s fail."""
+    from dtypecheck.loaders._io.regular import read_regular_file
+
+    if not is_file(folder / "modules.json"):
+        return []
+    try:
+        document = json.loads(read_regular_file(folder / "modules.json", MAX_INDEX_BYTES, "modules.json"))
+    except (InputError, UnicodeDecodeError, ValueError, RecursionError):
+        return []
+    root = folder.resolve()
+    found: list[Path] = []
+    for entry in document if isinstance(document, list) else []:
+        where = entry.get("path") if isinstance(entry, dict) else None
+        if not isinstance(where, str) or not where:
+            continue
+        sub = folder / where
+        if not sub.is_dir() or sub.is_symlink() or not sub.resolve().is_relative_to(root) or sub.resolve() == root:
+            continue
+        weights = sorted(p for p in sub.iterdir() if p.is_file() and not p.name.startswith(".") and sniff(p))
+        found.extend(p for p in _one_of_each(weights) if p not in found)
+    return found
 
 
 def _open_pipeline(folder: Path, open_file: OpenFile, sniff: Callable[[Path], bool]) -> Checkpoint:
@@ -152,11 +196,7 @@ def _open_pipeline(folder: Path, open_file: OpenFile, sniff: Callable[[Path], bo
             files.append(index)
             continue
         found = sorted(p for p in sub.iterdir() if p.is_file() and not p.name.startswith(".") and sniff(p))
-        names = {p.name for p in found}
-        for safetensors, duplicate in (*SAME_WEIGHTS, _DIFFUSERS_WEIGHTS):
-            if safetensors in names:
-                found = [p for p in found if p.name != duplicate]
-        files.extend(found)
+        files.extend(_one_of_each(found, (_DIFFUSERS_WEIGHTS,)))
     if not files:
         raise InputError(f"{folder}: a diffusers pipeline (model_index.json) with no component weights found")
 
