@@ -335,7 +335,7 @@ def test_a_refused_file_in_a_folder_still_stops_the_scan(tmp_path: Path, cli) ->
     assert "torch refuses it" in result.stderr
 
 
-def _sentence_folder(folder: Path, modules: list[dict[str, str]]) -> None:
+def _sentence_folder(folder: Path, modules: list[object]) -> None:
     """A sentence-transformers folder as ``SentenceTransformer.save`` lays it out: the root model's weights at the
     top, each further module's in its own subfolder, ``modules.json`` naming them."""
     save_file({"embeddings.weight": torch.ones(4, 2)}, folder / "model.safetensors")
@@ -387,7 +387,7 @@ def test_a_module_path_outside_the_folder_or_missing_reads_nothing_more(tmp_path
 
 def test_a_nan_in_a_saved_sentence_transformers_dense_layer_fails_the_gate(tmp_path: Path, cli) -> None:
     import numpy as np
-    from sentence_transformers import SentenceTransformer, models
+    from sentence_transformers import SentenceTransformer, models  # type: ignore[attr-defined]
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
     base = tmp_path / "bert"
