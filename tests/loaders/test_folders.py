@@ -387,7 +387,8 @@ def test_a_module_path_outside_the_folder_or_missing_reads_nothing_more(tmp_path
 
 def test_a_nan_in_a_saved_sentence_transformers_dense_layer_fails_the_gate(tmp_path: Path, cli) -> None:
     import numpy as np
-    from sentence_transformers import SentenceTransformer, models  # type: ignore[attr-defined]
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Dense, Pooling, Transformer
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
     base = tmp_path / "bert"
@@ -396,11 +397,11 @@ def test_a_nan_in_a_saved_sentence_transformers_dense_layer_fails_the_gate(tmp_p
     BertModel(config).save_pretrained(base)
     (base / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijk"]))
     BertTokenizerFast(str(base / "vocab.txt")).save_pretrained(base)
-    dense = models.Dense(8, 4)
+    dense = Dense(8, 4)
     with torch.no_grad():
         dense.linear.weight[0, 0] = float("nan")
         dense.linear.weight[1, 1] = 1e6  # past float16's 65504
-    model = SentenceTransformer(modules=[models.Transformer(str(base)), models.Pooling(8), dense])
+    model = SentenceTransformer(modules=[Transformer(str(base)), Pooling(8), dense])
     model.save(str(tmp_path / "saved"))
     result = cli("scan-model", str(tmp_path / "saved"), "--target", "fp16", "-f", "json", "-q")
     assert result.exit_code == 1, result.stderr
@@ -409,3 +410,24 @@ def test_a_nan_in_a_saved_sentence_transformers_dense_layer_fails_the_gate(tmp_p
     weight = dense.linear.weight.detach().numpy()
     assert row["nan"] == int(np.isnan(weight).sum()) == 1
     assert row["casts"]["float16"]["overflow"] == int((np.abs(weight[np.isfinite(weight)]) > 65504).sum()) == 1
+
+
+def test_a_routers_routes_are_read_from_the_subfolders_its_config_names(tmp_path: Path) -> None:
+    # Router.save (sentence-transformers >= 5) writes each route's module in a subfolder of its own folder.
+    _sentence_folder(
+        tmp_path,
+        [{"path": ""}, {"path": "2_Router", "type": "sentence_transformers.base.modules.router.Router"}],
+    )
+    router = tmp_path / "2_Router"
+    for route in ("query_0_Dense", "document_0_Dense", "unnamed_0_Dense"):
+        (router / route).mkdir(parents=True)
+        save_file({"linear.weight": torch.full((1, 1), float(len(route)))}, router / route / "model.safetensors")
+    types = {"query_0_Dense": "x", "document_0_Dense": "x", "../escape": "x", "": "x"}
+    (router / "router_config.json").write_text(json.dumps({"types": types}))
+    loaded = load_all(tmp_path)
+    assert sorted(loaded) == [
+        "2_Router/document_0_Dense/model.linear.weight",
+        "2_Router/query_0_Dense/model.linear.weight",
+        "embeddings.weight",
+    ]
+    assert loaded["2_Router/query_0_Dense/model.linear.weight"].item() == len("query_0_Dense")

@@ -156,30 +156,43 @@ def _one_of_each(files: list[Path], also: tuple[tuple[str, str], ...] = ()) -> l
 
 def _module_weights(folder: Path, sniff: Callable[[Path], bool]) -> list[Path]:
     """The weight files of a sentence-transformers model's modules (``modules.json``: a Dense layer's
-    ``2_Dense/model.safetensors``), which ``SentenceTransformer(folder)`` loads beside the root model's: each
-    module subfolder named there, inside the folder, its checkpoint files directly in it. An unreadable or
-    malformed ``modules.json`` names none (the library cannot load such a folder); a module path leaving the
-    folder is ``shipped_code``'s fail."""
-    from dtypecheck.loaders._io.regular import read_regular_file
-
-    if not is_file(folder / "modules.json"):
-        return []
-    try:
-        document = json.loads(read_regular_file(folder / "modules.json", MAX_INDEX_BYTES, "modules.json"))
-    except (InputError, UnicodeDecodeError, ValueError, RecursionError):
-        return []
+    ``2_Dense/model.safetensors``; a Router's routes, named by the ``types`` of its ``router_config.json``:
+    ``2_Router/query_0_Dense/model.safetensors``), which ``SentenceTransformer(folder)`` loads beside the root
+    model's: each such subfolder inside the folder, its checkpoint files directly in it. An unreadable or malformed
+    JSON file names none (the library cannot load such a folder); a module path leaving the folder is
+    ``shipped_code``'s fail."""
+    document = _small_json(folder / "modules.json")
     root = folder.resolve()
     found: list[Path] = []
-    for entry in document if isinstance(document, list) else []:
-        where = entry.get("path") if isinstance(entry, dict) else None
-        if not isinstance(where, str) or not where:
-            continue
-        sub = folder / where
+
+    def read(sub: Path) -> None:
         if not sub.is_dir() or sub.is_symlink() or not sub.resolve().is_relative_to(root) or sub.resolve() == root:
-            continue
+            return
         weights = sorted(p for p in sub.iterdir() if p.is_file() and not p.name.startswith(".") and sniff(p))
         found.extend(p for p in _one_of_each(weights) if p not in found)
+        router = _small_json(sub / "router_config.json")
+        routes = router.get("types") if isinstance(router, dict) else None
+        for name in routes if isinstance(routes, dict) else []:
+            if isinstance(name, str) and name and name == Path(name).name:
+                read(sub / name)
+
+    for entry in document if isinstance(document, list) else []:
+        where = entry.get("path") if isinstance(entry, dict) else None
+        if isinstance(where, str) and where:
+            read(folder / where)
     return found
+
+
+def _small_json(path: Path) -> Any:
+    """``path`` parsed, or None when it is missing, not a regular file, too large or not JSON."""
+    from dtypecheck.loaders._io.regular import read_regular_file
+
+    if not is_file(path):
+        return None
+    try:
+        return json.loads(read_regular_file(path, MAX_INDEX_BYTES, path.name))
+    except (InputError, UnicodeDecodeError, ValueError, RecursionError):
+        return None
 
 
 def _open_pipeline(folder: Path, open_file: OpenFile, sniff: Callable[[Path], bool]) -> Checkpoint:
