@@ -268,9 +268,10 @@ def hf_inputs(
         if "freq" in required:
             kwargs["freq"] = torch.zeros((batch, 1), dtype=torch.long)
     if main in ("input_features", "input_values") or {"input_features", "input_values"} & required:
-        _audio(kwargs, config, main, batch, seq, make)
+        _audio(kwargs, config, main, batch, seq, make, accepted)
         features = kwargs.get("input_features")
-        if "input_features_mask" in accepted and features is not None and features.ndim == 3:
+        masked = "input_features_mask" in kwargs
+        if "input_features_mask" in accepted and features is not None and features.ndim == 3 and not masked:
             # Which frames are real (AudioFlamingo3's encoder counts them): every one, as the extractor says of
             # unpadded audio.
             kwargs["input_features_mask"] = torch.ones((batch, int(features.shape[-1])), dtype=torch.long)
@@ -332,9 +333,10 @@ def _cache_has_no_length(model: torch.nn.Module, accepted: set[str]) -> bool:
     return False
 
 
-def _audio(kwargs: dict[str, Any], config: Any, main: str, batch: int, seq: int, make: Any) -> None:
+def _audio(kwargs: dict[str, Any], config: Any, main: str, batch: int, seq: int, make: Any, accepted: set[str]) -> None:
     """Audio input: the feature extractor's own shape of about ``seq`` frames, else (bins, 2 x source positions)
-    spectrogram features or ``seq`` strides of raw samples."""
+    spectrogram features or ``seq`` strides of raw samples; a W2v-BERT encoder's stacked filter banks beside
+    them where the extractor makes none."""
     # Raw samples per frame: the conv feature encoder's total stride, else 20 ms at 16 kHz (wav2vec2's 320), so
     # that a first convolution of a long kernel (Moonshine's 127) has samples enough.
     stride = math.prod(getattr(config, "conv_stride", None) or (320,))
@@ -342,6 +344,7 @@ def _audio(kwargs: dict[str, Any], config: Any, main: str, batch: int, seq: int,
     samples = seq * (stride if main == "input_values" else hop)
     bins = size_of(config, "num_mel_bins", 0) or None
     model_type = _extractor_type(type(config))
+    import torch
     from torch.utils._python_dispatch import _disable_current_modes
 
     # The extractor's own torch ops (Whisper's STFT) are not the model's: run it outside the fake mode and the
@@ -353,6 +356,21 @@ def _audio(kwargs: dict[str, Any], config: Any, main: str, batch: int, seq: int,
         # (bins, frames), as Whisper's encoder takes exactly 2 frames per source position: the config's own
         # window, not the extractor's default 30 s
         found = (found[0], (found[1][0], 2 * positions))
+    if found is not None and (found[0] if found[0] in ("input_features", "input_values") else main) not in accepted:
+        found = None  # Wav2Vec2-BERT's mapped extractor is Wav2Vec2's, whose raw samples its forward does not take
+    semantic = getattr(config, "semantic_model_config", None)  # a codec's semantic tower (NeuCodec's)
+    stacked = size_of(config, "feature_projection_input_dim", 0) or size_of(semantic, "feature_projection_input_dim", 0)
+    if found is None and stacked and "input_features" in accepted:
+        # A W2v-BERT encoder (Wav2Vec2-BERT, NeuCodec's and XCodec2's semantic tower) takes SeamlessM4T's filter
+        # banks, two 10 ms frames stacked a row: ``seq`` rows of ``feature_projection_input_dim``, 20 ms each.
+        kwargs["input_features"] = make(batch, seq, stacked)
+        if "input_features_mask" in accepted:  # every row real (its frames are rows here, not columns)
+            kwargs["input_features_mask"] = torch.ones((batch, seq), dtype=torch.long)
+        if "input_values" in accepted:
+            # A codec takes the same audio's samples beside them, one mono channel: (batch, 1, samples), as its
+            # extractor pads them (``seq`` strides of 320).
+            kwargs["input_values"] = make(batch, 1, seq * stride)
+        return
     if found is not None:
         name, shape = found
         kwargs[name if name in ("input_features", "input_values") else main] = make(batch, *shape)
