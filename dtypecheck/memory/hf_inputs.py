@@ -232,6 +232,16 @@ def hf_inputs(
         kwargs["grid_thw"] = kwargs.pop("image_grid_thw")
         if "pixel_values" not in accepted:
             kwargs["hidden_states"] = kwargs.pop("pixel_values")
+        if "merge_sizes" in required:
+            # VideoLLaMA3's tower takes each image's merge, as its processor gives it beside the grid.
+            vision = getattr(config, "vision_config", None) or config
+            kwargs["merge_sizes"] = torch.full((batch,), _merge_size(vision), dtype=torch.long)
+    if {"prompt_pixel_values", "prompt_masks"} <= required and "pixel_values" in kwargs:
+        # SegGPT stacks its prompt image above the input in height (the config's 896 x 448): its processor gives
+        # the input, the prompt image and the prompt's mask each at half the config's height.
+        pixels = kwargs["pixel_values"]
+        half = make(*pixels.shape[:-2], pixels.shape[-2] // 2, pixels.shape[-1])
+        kwargs.update(pixel_values=half, prompt_pixel_values=make(*half.shape), prompt_masks=make(*half.shape))
     if "qformer_input_ids" in required:
         # InstructBLIP's Q-Former reads the instruction too, as its own tokenizer's ids.
         qformer = getattr(config, "qformer_config", None)
@@ -460,12 +470,7 @@ def _patch_grid(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, bat
     wrapped = getattr(config, "vlm_config", None)
     vision = getattr(config, "vision_config", None) or getattr(wrapped, "vision_config", None) or config
     patch = size_of(vision, "patch_size", 14)
-    # MuseSpark's tower names them ``merge_size`` and ``patch_temporal``, Kimi-K2.5's ``merge_kernel_size``.
-    merge = (
-        size_of(vision, "spatial_merge_size", 0)
-        or size_of(vision, "merge_size", 0)
-        or size_of(vision, "merge_kernel_size", 1)
-    )
+    merge = _merge_size(vision)
     temporal = size_of(vision, "temporal_patch_size", 0) or size_of(vision, "patch_temporal", 1)
     channels = size_of(vision, "in_channels", 0) or size_of(vision, "num_channels", 3)
     side = sizes_of(config, "image_size", (224,))[0]
@@ -485,6 +490,17 @@ def _patch_grid(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, bat
         [torch.ones((batch, 1), dtype=torch.long), torch.full((batch, 2), cells, dtype=torch.long)], dim=1
     )
     return cells * cells // (merge * merge)
+
+
+def _merge_size(vision: Any) -> int:
+    """How many patches a side a Qwen-VL-style tower merges into one image token (1 where its config names none:
+    VideoLLaMA3's, whose processor merges none of an image's)."""
+    # MuseSpark's tower names it ``merge_size``, Kimi-K2.5's ``merge_kernel_size``.
+    return (
+        size_of(vision, "spatial_merge_size", 0)
+        or size_of(vision, "merge_size", 0)
+        or size_of(vision, "merge_kernel_size", 1)
+    )
 
 
 def _patch_conv2d(model: torch.nn.Module, channels: int, patch: int) -> bool:
