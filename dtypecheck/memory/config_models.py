@@ -90,7 +90,8 @@ def _head_and_class(transformers: Any, config: Any) -> tuple[str, Any]:
     """The task head (``CausalLM``, ``Model``, ``ObjectDetection``...) and the model class to build for ``config``:
     the class its ``architectures`` names; else the first of ``HEADS`` that maps its config class (an
     encoder-decoder's sequence-to-sequence head first, a decoder never as a masked LM); else the bare model; else
-    any other task head transformers has for it (a depth estimator, an object detector)."""
+    any other task head transformers has for it (a depth estimator, an object detector); else its backbone (a
+    detector's or pose model's backbone config: RT-DETR's ResNet, ViTPose's ViT), which has no other class."""
     kind = type(config)
     named = _named_class(transformers, config)
     others = sorted(
@@ -101,11 +102,12 @@ def _head_and_class(transformers: Any, config: Any) -> tuple[str, Any]:
     if named is not None:
         # The config's ``architectures`` says which class it is for (BertModel stays BertModel): its head is the
         # Auto mapping that holds that class, else the bare model.
-        return next((h for h in (*HEADS, *others) if _mapped(transformers, h, kind) is named), "Model"), named
+        heads = (*HEADS, *others, "Backbone")
+        return next((h for h in heads if _mapped(transformers, h, kind) is named), "Model"), named
     # An encoder-decoder (Whisper, BART) may also map to a decoder-only causal LM: build the whole model.
     encdec = getattr(config, "is_encoder_decoder", False)
     order = sorted(HEADS, key=lambda h: "Seq2Seq" not in h) if encdec else HEADS
-    for candidate in (*order, "Model", *others):
+    for candidate in (*order, "Model", *others, "Backbone"):
         if candidate == "MaskedLM" and getattr(config, "is_decoder", False):
             continue
         found = _mapped(transformers, candidate, kind)
@@ -143,10 +145,11 @@ DECODER_BLOCKS = ("num_decoder_layers", "decoder_layers")
 
 
 def _mapped(transformers: Any, head: str, kind: type) -> Any:
-    """The class transformers' ``AutoModelFor<head>`` (``AutoModel`` for ``Model``) builds for config class
-    ``kind``, or None; of a mapping to several classes (DeiT's classifier with and without its teacher), the
-    first."""
-    auto = getattr(transformers, "AutoModel" if head == "Model" else f"AutoModelFor{head}", None)
+    """The class transformers' ``AutoModelFor<head>`` (``AutoModel`` for ``Model``, ``AutoBackbone`` for
+    ``Backbone``) builds for config class ``kind``, or None; of a mapping to several classes (DeiT's classifier
+    with and without its teacher), the first."""
+    auto_name = {"Model": "AutoModel", "Backbone": "AutoBackbone"}.get(head, f"AutoModelFor{head}")
+    auto = getattr(transformers, auto_name, None)
     mapping = getattr(auto, "_model_mapping", None)
     try:
         found = mapping.get(kind, None) if mapping is not None else None

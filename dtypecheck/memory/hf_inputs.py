@@ -232,6 +232,16 @@ def hf_inputs(
         kwargs["grid_thw"] = kwargs.pop("image_grid_thw")
         if "pixel_values" not in accepted:
             kwargs["hidden_states"] = kwargs.pop("pixel_values")
+        if "merge_sizes" in required:
+            # VideoLLaMA3's tower takes each image's merge, as its processor gives it beside the grid.
+            vision = getattr(config, "vision_config", None) or config
+            kwargs["merge_sizes"] = torch.full((batch,), _merge_size(vision), dtype=torch.long)
+    if {"prompt_pixel_values", "prompt_masks"} <= required and "pixel_values" in kwargs:
+        # SegGPT stacks its prompt image above the input in height (the config's 896 x 448): its processor gives
+        # the input, the prompt image and the prompt's mask each at half the config's height.
+        pixels = kwargs["pixel_values"]
+        half = make(*pixels.shape[:-2], pixels.shape[-2] // 2, pixels.shape[-1])
+        kwargs.update(pixel_values=half, prompt_pixel_values=make(*half.shape), prompt_masks=make(*half.shape))
     if "qformer_input_ids" in required:
         # InstructBLIP's Q-Former reads the instruction too, as its own tokenizer's ids.
         qformer = getattr(config, "qformer_config", None)
@@ -268,9 +278,10 @@ def hf_inputs(
         if "freq" in required:
             kwargs["freq"] = torch.zeros((batch, 1), dtype=torch.long)
     if main in ("input_features", "input_values") or {"input_features", "input_values"} & required:
-        _audio(kwargs, config, main, batch, seq, make)
+        _audio(kwargs, config, main, batch, seq, make, accepted)
         features = kwargs.get("input_features")
-        if "input_features_mask" in accepted and features is not None and features.ndim == 3:
+        masked = "input_features_mask" in kwargs
+        if "input_features_mask" in accepted and features is not None and features.ndim == 3 and not masked:
             # Which frames are real (AudioFlamingo3's encoder counts them): every one, as the extractor says of
             # unpadded audio.
             kwargs["input_features_mask"] = torch.ones((batch, int(features.shape[-1])), dtype=torch.long)
@@ -332,9 +343,10 @@ def _cache_has_no_length(model: torch.nn.Module, accepted: set[str]) -> bool:
     return False
 
 
-def _audio(kwargs: dict[str, Any], config: Any, main: str, batch: int, seq: int, make: Any) -> None:
+def _audio(kwargs: dict[str, Any], config: Any, main: str, batch: int, seq: int, make: Any, accepted: set[str]) -> None:
     """Audio input: the feature extractor's own shape of about ``seq`` frames, else (bins, 2 x source positions)
-    spectrogram features or ``seq`` strides of raw samples."""
+    spectrogram features or ``seq`` strides of raw samples; a W2v-BERT encoder's stacked filter banks beside
+    them where the extractor makes none."""
     # Raw samples per frame: the conv feature encoder's total stride, else 20 ms at 16 kHz (wav2vec2's 320), so
     # that a first convolution of a long kernel (Moonshine's 127) has samples enough.
     stride = math.prod(getattr(config, "conv_stride", None) or (320,))
@@ -342,6 +354,7 @@ def _audio(kwargs: dict[str, Any], config: Any, main: str, batch: int, seq: int,
     samples = seq * (stride if main == "input_values" else hop)
     bins = size_of(config, "num_mel_bins", 0) or None
     model_type = _extractor_type(type(config))
+    import torch
     from torch.utils._python_dispatch import _disable_current_modes
 
     # The extractor's own torch ops (Whisper's STFT) are not the model's: run it outside the fake mode and the
@@ -353,6 +366,21 @@ def _audio(kwargs: dict[str, Any], config: Any, main: str, batch: int, seq: int,
         # (bins, frames), as Whisper's encoder takes exactly 2 frames per source position: the config's own
         # window, not the extractor's default 30 s
         found = (found[0], (found[1][0], 2 * positions))
+    if found is not None and (found[0] if found[0] in ("input_features", "input_values") else main) not in accepted:
+        found = None  # Wav2Vec2-BERT's mapped extractor is Wav2Vec2's, whose raw samples its forward does not take
+    semantic = getattr(config, "semantic_model_config", None)  # a codec's semantic tower (NeuCodec's)
+    stacked = size_of(config, "feature_projection_input_dim", 0) or size_of(semantic, "feature_projection_input_dim", 0)
+    if found is None and stacked and "input_features" in accepted:
+        # A W2v-BERT encoder (Wav2Vec2-BERT, NeuCodec's and XCodec2's semantic tower) takes SeamlessM4T's filter
+        # banks, two 10 ms frames stacked a row: ``seq`` rows of ``feature_projection_input_dim``, 20 ms each.
+        kwargs["input_features"] = make(batch, seq, stacked)
+        if "input_features_mask" in accepted:  # every row real (its frames are rows here, not columns)
+            kwargs["input_features_mask"] = torch.ones((batch, seq), dtype=torch.long)
+        if "input_values" in accepted:
+            # A codec takes the same audio's samples beside them, one mono channel: (batch, 1, samples), as its
+            # extractor pads them (``seq`` strides of 320).
+            kwargs["input_values"] = make(batch, 1, seq * stride)
+        return
     if found is not None:
         name, shape = found
         kwargs[name if name in ("input_features", "input_values") else main] = make(batch, *shape)
@@ -442,12 +470,7 @@ def _patch_grid(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, bat
     wrapped = getattr(config, "vlm_config", None)
     vision = getattr(config, "vision_config", None) or getattr(wrapped, "vision_config", None) or config
     patch = size_of(vision, "patch_size", 14)
-    # MuseSpark's tower names them ``merge_size`` and ``patch_temporal``, Kimi-K2.5's ``merge_kernel_size``.
-    merge = (
-        size_of(vision, "spatial_merge_size", 0)
-        or size_of(vision, "merge_size", 0)
-        or size_of(vision, "merge_kernel_size", 1)
-    )
+    merge = _merge_size(vision)
     temporal = size_of(vision, "temporal_patch_size", 0) or size_of(vision, "patch_temporal", 1)
     channels = size_of(vision, "in_channels", 0) or size_of(vision, "num_channels", 3)
     side = sizes_of(config, "image_size", (224,))[0]
@@ -467,6 +490,17 @@ def _patch_grid(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, bat
         [torch.ones((batch, 1), dtype=torch.long), torch.full((batch, 2), cells, dtype=torch.long)], dim=1
     )
     return cells * cells // (merge * merge)
+
+
+def _merge_size(vision: Any) -> int:
+    """How many patches a side a Qwen-VL-style tower merges into one image token (1 where its config names none:
+    VideoLLaMA3's, whose processor merges none of an image's)."""
+    # MuseSpark's tower names it ``merge_size``, Kimi-K2.5's ``merge_kernel_size``.
+    return (
+        size_of(vision, "spatial_merge_size", 0)
+        or size_of(vision, "merge_size", 0)
+        or size_of(vision, "merge_kernel_size", 1)
+    )
 
 
 def _patch_conv2d(model: torch.nn.Module, channels: int, patch: int) -> bool:

@@ -1,8 +1,9 @@
 """Fixes of the real-size config sweep's failures by family (issue 28.1): GLM-4V's rope sections fitted to its
 rotary width; Idefics3-style models' count of real images, read after their mask is taken as all true, and their
 pixel shuffle given a grid it divides; the codecs' padding read from constants their constructors make; an unset
-head width given the width over the heads (Ministral, HunYuan), unset key-value heads one per head (Nemotron);
-each checked at tiny size against MemTracker."""
+head width given the width over the heads (Ministral, HunYuan), unset key-value heads one per head (Nemotron); a
+backbone-only config built as its backbone (RT-DETR's ResNet, ViTPose's ViT); each checked at tiny size against
+MemTracker."""
 
 from __future__ import annotations
 
@@ -183,4 +184,22 @@ def test_the_sweep_gives_unset_key_value_heads_one_per_head(tmp_path):
     # Nemotron's defaults leave num_key_value_heads None, which its attention divides by.
     config = transformers.NemotronConfig(**{**TEXT, "num_key_value_heads": None})
     assert coherent(config).num_key_value_heads == 2
+    within_5_percent_of_memtracker(tmp_path, config)
+
+
+def test_a_backbone_config_estimates_as_its_backbone(tmp_path):
+    # A detector's backbone config (RT-DETR's ResNet) has no class in any AutoModel mapping, only AutoBackbone's
+    # ("transformers has no model class for a RTDetrResNetConfig"): it is built as that backbone, fed images.
+    config = transformers.RTDetrResNetConfig(embedding_size=8, hidden_sizes=[8, 16, 16, 16], depths=[1, 1, 1, 1])
+    config.to_json_file(str(tmp_path / "config.json"))
+    report = estimate_memory(str(tmp_path), FP32)
+    assert report.model.model_class == "RTDetrResNetBackbone"
+    within_5_percent_of_memtracker(tmp_path, config)
+
+
+def test_a_transformer_backbone_config_estimates_at_its_image_size(tmp_path):
+    # ViTPose's backbone takes 256 x 192 images, its config's.
+    config = transformers.VitPoseBackboneConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=[64, 48]
+    )
     within_5_percent_of_memtracker(tmp_path, config)
