@@ -18,7 +18,7 @@ from dtypecheck.loaders._io.pickle_vm import unpickle
 from tests.conftest import CliResult
 from tests.security import corpus
 from tests.security.gate import sized_calls
-from tests.security.harness import exhausts, prove_live, run_cli
+from tests.security.harness import assert_cli_fails_each_in_its_own_process, exhausts, payload_scans, prove_live
 
 CALLS = sized_calls.calls()
 
@@ -51,12 +51,16 @@ def test_the_corpus_proof_makes_no_canary_for_what_loads(inputs: dict[str, corpu
 
 
 @pytest.mark.parametrize("name", sorted(CALLS))
-def test_gate_fails_a_sized_call(name: str, inputs: dict[str, corpus.Hostile]) -> None:
-    result = run_cli(inputs[name].args)
-    assert result.returncode == 1, result.stdout + result.stderr
-    assert "fail" in result.stdout
+def test_gate_fails_a_sized_call(name: str, inputs: dict[str, corpus.Hostile], cli: Callable[..., CliResult]) -> None:
+    ((_, result),) = payload_scans([inputs[name]], cli)
+    assert result.json()["summary"]["level"] == "fail"
     _, refs = unpickle(_data_pkl(CALLS[name]), where=name, persistent_load=lambda pid: ("storage", pid))
     assert "fail" in {judge(ref)[0] for ref in refs}
+
+
+def test_the_cli_fails_them_in_a_process_of_its_own(inputs: dict[str, corpus.Hostile]) -> None:
+    """As CI runs it: all six in one fresh process (a process per payload cost ~2 s each)."""
+    assert_cli_fails_each_in_its_own_process([inputs[name] for name in sorted(CALLS)])
 
 
 def test_small_calls_of_the_same_callables_stay_allowed() -> None:
