@@ -431,3 +431,21 @@ def test_a_routers_routes_are_read_from_the_subfolders_its_config_names(tmp_path
         "embeddings.weight",
     ]
     assert loaded["2_Router/query_0_Dense/model.linear.weight"].item() == len("query_0_Dense")
+
+
+def test_a_truncated_module_weights_file_is_named_not_dropped(tmp_path: Path) -> None:
+    root = {"path": "", "type": "sentence_transformers.models.Transformer"}
+    _sentence_folder(tmp_path, [root, {"path": "2_Dense", "type": "sentence_transformers.models.Dense"}])
+    (tmp_path / "2_Dense").mkdir()
+    save_file({"linear.weight": torch.ones(2, 2)}, tmp_path / "2_Dense" / "model.safetensors")
+    whole = (tmp_path / "2_Dense" / "model.safetensors").read_bytes()
+    (tmp_path / "2_Dense" / "model.safetensors").write_bytes(whole[:40])
+    with opened(tmp_path) as checkpoint:
+        assert [record.name for record in checkpoint.records()] == ["embeddings.weight"]
+        assert [(f.kind, f.level, f.detail) for f in checkpoint.findings] == [
+            (
+                "unreadable-file",
+                "warn",
+                "2_Dense/model.safetensors: named like a checkpoint, but its content is not one (skipped)",
+            )
+        ]

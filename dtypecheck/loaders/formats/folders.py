@@ -118,7 +118,11 @@ def open_folder(folder: Path, open_file: OpenFile, sniff: Callable[[Path], bool]
         if p not in files and p.suffix.lower() in CHECKPOINT_SUFFIXES
     ]
     files = _one_of_each(files)
-    modules = _module_weights(folder, sniff)
+    modules, unsniffed = _module_weights(folder, sniff)
+    skipped += [
+        Finding("unreadable-file", "warn", f"{label}: named like a checkpoint, but its content is not one (skipped)")
+        for label in unsniffed
+    ]
     # The folder is judged file by file: one file of no format dtypecheck reads (a torch.package archive) is that
     # file's finding, not the whole folder's exit 3; its pickles are still judged below, as every side file's.
     opened, unread, side = _open_judged(folder, files + modules, open_file)
@@ -154,22 +158,29 @@ def _one_of_each(files: list[Path], also: tuple[tuple[str, str], ...] = ()) -> l
     return files
 
 
-def _module_weights(folder: Path, sniff: Callable[[Path], bool]) -> list[Path]:
+def _module_weights(folder: Path, sniff: Callable[[Path], bool]) -> tuple[list[Path], list[str]]:
     """The weight files of a sentence-transformers model's modules (``modules.json``: a Dense layer's
     ``2_Dense/model.safetensors``; a Router's routes, named by the ``types`` of its ``router_config.json``:
     ``2_Router/query_0_Dense/model.safetensors``), which ``SentenceTransformer(folder)`` loads beside the root
     model's: each such subfolder inside the folder, its checkpoint files directly in it. An unreadable or malformed
     JSON file names none (the library cannot load such a folder); a module path leaving the folder is
-    ``shipped_code``'s fail."""
+    ``shipped_code``'s fail. Also the labels of the files there named like a checkpoint that are not one."""
     document = _small_json(folder / "modules.json")
     root = folder.resolve()
     found: list[Path] = []
+    unsniffed: list[str] = []
 
     def read(sub: Path) -> None:
         if not sub.is_dir() or sub.is_symlink() or not sub.resolve().is_relative_to(root) or sub.resolve() == root:
             return
-        weights = sorted(p for p in sub.iterdir() if p.is_file() and not p.name.startswith(".") and sniff(p))
+        candidates = sorted(p for p in sub.iterdir() if p.is_file() and not p.name.startswith("."))
+        weights = [p for p in candidates if sniff(p)]
         found.extend(p for p in _one_of_each(weights) if p not in found)
+        unsniffed.extend(
+            p.relative_to(folder).as_posix()
+            for p in candidates
+            if p not in weights and p.suffix.lower() in CHECKPOINT_SUFFIXES
+        )
         router = _small_json(sub / "router_config.json")
         routes = router.get("types") if isinstance(router, dict) else None
         for name in routes if isinstance(routes, dict) else []:
@@ -180,7 +191,7 @@ def _module_weights(folder: Path, sniff: Callable[[Path], bool]) -> list[Path]:
         where = entry.get("path") if isinstance(entry, dict) else None
         if isinstance(where, str) and where:
             read(folder / where)
-    return found
+    return found, unsniffed
 
 
 def _small_json(path: Path) -> Any:
