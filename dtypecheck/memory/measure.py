@@ -136,8 +136,8 @@ def measured_peak(
 
     tracker = MemTracker()
     tracker.track_external(module, *([optimizer] if optimizer is not None else []))
-    _without_module_tracking(tracker)
-    _skip_frozen_grad_hooks(tracker, module)
+    if not _without_module_tracking(tracker):
+        _skip_frozen_grad_hooks(tracker, module)  # its module hooks register the gradient hooks
     with warnings.catch_warnings():
         # Its module tracker warns about autograd nodes of modules already collected; the bytes are unaffected.
         warnings.simplefilter("ignore", UserWarning)
@@ -174,12 +174,14 @@ class _NoModuleTracking:
         return None
 
 
-def _without_module_tracking(tracker: Any) -> None:
+def _without_module_tracking(tracker: Any) -> bool:
     """Leave MemTracker's module tracking out (``_NoModuleTracking``), on the torch versions whose tracker reads
-    only ``parents`` and ``is_bw`` of it outside its module hooks."""
+    only ``parents`` and ``is_bw`` of it outside its module hooks; whether it was left out."""
     modules = getattr(tracker, "_mod_tracker", None)
-    if modules is not None and hasattr(modules, "is_bw") and hasattr(modules, "parents"):
-        tracker._mod_tracker = _NoModuleTracking()
+    if modules is None or not hasattr(modules, "is_bw") or not hasattr(modules, "parents"):
+        return False
+    tracker._mod_tracker = _NoModuleTracking()
+    return True
 
 
 class _NoHook:

@@ -105,23 +105,17 @@ def _scanned(opened: dict[Path, Checkpoint]) -> set[Path]:
 
 def open_folder(folder: Path, open_file: OpenFile, sniff: Callable[[Path], bool]) -> Checkpoint:
     """A folder of one or more checkpoint files (a folder with an index is ``open_index_folder``'s)."""
-    candidates = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
-    files = [p for p in candidates if sniff(p)]
+    files, unsniffed = _sniffed(folder, sniff)
     if not files and is_file(folder / "model_index.json"):
         return _open_pipeline(folder, open_file, sniff)
     if not files:
         raise InputError(f"{folder}: no checkpoint found in this folder")
+    files = _one_of_each(files)
+    modules, unsniffed_below = _module_weights(folder, sniff)
     # A file named like a checkpoint whose content is not one (truncated, corrupt) must not vanish silently.
     skipped = [
-        Finding("unreadable-file", "warn", f"{p.name}: named like a checkpoint, but its content is not one (skipped)")
-        for p in candidates
-        if p not in files and p.suffix.lower() in CHECKPOINT_SUFFIXES
-    ]
-    files = _one_of_each(files)
-    modules, unsniffed = _module_weights(folder, sniff)
-    skipped += [
         Finding("unreadable-file", "warn", f"{label}: named like a checkpoint, but its content is not one (skipped)")
-        for label in unsniffed
+        for label in (p.relative_to(folder).as_posix() for p in unsniffed + unsniffed_below)
     ]
     # The folder is judged file by file: one file of no format dtypecheck reads (a torch.package archive) is that
     # file's finding, not the whole folder's exit 3; its pickles are still judged below, as every side file's.
@@ -158,29 +152,32 @@ def _one_of_each(files: list[Path], also: tuple[tuple[str, str], ...] = ()) -> l
     return files
 
 
-def _module_weights(folder: Path, sniff: Callable[[Path], bool]) -> tuple[list[Path], list[str]]:
+def _sniffed(folder: Path, sniff: Callable[[Path], bool]) -> tuple[list[Path], list[Path]]:
+    """The files directly in ``folder`` (hidden ones left out), sorted: those ``sniff`` takes for a checkpoint,
+    and those named like one (``CHECKPOINT_SUFFIXES``) that it does not."""
+    candidates = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+    files = [p for p in candidates if sniff(p)]
+    return files, [p for p in candidates if p not in files and p.suffix.lower() in CHECKPOINT_SUFFIXES]
+
+
+def _module_weights(folder: Path, sniff: Callable[[Path], bool]) -> tuple[list[Path], list[Path]]:
     """The weight files of a sentence-transformers model's modules (``modules.json``: a Dense layer's
     ``2_Dense/model.safetensors``; a Router's routes, named by the ``types`` of its ``router_config.json``:
     ``2_Router/query_0_Dense/model.safetensors``), which ``SentenceTransformer(folder)`` loads beside the root
     model's: each such subfolder inside the folder, its checkpoint files directly in it. An unreadable or malformed
     JSON file names none (the library cannot load such a folder); a module path leaving the folder is
-    ``shipped_code``'s fail. Also the labels of the files there named like a checkpoint that are not one."""
+    ``shipped_code``'s fail. Also the files there named like a checkpoint that are not one (``_sniffed``)."""
     document = _small_json(folder / "modules.json")
     root = folder.resolve()
     found: list[Path] = []
-    unsniffed: list[str] = []
+    unsniffed: list[Path] = []
 
     def read(sub: Path) -> None:
         if not sub.is_dir() or sub.is_symlink() or not sub.resolve().is_relative_to(root) or sub.resolve() == root:
             return
-        candidates = sorted(p for p in sub.iterdir() if p.is_file() and not p.name.startswith("."))
-        weights = [p for p in candidates if sniff(p)]
+        weights, named_only = _sniffed(sub, sniff)
         found.extend(p for p in _one_of_each(weights) if p not in found)
-        unsniffed.extend(
-            p.relative_to(folder).as_posix()
-            for p in candidates
-            if p not in weights and p.suffix.lower() in CHECKPOINT_SUFFIXES
-        )
+        unsniffed.extend(p for p in named_only if p not in unsniffed)
         router = _small_json(sub / "router_config.json")
         routes = router.get("types") if isinstance(router, dict) else None
         for name in routes if isinstance(routes, dict) else []:
