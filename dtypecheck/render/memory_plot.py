@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from dtypecheck.memory.report import MemoryReport, StepTimeline
 
 GIB = 2**30
+_UNITS = ((GIB, "GiB"), (2**20, "MiB"), (2**10, "KiB"), (1, "B"))
 
 
 def plotted(report: MemoryReport) -> StepTimeline:
@@ -34,7 +35,9 @@ def step_figure(report: MemoryReport) -> Figure:
     from matplotlib.figure import Figure
 
     step = plotted(report)
-    unit, unit_name = (GIB, "GiB") if step.total >= GIB else (2**20, "MiB")
+    top = max([step.total, *(e.fit.usable_bytes for e in report.estimates if e.fit is not None)])
+    # The axis in the largest unit the figure reaches a whole one of (a small model's step in KiB, not 0.004 MiB).
+    unit, unit_name = next(((u, n) for u, n in _UNITS if top >= u), _UNITS[-1])
     xs = [i for i, _, _ in step.moments]
     resident = [step.resident_bytes / unit] * len(xs)
     activations = [(step.resident_bytes + a) / unit for _, a, _ in step.moments]
@@ -65,7 +68,15 @@ def step_figure(report: MemoryReport) -> Figure:
     peak_y = step.total / unit
     at = step.peak_index if step.optimizer_step_bytes is None or step.total != step.optimizer_step_bytes else end
     axes.plot([at], [peak_y], marker="v", color="black", markersize=9, linestyle="none")
-    axes.annotate(f"peak {fmt_bytes(step.total)}", (at, peak_y), textcoords="offset points", xytext=(6, 6))
+    # Near the right end the label goes to the marker's left, clear of the axes' edge and the "optim" label.
+    right = at > 0.8 * end
+    axes.annotate(
+        f"peak {fmt_bytes(step.total)}",
+        (at, peak_y),
+        textcoords="offset points",
+        xytext=(-8 if right else 6, 6),
+        ha="right" if right else "left",
+    )
     fits = [e.fit for e in report.estimates if e.fit is not None]
     if fits:
         usable = fits[0].usable_bytes / unit
@@ -93,7 +104,10 @@ def write_step_plot(report: MemoryReport, path: Path) -> None:
         figure.savefig(buffer, format="png")
         _write_bytes(path, buffer.getvalue())
         return
-    figure.savefig(buffer, format="svg", metadata={"Date": None})  # the same step draws the same page
+    # Text as text, not as glyph outlines: the page's numbers (the peak, the device's usable memory) can be selected,
+    # searched and read aloud, and the page is a quarter of the size.
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        figure.savefig(buffer, format="svg", metadata={"Date": None})  # the same step draws the same page
     svg = buffer.getvalue().decode("utf-8")
     svg = svg[svg.index("<svg") :]  # the XML prolog and doctype do not belong inside HTML
     title = html.escape(f"dtypecheck estimate-memory: {report.model.source}")

@@ -97,3 +97,56 @@ def test_the_request_check_sees_a_page_that_reaches_out(tmp_path: Path) -> None:
     page.write_text('<html><body><img src="http://127.0.0.1:9/x.png"><p>hi</p></body></html>', encoding="utf-8")
     opened = _browser.open_page(page)
     assert opened.requests == ["http://127.0.0.1:9/x.png"]
+
+
+STEP_FACTORY = """
+import torch
+from torch import nn
+
+
+def two():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16, bias=False), nn.ReLU(), nn.Linear(16, 4, bias=False))
+    return model, torch.randn(2, 8)
+"""
+
+WEIGHTS_BLUE, GRADIENTS_RED = (0x4C, 0x72, 0xB0), (0xC4, 0x4E, 0x52)
+"""memory_plot's fills for the resident bytes and the gradients (drawn at 85% over the phase shading)."""
+
+
+def _pixels_near(shot: Path, colour: tuple[int, int, int], within: int = 45) -> int:
+    from PIL import Image
+
+    with Image.open(shot) as image:
+        rgb = image.convert("RGB")
+        return sum(
+            count
+            for count, pixel in rgb.getcolors(maxcolors=1 << 20) or ()
+            if sum((a - b) ** 2 for a, b in zip(pixel, colour, strict=True)) <= within**2
+        )
+
+
+def test_memory_timeline_in_the_browser(cli, tmp_path: Path) -> None:
+    # What a person looks at for "where in the step is the peak": the --plot page, drawn by a real browser. Its words
+    # and numbers are text (selectable, searchable), as the JSON of the same run gives them; the bands are drawn.
+    factory = tmp_path / "two.py"
+    factory.write_text(STEP_FACTORY, encoding="utf-8")
+    page = tmp_path / "step.html"
+    args = ("estimate-memory", f"{factory}:two", "-d", "fp32", "--fit", "8KiB", "--reserve", "0", "--plot", str(page))
+    result = cli(*args, "-f", "json", "-q")
+    assert result.exit_code == 0, result.stderr
+    (step,) = [s for s in result.json()["steps"] if s["mode"] == "training"]
+    (fit,) = {e["fit"]["usable_bytes"] for e in result.json()["estimates"]}
+    assert fit == 8192
+    shot = tmp_path / "step.png"
+    opened = _browser.open_page(page, screenshot=shot, width=1150, height=560)
+    assert opened.requests == []
+    texts = [t.clean_text() for t in parse(opened.dom).find_all("text")]
+    assert f"peak {fmt_bytes(step['total'])}" in texts
+    assert {"forward", "backward", "optim", "op of the traced step", "bytes alive (KiB)"} <= set(texts)
+    assert f"8KiB usable {fmt_bytes(8192)}" in texts
+    assert f"{factory}:two: float32 training (pure), estimated" in texts
+    # The resident bytes (weights and AdamW's states) fill about half the axes up to the 8 KiB line, the gradients
+    # a band above them in backward: both are on screen, not only their legend swatches (~200 pixels each).
+    assert _pixels_near(shot, WEIGHTS_BLUE) > 20_000
+    assert _pixels_near(shot, GRADIENTS_RED) > 1_000
