@@ -162,21 +162,32 @@ def _mode_for(path: Path) -> int:
         return 0o666 & ~umask
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Write via a temporary file in the same folder and rename, so no reader sees a partial file.
+def write_atomically(path: Path, text: str | bytes) -> None:
+    """Write via a temporary file in the same folder and rename, so no reader sees a partial file (``text``: a
+    document, or the bytes of a picture). A failure (a missing folder, no permission, a full disk) is an
+    ``OSError`` that names ``path``, not the temporary file.
 
     A symlink is followed (the file it points to is replaced, the link stays). A device, a pipe or anything else
     that is not a regular file (``/dev/stdout``, ``/dev/null``, a FIFO), and any path under ``/dev`` or ``/proc``,
     is written through instead of being replaced by a regular file. Characters that cannot be encoded (a lone
     surrogate in a tensor name) are written as backslash escapes.
     """
-    data = text.encode("utf-8", errors="backslashreplace")
+    data = text if isinstance(text, bytes) else text.encode("utf-8", errors="backslashreplace")
     if _is_stream(path):
         with path.open("wb") as handle:
             handle.write(data)
         return
     path = path.resolve() if path.is_symlink() else path
     directory = path.parent if str(path.parent) else Path()
+    try:
+        _replace_with(path, directory, data)
+    except OSError as exc:
+        if exc.filename == str(path):
+            raise
+        raise OSError(exc.errno, exc.strerror, str(path)) from exc
+
+
+def _replace_with(path: Path, directory: Path, data: bytes) -> None:
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as handle:

@@ -205,10 +205,12 @@ ReportFormatOption = Annotated[
 """``--format`` of a command whose report has no findings (info, estimate-memory): no SARIF, no annotations."""
 
 
-def _output_folder_exists(value: Path | None) -> Path | None:
-    # Checked before any work starts: an hour-long trace should not end in "cannot write".
+def output_folder_exists(param: typer.CallbackParam, value: Path | None) -> Path | None:
+    """The callback of an option that names a file to write (``--output``, ``--plot``): its folder must exist.
+    Checked before any work starts: an hour-long trace should not end in "cannot write"."""
     if value is not None and not value.parent.is_dir():
-        raise typer.BadParameter(f"the folder {value.parent} does not exist", param_hint="'--output'")
+        name = param.opts[0] if param.opts else "--output"
+        raise typer.BadParameter(f"the folder {value.parent} does not exist", param_hint=f"'{name}'")
     return value
 
 
@@ -219,7 +221,7 @@ OutputOption = Annotated[
         "-o",
         help="Write the document to FILE (atomically) instead of stdout." + default_is("stdout"),
         dir_okay=False,
-        callback=_output_folder_exists,
+        callback=output_folder_exists,
     ),
 ]
 QuietOption = Annotated[

@@ -20,6 +20,7 @@ from dtypecheck.cli._app import (
     app,
     default_is,
     emit,
+    output_folder_exists,
     pick,
     project_config,
     refuse_overwriting_inputs,
@@ -169,7 +170,9 @@ def estimate_memory(
         Path | None,
         typer.Option(
             help="Draw memory over the step (the first training row, else the first) to FILE.png or FILE.html "
-            "(self-contained); with --fit, the device's usable line." + default_is("no picture")
+            "(self-contained); with --fit, the device's usable line." + default_is("no picture"),
+            dir_okay=False,
+            callback=output_folder_exists,
         ),
     ] = None,
     fmt: ReportFormatOption = OutputFormat.table,

@@ -21,6 +21,7 @@ from dtypecheck.cli._app import (
     app,
     default_is,
     emit,
+    output_folder_exists,
     pick,
     project_config,
     refuse_overwriting_inputs,
@@ -129,6 +130,7 @@ def scan_model(
             dir_okay=False,
             help="Also draw the checkpoint's log2-magnitude distribution against the targets' ranges to FILE.png "
             "(needs the 'plot' extra: matplotlib)." + default_is("no plot"),
+            callback=output_folder_exists,
         ),
     ] = None,
     workers: Annotated[

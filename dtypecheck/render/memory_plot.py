@@ -102,7 +102,7 @@ def write_step_plot(report: MemoryReport, path: Path) -> None:
     buffer = io.BytesIO()
     if path.suffix.lower() == ".png":
         figure.savefig(buffer, format="png")
-        _write_bytes(path, buffer.getvalue())
+        write_atomically(path, buffer.getvalue())
         return
     # Text as text, not as glyph outlines: the page's numbers (the peak, the device's usable memory) can be selected,
     # searched and read aloud, and the page is a quarter of the size.
@@ -116,17 +116,3 @@ def write_step_plot(report: MemoryReport, path: Path) -> None:
     head = f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">{policy}<title>{title}</title></head>\n'
     page = f"{head}<body>\n{svg}\n</body></html>\n"
     write_atomically(path, page)
-
-
-def _write_bytes(path: Path, data: bytes) -> None:
-    import os
-    import tempfile
-
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent if str(path.parent) else ".")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        Path(tmp).replace(path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

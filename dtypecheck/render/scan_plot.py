@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import math
-import os
-import tempfile
 from collections import Counter
 from pathlib import Path
 
 from dtypecheck.dtypes import lookup
 from dtypecheck.errors import UsageError
+from dtypecheck.output import write_atomically
 from dtypecheck.scan.report import ScanReport
 
 
@@ -72,17 +72,9 @@ def write_plot(report: ScanReport, path: Path) -> None:
     axes.set_ylabel("values")
     axes.set_title(f"{report.source}", loc="left", fontsize=9, pad=14 + 16 * len(windows))
     figure.tight_layout()
-    directory = path.parent if str(path.parent) else Path()
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=directory)
-    os.close(fd)
+    buffer = io.BytesIO()
     try:
-        figure.savefig(tmp_name, format="png", dpi=110)
-        umask = os.umask(0)
-        os.umask(umask)
-        Path(tmp_name).chmod(0o666 & ~umask)  # mkstemp creates 0600; a plot is as readable as any other file
-        Path(tmp_name).replace(path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+        figure.savefig(buffer, format="png", dpi=110)
     finally:
         plt.close(figure)
+    write_atomically(path, buffer.getvalue())

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import save_file
 
 from dtypecheck import __version__
 from dtypecheck.cli import app
@@ -127,6 +129,44 @@ def test_output_into_missing_folder_is_a_usage_error_without_partial_file(cli, t
     assert result.stderr.startswith("error: ")
     assert len(result.stderr.strip().splitlines()) == 1
     assert not target.parent.exists()
+
+
+@pytest.mark.parametrize(
+    ("command", "option"),
+    [
+        (("scan-model", "{checkpoint}"), "--plot"),
+        (("estimate-memory", "{checkpoint}", "-m", "inference"), "--plot"),
+    ],
+)
+def test_plot_into_missing_folder_is_a_usage_error_before_any_work(cli, tmp_path: Path, command, option) -> None:
+    # As --output: checked before the scan or the trace starts, and said of the option, not of a temporary file.
+    checkpoint = tmp_path / "m.safetensors"
+    save_file({"w": torch.ones(2, 2)}, str(checkpoint))
+    target = tmp_path / "missing" / "step.png"
+    result = cli(*(part.format(checkpoint=checkpoint) for part in command), option, str(target), "-q")
+    assert result.exit_code == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert (
+        line
+        == f"error: Invalid value for '{option}': the folder {target.parent} does not exist (see 'dtypecheck --help')"
+    )
+    assert not target.parent.exists()
+
+
+def test_a_failed_atomic_write_names_the_file_asked_for_and_leaves_nothing(tmp_path: Path) -> None:
+    from dtypecheck.output import write_atomically
+
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("x", encoding="utf-8")
+    target = blocker / "report.png"
+    with pytest.raises(NotADirectoryError) as raised:
+        write_atomically(target, b"\x89PNG")
+    assert raised.value.filename == str(target)  # not ".report.png.abc123.tmp"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["not-a-folder"]
+    picture = tmp_path / "p.png"
+    write_atomically(picture, bytes(range(256)))
+    assert picture.read_bytes() == bytes(range(256))  # bytes are written as given
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["not-a-folder", "p.png"]
 
 
 def test_version(cli) -> None:
