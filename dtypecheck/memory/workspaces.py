@@ -111,11 +111,11 @@ _INPUT_SIZED = {
     "aten.col2im.default": ((1, 4, 9), ((4, 4), (2, 2), (1, 1), (0, 0), (1, 1))),
     "aten.im2col.default": ((1, 1, 6, 6), ((2, 2), (1, 1), (0, 0), (3, 3))),
 }
-"""Ops whose real kernel makes its output ``empty_like(input)`` and resizes it to the output's shape, which keeps
-the storage at the input's size where the output is smaller: overlapping blocks folded (NeuCodec's ISTFT
-overlap-add, a (1, 1, 1, 9120) float32 signal in the 122,880 bytes of its (1, 1280, 24) frames; its inference was
-6.4% under MemTracker), or blocks unfolded at a stride past the kernel. Each with a probe, (input shape, the other
-arguments), whose output is smaller than its input."""
+"""Ops whose real kernels (the CPU's and CUDA's) make their output ``empty_like(input)`` and resize it to the
+output's shape, which keeps the storage at the input's size where the output is smaller: overlapping blocks folded
+(NeuCodec's ISTFT overlap-add, a (1, 1, 1, 9120) float32 signal in the 122,880 bytes of its (1, 1920, 16) frames;
+its inference was 6.4% under MemTracker), or blocks unfolded at a stride past the kernel. Each with a probe, (input
+shape, the other arguments), whose output is smaller than its input."""
 
 
 @functools.cache
