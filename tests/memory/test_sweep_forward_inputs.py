@@ -37,10 +37,11 @@ def test_a_codec_gets_its_semantic_towers_filter_banks_beside_its_waveform(tmp_p
     # positional argument: 'input_features'"). Now (1, 16, 160) filter banks and a (1, 1, 5120) mono waveform.
     _neucodec().to_json_file(str(tmp_path / "config.json"))
     report = estimate_memory(str(tmp_path), FP32, measure=True, seq_len=16)
-    errors = {str(m.mode): m.error for m in report.measurements}
-    assert abs(errors["training"]) <= 0.05, report.measurements
-    # Open: the inference pass is 6.4% under MemTracker's (153,604 of 2,404,356 bytes), the training step exact.
-    assert abs(errors["inference"]) <= 0.07, report.measurements
+    # Before: inference 6.4% under MemTracker's (153,604 of 2,404,356 bytes): its ISTFT head's two folds (col2im)
+    # each return their signal in storage of their frames' size, counted at the signal's. Now 4 bytes under in
+    # both: the head's periodic Hann window, a 1920-value buffer that torch.hann_window makes as a view of 1921.
+    assert [str(m.mode) for m in report.measurements] == ["inference", "training"]
+    assert max(abs(m.error) for m in report.measurements) <= 0.01, report.measurements
 
 
 def test_seggpt_gets_its_prompt_image_and_mask_at_half_the_configs_height(tmp_path):
