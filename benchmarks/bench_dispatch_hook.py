@@ -48,6 +48,7 @@ HOOK = r"""
 
 #include <cmath>
 #include <string>
+#include <unordered_map>
 
 namespace {
 
@@ -55,6 +56,44 @@ int64_t ops = 0, checked = 0, first = -1;
 std::string first_name;
 bool recording = false;
 std::vector<std::string> names;
+
+// What naming each op's line would cost: the GIL taken back (the op's Python binding released it) and the Python
+// stack walked to the innermost frame outside torch, whose code objects are sorted once each.
+bool locating = false;
+int64_t located = 0;
+std::string torch_root;
+std::unordered_map<PyCodeObject*, bool> user_code;
+int last_line = 0;
+
+void locate() {
+  pybind11::gil_scoped_acquire gil;
+  PyFrameObject* frame = PyEval_GetFrame();
+  Py_XINCREF(frame);
+  while (frame != nullptr) {
+    PyCodeObject* code = PyFrame_GetCode(frame);
+    auto found = user_code.find(code);
+    bool user;
+    if (found == user_code.end()) {
+      const char* file = PyUnicode_AsUTF8(code->co_filename);
+      user = file != nullptr && std::string(file).rfind(torch_root, 0) != 0;
+      Py_INCREF(code);  // kept: the cache's key must not be reused by another code object
+      user_code.emplace(code, user);
+    } else {
+      user = found->second;
+    }
+    if (user) {
+      last_line = PyFrame_GetLineNumber(frame);
+      ++located;
+      Py_DECREF(code);
+      Py_DECREF(frame);
+      return;
+    }
+    PyFrameObject* back = PyFrame_GetBack(frame);
+    Py_DECREF(code);
+    Py_DECREF(frame);
+    frame = back;
+  }
+}
 float largest = 0.0f;
 PyObject* marker = nullptr;
 
@@ -99,6 +138,7 @@ void run_hooked(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   ++ops;
   if (recording) names.push_back(op.schema().name() + "." + op.schema().overload_name());
+  if (locating) locate();
   if (uninitialised(op)) return;
   const auto returns = op.schema().returns().size();
   for (const auto& value : torch::jit::last(*stack, returns)) {
@@ -224,12 +264,22 @@ pybind11::tuple seen() { return pybind11::make_tuple(ops, checked, first, first_
 
 std::vector<std::string> recorded() { return names; }
 
+void locate_lines(bool on, std::string root) {
+  locating = on;
+  torch_root = std::move(root);
+  located = 0;
+}
+
+pybind11::tuple lines_located() { return pybind11::make_tuple(located, last_line); }
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("install", &install);
   m.def("mark", &mark);
   m.def("reset", &reset);
   m.def("seen", &seen);
   m.def("recorded", &recorded);
+  m.def("locate_lines", &locate_lines);
+  m.def("lines_located", &lines_located);
 }
 """
 
@@ -348,6 +398,14 @@ def main() -> None:
         hooked_names = list(hook.recorded())
         same = "the same, in the same order" if hooked_names == names.names else "DIFFERENT"
         print(f"ops over 2 steps: Python mode {len(names.names)}, hooked {len(hooked_names)}: {same}")
+        # Each op's line: every op (forward, backward, optimizer) finds a frame outside torch.
+        hook.reset(False)
+        hook.locate_lines(True, str(Path(torch.__file__).parent))
+        with marker:
+            _steps(model, optimizer, 1)
+        located, last = hook.lines_located()
+        hook.locate_lines(False, "")
+        print(f"lines found for {located} of {hook.seen()[0]} ops of a step (the last at line {last} of this script)")
         # A planted overflow: the first non-finite output, against the full trace's first producer.
         torch.manual_seed(3)
         model, optimizer = _small()
@@ -367,16 +425,28 @@ def main() -> None:
         # Timing: blocks of steps, plain against each, alternating in this process.
         model, optimizer = _small()
         _steps(model, optimizer, 10)
-        ratios: dict[str, list[float]] = {"hooked": [], "empty Python mode": [], "full trace": []}
+        ratios: dict[str, list[float]] = {
+            "hooked": [],
+            "hooked, each op's line found": [],
+            "empty Python mode": [],
+            "full trace": [],
+        }
+        root = str(Path(torch.__file__).parent)
         for repeat in range(args.repeats):
             start = time.process_time()
             _steps(model, optimizer, args.steps)
             plain_s = time.process_time() - start
-            for name, mode in (("hooked", marker), ("empty Python mode", empty)):
+            for name, mode in (
+                ("hooked", marker),
+                ("hooked, each op's line found", marker),
+                ("empty Python mode", empty),
+            ):
+                hook.locate_lines(name.startswith("hooked,"), root)
                 start = time.process_time()
                 with mode:
                     _steps(model, optimizer, args.steps)
                 ratios[name].append((time.process_time() - start) / plain_s)
+            hook.locate_lines(False, root)
             if repeat < args.full_repeats:
                 start = time.process_time()
                 with dtypecheck.trace(model):
