@@ -289,6 +289,9 @@ def hf_inputs(
         # A codec's decoder on its own (Mimi's): the continuous latents its encoder makes, (batch, hidden_size,
         # frames), ``seq`` frames of them.
         kwargs["latents"] = make(batch, size_of(config, "hidden_size", 1), seq)
+    from dtypecheck.memory.tower_inputs import tower_inputs  # (it reads this module's sizes)
+
+    tower_inputs(kwargs, config, required, batch=batch, seq=seq, make=make)
     if not kwargs and main in accepted:
         kwargs[main] = ids(batch, seq)
     elif not kwargs and "input_ids" in accepted:

@@ -1,0 +1,91 @@
+"""Inputs of a tower that, in its full model, is fed another tower's output or a state rather than text, pixels or
+audio: a Q-Former's query embeddings and image features, a drafter's noise and its target model's hidden states,
+an acoustic tokenizer's waveform channels and latents. Each is shaped as the docs of the model's forward, and its
+full model's code, give it, from the config."""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+from dtypecheck.memory.hf_inputs import size_of
+
+
+def tower_inputs(kwargs: dict[str, Any], config: Any, required: set[str], *, batch: int, seq: int, make: Any) -> None:
+    """Add to (or reshape in) ``kwargs`` the inputs a tower of another model takes, where its config says how."""
+    _query_former(kwargs, config, required, batch, make)
+    _block_drafter(kwargs, config, required, batch, seq, make)
+    _acoustic_tokenizer(kwargs, config, required, batch, seq, make)
+
+
+def _query_former(kwargs: dict[str, Any], config: Any, required: set[str], batch: int, make: Any) -> None:
+    """BLIP-2's Q-Former on its own: its learnt query tokens (``num_query_tokens`` of them) attending to the image
+    features of its vision tower (``encoder_hidden_size`` wide, a class token and one per patch), both counts
+    from the defaults of the config that holds it, as ``Blip2Model`` feeds them."""
+    if "query_embeds" not in required or "query_embeds" in kwargs:
+        return
+    config_class: type = type(config)
+    holder = _holder_defaults(config_class)
+    queries = size_of(holder, "num_query_tokens", 32) if holder is not None else 32
+    kwargs["query_embeds"] = make(batch, queries, size_of(config, "hidden_size", 1))
+    width = size_of(config, "encoder_hidden_size", 0)
+    vision = getattr(holder, "vision_config", None)
+    if width and vision is not None:
+        patches = (size_of(vision, "image_size", 224) // size_of(vision, "patch_size", 14)) ** 2
+        kwargs["encoder_hidden_states"] = make(batch, patches + 1, width)
+
+
+def _block_drafter(kwargs: dict[str, Any], config: Any, required: set[str], batch: int, seq: int, make: Any) -> None:
+    """A block-diffusion drafter (MuseGlimmer's assistant): one ``block_size`` block of noise embeddings to
+    denoise, beside ``seq`` tokens of its target model's hidden states, those of each ``target_layer_ids`` layer
+    side by side, as its forward's docs shape them."""
+    if not {"noise_embeds", "context_hidden_states"} <= required:
+        return
+    hidden = size_of(config, "hidden_size", 1)
+    layers = len(getattr(config, "target_layer_ids", None) or (1,))
+    kwargs.pop("noise_embeds", None)  # the main input, else filled with token ids
+    kwargs["noise_embeds"] = make(batch, size_of(config, "block_size", seq), hidden)
+    kwargs["context_hidden_states"] = make(batch, seq, hidden * layers)
+
+
+def _acoustic_tokenizer(
+    kwargs: dict[str, Any], config: Any, required: set[str], batch: int, seq: int, make: Any
+) -> None:
+    """A convolutional acoustic tokenizer (VibeVoice's): its waveform as its extractor gives it, (batch,
+    ``channels``, samples), ``seq`` latent frames of its encoder's total stride; its encoder on its own takes the
+    same waveform as ``hidden_states``, and its decoder the latents, (batch, ``hidden_size``, ``seq`` frames), as
+    ``decode`` hands them on."""
+    channels, down = getattr(config, "channels", None), getattr(config, "downsampling_ratios", None)
+    if not isinstance(channels, int) or isinstance(channels, bool) or not down:
+        return
+    # The halves on their own name their input ``hidden_states`` (their main input's name, ``input_values``, is
+    # the whole model's, which the audio rules filled); their configs say which half they are.
+    half = getattr(config, "base_config_key", None)
+    waveform = make(batch, channels, seq * math.prod(down))
+    if "hidden_states" not in required:
+        if "input_values" in kwargs:
+            kwargs["input_values"] = waveform
+        return
+    kwargs.pop("input_values", None)
+    if half == "encoder_config":
+        kwargs["hidden_states"] = waveform
+    elif half == "decoder_config":
+        kwargs["hidden_states"] = make(batch, size_of(config, "hidden_size", 1), seq)
+
+
+@functools.cache
+def _holder_defaults(config_class: type) -> Any:
+    """The default config of the model whose config, in the same module, holds ``config_class`` as a sub-config
+    (BLIP-2's of its Q-Former's), or None."""
+    import sys
+
+    module = sys.modules.get(config_class.__module__)
+    for holder in vars(module).values() if module is not None else ():
+        subs = getattr(holder, "sub_configs", None) if isinstance(holder, type) else None
+        if isinstance(subs, dict) and config_class in subs.values():
+            try:
+                return holder()
+            except Exception:  # noqa: BLE001  (a config that cannot be made at its defaults)
+                continue
+    return None

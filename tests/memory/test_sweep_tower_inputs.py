@@ -1,0 +1,51 @@
+"""Inputs of towers that the real-size config sweep's models take from another tower or a state (issue 28.1):
+BLIP-2's Q-Former's query tokens and image features, MuseGlimmer's drafter's noise block and target hidden states,
+VibeVoice's acoustic tokenizer's waveform channels and latents, each checked at tiny size against MemTracker."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.memory._fixtures import within_5_percent_of_memtracker
+
+transformers = pytest.importorskip("transformers")
+
+
+def test_a_q_former_gets_its_query_tokens_and_its_vision_towers_features(tmp_path):
+    # "missing 1 required positional argument: 'query_embeds'": BLIP-2's 32 query tokens, attending to 257 image
+    # features (a class token and 16 x 16 patches of its default vision tower) of ``encoder_hidden_size``.
+    config = transformers.Blip2QFormerConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, encoder_hidden_size=24,
+        cross_attention_frequency=1,
+    )  # fmt: skip
+    within_5_percent_of_memtracker(tmp_path, config)
+
+
+def test_a_block_drafter_gets_its_noise_block_and_its_targets_hidden_states(tmp_path):
+    # "missing 1 required positional argument: 'context_hidden_states'": a block of 4 noise embeddings and 16
+    # tokens of the target's 3 chosen layers' hidden states, side by side.
+    config = transformers.MuseGlimmerAssistantConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+        head_dim=16, vocab_size=128, block_size=4, target_layer_ids=[0, 1, 2],
+    )  # fmt: skip
+    within_5_percent_of_memtracker(tmp_path, config)
+
+
+TOKENIZER = {"hidden_size": 8, "num_filters": 4, "downsampling_ratios": [2, 4], "depths": [1, 1, 1]}
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        # Its waveform was (1, 5120) ("Dimension out of range" in its first ConvNeXt block): (1, 1, 128) now,
+        # 16 frames of its 8-sample stride.
+        lambda: transformers.VibeVoiceAcousticTokenizerConfig(**TOKENIZER),
+        # "missing 1 required positional argument: 'hidden_states'": the waveform for the encoder, and (1, 8, 16)
+        # latents for the decoder.
+        lambda: transformers.VibeVoiceAcousticTokenizerEncoderConfig(**TOKENIZER),
+        lambda: transformers.VibeVoiceAcousticTokenizerDecoderConfig(**TOKENIZER),
+    ],
+    ids=["whole", "encoder", "decoder"],
+)
+def test_an_acoustic_tokenizer_gets_its_waveforms_channels_and_its_halves_their_inputs(tmp_path, make):
+    within_5_percent_of_memtracker(tmp_path, make())
