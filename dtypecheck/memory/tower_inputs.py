@@ -7,16 +7,42 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dtypecheck.memory.hf_inputs import size_of
+from dtypecheck.memory.hf_inputs import _audio, size_of
+
+if TYPE_CHECKING:
+    import torch
 
 
-def tower_inputs(kwargs: dict[str, Any], config: Any, required: set[str], *, batch: int, seq: int, make: Any) -> None:
+def tower_inputs(
+    kwargs: dict[str, Any],
+    model: torch.nn.Module,
+    config: Any,
+    accepted: set[str],
+    required: set[str],
+    *,
+    batch: int,
+    seq: int,
+    make: Any,
+) -> None:
     """Add to (or reshape in) ``kwargs`` the inputs a tower of another model takes, where its config says how."""
     _query_former(kwargs, config, required, batch, make)
     _block_drafter(kwargs, config, required, batch, seq, make)
     _acoustic_tokenizer(kwargs, config, required, batch, seq, make)
+    _speech_encoder(kwargs, model, config, accepted, batch, seq, make)
+
+
+def _speech_encoder(
+    kwargs: dict[str, Any], model: torch.nn.Module, config: Any, accepted: set[str], batch: int, seq: int, make: Any
+) -> None:
+    """An encoder-decoder that wraps a speech encoder (SpeechEncoderDecoder's) takes its encoder's audio, under the
+    name the encoder's main input has (its own main input, the generic ``inputs``, would be given token ids)."""
+    encoder, encoder_config = getattr(model, "encoder", None), getattr(config, "encoder", None)
+    audio = getattr(encoder, "main_input_name", None)
+    if kwargs or audio not in ("input_values", "input_features") or audio not in accepted or encoder_config is None:
+        return
+    _audio(kwargs, encoder_config, audio, batch, seq, make, accepted)
 
 
 def _query_former(kwargs: dict[str, Any], config: Any, required: set[str], batch: int, make: Any) -> None:

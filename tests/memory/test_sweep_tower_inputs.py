@@ -49,3 +49,29 @@ TOKENIZER = {"hidden_size": 8, "num_filters": 4, "downsampling_ratios": [2, 4], 
 )
 def test_an_acoustic_tokenizer_gets_its_waveforms_channels_and_its_halves_their_inputs(tmp_path, make):
     within_5_percent_of_memtracker(tmp_path, make())
+
+
+def test_a_head_passing_use_cache_on_in_its_kwargs_runs_without_a_cache_that_has_no_length(tmp_path):
+    # GraniteMoeHybrid's defaults are all linear-attention layers, and its head passes ``use_cache`` on in its
+    # kwargs to a model that takes the config's True: "`get_seq_length` can only be called on Attention layers".
+    config = transformers.GraniteMoeHybridConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+        vocab_size=128, num_local_experts=2, num_experts_per_tok=1, shared_intermediate_size=32, mamba_d_state=8,
+        mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=1,
+    )  # fmt: skip
+    within_5_percent_of_memtracker(tmp_path, config)
+
+
+def test_a_speech_encoder_decoder_gets_its_encoders_audio_not_token_ids(tmp_path):
+    # Its main input is the generic ``inputs``, given token ids, which its Wav2Vec2 encoder's group norm refused
+    # ("mean(): could not infer output dtype ... Got: torch.int64"): now its encoder's raw samples.
+    encoder = transformers.Wav2Vec2Config(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, conv_dim=[16, 16],
+        conv_stride=[5, 4], conv_kernel=[10, 4], num_conv_pos_embeddings=8, num_conv_pos_embedding_groups=2,
+    )  # fmt: skip
+    decoder = transformers.BertConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=128,
+        is_decoder=True, add_cross_attention=True,
+    )  # fmt: skip
+    config = transformers.SpeechEncoderDecoderConfig.from_encoder_decoder_configs(encoder, decoder)
+    within_5_percent_of_memtracker(tmp_path, config)
