@@ -31,6 +31,10 @@ def tower_inputs(
     _block_drafter(kwargs, config, required, batch, seq, make)
     _acoustic_tokenizer(kwargs, config, required, batch, seq, make)
     _speech_encoder(kwargs, model, config, accepted, batch, seq, make)
+    if "inputs_embeds" in required and "inputs_embeds" not in kwargs:
+        # A tower fed another's states, whose forward takes no ids (Nemotron 3.5 Transcribe's word-timestamp
+        # head, of its speech encoder's frames): ``seq`` of them, ``hidden_size`` wide, as its docs shape them.
+        kwargs["inputs_embeds"] = make(batch, seq, size_of(config, "hidden_size", 1))
 
 
 def _speech_encoder(

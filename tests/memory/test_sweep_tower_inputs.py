@@ -75,3 +75,13 @@ def test_a_speech_encoder_decoder_gets_its_encoders_audio_not_token_ids(tmp_path
     )  # fmt: skip
     config = transformers.SpeechEncoderDecoderConfig.from_encoder_decoder_configs(encoder, decoder)
     within_5_percent_of_memtracker(tmp_path, config)
+
+
+def test_a_tower_fed_another_towers_states_gets_them_not_token_ids(tmp_path):
+    # Nemotron 3.5 Transcribe's word-timestamp head takes its speech encoder's frames as ``inputs_embeds``: it
+    # was given (1, 16) token ids ("Dimension out of range" transposing them), now (1, 16, 32) states.
+    config = transformers.Nemotron3_5TranscribeWordTimestampConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+        vocab_size=128, blank_token_id=127,
+    )  # fmt: skip
+    within_5_percent_of_memtracker(tmp_path, config)
