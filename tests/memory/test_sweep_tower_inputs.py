@@ -85,3 +85,27 @@ def test_a_tower_fed_another_towers_states_gets_them_not_token_ids(tmp_path):
         vocab_size=128, blank_token_id=127,
     )  # fmt: skip
     within_5_percent_of_memtracker(tmp_path, config)
+
+
+def test_the_sweep_pairs_llama4s_vision_tower_and_projector_with_its_adapter():
+    from benchmarks.memory_config_sweep import coherent
+
+    # Its defaults' adapter is Scout's (5632 = 1408 / 0.5**2 inputs, 4096 outputs); its tower 768 wide, and its
+    # projector reading 7680: "a and b must have same reduction dim" in the adapter, then in the projector.
+    vision = coherent(transformers.Llama4Config()).vision_config
+    assert (vision.hidden_size, vision.vision_output_dim) == (1408, 4096)
+
+
+def test_a_coherent_llama4_with_its_image_is_within_5_percent(tmp_path):
+    vision = {
+        "hidden_size": 32, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 2,
+        "image_size": 56, "patch_size": 14, "pixel_shuffle_ratio": 0.5, "projector_input_dim": 64,
+        "projector_output_dim": 64, "vision_output_dim": 64,
+    }  # fmt: skip
+    text = {
+        "hidden_size": 32, "intermediate_size": 64, "intermediate_size_mlp": 64, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128,
+        "num_local_experts": 2, "num_experts_per_tok": 1,
+    }  # fmt: skip
+    config = transformers.Llama4Config(vision_config=vision, text_config=text, image_token_index=120)
+    within_5_percent_of_memtracker(tmp_path, config)
