@@ -31,6 +31,7 @@ def tower_inputs(
     _block_drafter(kwargs, config, required, batch, seq, make)
     _acoustic_tokenizer(kwargs, config, required, batch, seq, make)
     _speech_encoder(kwargs, model, config, accepted, batch, seq, make)
+    _query_projector(kwargs, model, config, batch, make)
     if "inputs_embeds" in required and "inputs_embeds" not in kwargs:
         # A tower fed another's states, whose forward takes no ids (Nemotron 3.5 Transcribe's word-timestamp
         # head, of its speech encoder's frames): ``seq`` of them, ``hidden_size`` wide, as its docs shape them.
@@ -47,6 +48,27 @@ def _speech_encoder(
     if kwargs or audio not in ("input_values", "input_features") or audio not in accepted or encoder_config is None:
         return
     _audio(kwargs, encoder_config, audio, batch, seq, make, accepted)
+
+
+def _query_projector(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, batch: int, make: Any) -> None:
+    """A VLM whose projector maps each image's patch count to a number of queries (Aria's
+    ``projector_patch_to_query_dict``, 1225 or 4900 patches) takes only images of those counts: its processor's
+    default (``max_image_size`` 980 px, padded square) gives the larger, which the vision config's own
+    ``image_size`` (224) does not. The image is made that size, and the text given its queries' placeholders."""
+    from dtypecheck.memory.hf_inputs import _image_tokens
+
+    table = getattr(config, "projector_patch_to_query_dict", None)
+    pixels = kwargs.get("pixel_values")
+    if not isinstance(table, dict) or not table or pixels is None or pixels.ndim != 4 or "input_ids" not in kwargs:
+        return
+    patch = size_of(getattr(config, "vision_config", None) or config, "patch_size", 14)
+    if (pixels.shape[-2] // patch) * (pixels.shape[-1] // patch) in table:
+        return
+    patches = max(int(k) for k in table)
+    side = math.isqrt(patches) * patch
+    kwargs["pixel_values"] = make(batch, int(pixels.shape[1]), side, side)
+    # (Counting the features of the first image failed in the projector: the text has no placeholders yet.)
+    _image_tokens(kwargs, model, config, int(table[patches]))
 
 
 def _query_former(kwargs: dict[str, Any], config: Any, required: set[str], batch: int, make: Any) -> None:

@@ -109,3 +109,18 @@ def test_a_coherent_llama4_with_its_image_is_within_5_percent(tmp_path):
     }  # fmt: skip
     config = transformers.Llama4Config(vision_config=vision, text_config=text, image_token_index=120)
     within_5_percent_of_memtracker(tmp_path, config)
+
+
+def test_a_vlm_whose_projector_maps_patch_counts_to_queries_gets_an_image_of_the_largest(tmp_path):
+    # Aria's projector takes 1225 or 4900 patches an image ("Number of patches 49 not found in
+    # patch_to_query_dict" of the vision config's 224 px): here 4 or 16 patches of 14 px (not 42 px's 9), so a
+    # 56 px image and 8 image placeholders in the text.
+    config = transformers.AriaConfig(
+        vision_config={"model_type": "idefics3_vision", "hidden_size": 32, "intermediate_size": 64,
+                       "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 42, "patch_size": 14},
+        text_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                     "num_key_value_heads": 2, "vocab_size": 128, "moe_num_experts": 2, "moe_topk": 1,
+                     "moe_intermediate_size": 32},
+        projector_patch_to_query_dict={4: 4, 16: 8}, image_token_index=120,
+    )  # fmt: skip
+    within_5_percent_of_memtracker(tmp_path, config)
