@@ -124,3 +124,16 @@ def test_a_vlm_whose_projector_maps_patch_counts_to_queries_gets_an_image_of_the
         projector_patch_to_query_dict={4: 4, 16: 8}, image_token_index=120,
     )  # fmt: skip
     within_5_percent_of_memtracker(tmp_path, config)
+
+
+def test_a_qwen_vl_style_vlm_gets_each_images_merge_beside_its_grid(tmp_path):
+    # VideoLLaMA3 reads ``image_merge_sizes`` beside the grid ("'NoneType' object has no attribute 'tolist'"):
+    # 1 an image, as its processor gives them, and as its 14 x 14 placeholders were counted.
+    config = transformers.VideoLlama3Config(
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                       "patch_size": 16},
+        text_config={"model_type": "qwen2", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                     "num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 128},
+        image_token_id=120,
+    )  # fmt: skip
+    within_5_percent_of_memtracker(tmp_path, config)
