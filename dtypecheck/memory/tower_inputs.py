@@ -32,6 +32,7 @@ def tower_inputs(
     _acoustic_tokenizer(kwargs, config, required, batch, seq, make)
     _speech_encoder(kwargs, model, config, accepted, batch, seq, make)
     _query_projector(kwargs, model, config, batch, make)
+    _windowed_backbone(kwargs, config, batch, make)
     if "image_grid_thw" in kwargs and "image_merge_sizes" in accepted and "image_merge_sizes" not in kwargs:
         # VideoLLaMA3 takes each image's merge beside its grid, as its processor gives them (the same merge its
         # image placeholders were counted with). Factory-made: the tower reads the values.
@@ -55,6 +56,24 @@ def _speech_encoder(
     if kwargs or audio not in ("input_values", "input_features") or audio not in accepted or encoder_config is None:
         return
     _audio(kwargs, encoder_config, audio, batch, seq, make, accepted)
+
+
+def _windowed_backbone(kwargs: dict[str, Any], config: Any, batch: int, make: Any) -> None:
+    """A detector whose ViT backbone splits its patch grid into ``num_windows`` windows a side (RF-DETR's DINOv2)
+    takes images whose grid they divide: the next size up from the backbone's ``image_size`` (518 px, 37 patches
+    of 14, to 560 px, 40 patches; RF-DETR's checkpoints run at multiples of 56 px)."""
+    backbone = getattr(config, "backbone_config", None)
+    windows, patch = getattr(backbone, "num_windows", None), getattr(backbone, "patch_size", None)
+    pixels = kwargs.get("pixel_values")
+    if not isinstance(windows, int) or not isinstance(patch, int) or pixels is None or pixels.ndim != 4:
+        return
+    sides = [int(v) // patch for v in pixels.shape[-2:]]
+    if all(side % windows == 0 for side in sides):
+        return
+    height, width = (-(-side // windows) * windows * patch for side in sides)
+    kwargs["pixel_values"] = make(*pixels.shape[:-2], height, width)
+    if "pixel_mask" in kwargs:
+        kwargs["pixel_mask"] = kwargs["pixel_mask"].new_ones((int(pixels.shape[0]), height, width))
 
 
 def _query_projector(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, batch: int, make: Any) -> None:

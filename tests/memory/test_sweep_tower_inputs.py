@@ -137,3 +137,16 @@ def test_a_qwen_vl_style_vlm_gets_each_images_merge_beside_its_grid(tmp_path):
         image_token_id=120,
     )  # fmt: skip
     within_5_percent_of_memtracker(tmp_path, config)
+
+
+def test_a_windowed_backbones_detector_gets_an_image_whose_grid_its_windows_divide(tmp_path):
+    # RF-DETR's DINOv2 splits its grid into 2 x 2 windows here: its 70 px (5 patches a side) made the window
+    # partition fail ("shape '[1, 2, 2, 2, 2, -1]' is invalid"); now 84 px, 6 patches.
+    config = transformers.RfDetrConfig(
+        backbone_config={"model_type": "rf_detr_dinov2", "hidden_size": 32, "num_hidden_layers": 2,
+                         "num_attention_heads": 2, "image_size": 70, "patch_size": 14, "num_windows": 2,
+                         "window_block_indexes": [0], "out_features": ["stage1", "stage2"]},
+        d_model=32, decoder_ffn_dim=64, decoder_layers=1, decoder_self_attention_heads=2,
+        decoder_cross_attention_heads=2, num_queries=10, group_detr=2, intermediate_size=64, c2f_num_blocks=1,
+    )  # fmt: skip
+    within_5_percent_of_memtracker(tmp_path, config)
