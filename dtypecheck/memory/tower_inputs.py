@@ -33,6 +33,7 @@ def tower_inputs(
     _speech_encoder(kwargs, model, config, accepted, batch, seq, make)
     _query_projector(kwargs, model, config, batch, make)
     _windowed_backbone(kwargs, config, batch, make)
+    _tile_mask(kwargs, model, config, accepted, batch)
     if "image_grid_thw" in kwargs and "image_merge_sizes" in accepted and "image_merge_sizes" not in kwargs:
         # VideoLLaMA3 takes each image's merge beside its grid, as its processor gives them (the same merge its
         # image placeholders were counted with). Factory-made: the tower reads the values.
@@ -56,6 +57,29 @@ def _speech_encoder(
     if kwargs or audio not in ("input_values", "input_features") or audio not in accepted or encoder_config is None:
         return
     _audio(kwargs, encoder_config, audio, batch, seq, make, accepted)
+
+
+def _tile_mask(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, accepted: set[str], batch: int) -> None:
+    """A VLM whose image features need the mask of real tiles (GraniteDocling's ``get_image_features`` requires
+    ``pixel_attention_mask``, (batch, tiles), where Idefics3's optional mask is of pixels) gets every tile real,
+    as its processor marks an unpadded image's, and the text its image's placeholders, counted with it."""
+    import inspect
+
+    import torch
+
+    from dtypecheck.memory.hf_inputs import _count_features, _image_tokens
+
+    features = getattr(model, "get_image_features", None)
+    pixels = kwargs.get("pixel_values")
+    if features is None or pixels is None or pixels.ndim != 5 or "pixel_attention_mask" in kwargs:
+        return
+    mask = inspect.signature(features).parameters.get("pixel_attention_mask")
+    if "pixel_attention_mask" not in accepted or mask is None or mask.default is not mask.empty:
+        return
+    kwargs["pixel_attention_mask"] = torch.ones(tuple(pixels.shape[:2]), dtype=torch.bool)
+    if "input_ids" in kwargs:
+        # (The count without the mask failed: the text has no placeholders yet.)
+        _image_tokens(kwargs, model, config, _count_features(model, features, kwargs) // max(batch, 1))
 
 
 def _windowed_backbone(kwargs: dict[str, Any], config: Any, batch: int, make: Any) -> None:

@@ -150,3 +150,19 @@ def test_a_windowed_backbones_detector_gets_an_image_whose_grid_its_windows_divi
         decoder_cross_attention_heads=2, num_queries=10, group_detr=2, intermediate_size=64, c2f_num_blocks=1,
     )  # fmt: skip
     within_5_percent_of_memtracker(tmp_path, config)
+
+
+def test_a_vlm_whose_image_features_need_its_tile_mask_gets_every_tile_real(tmp_path):
+    # GraniteDocling's ``get_image_features`` requires the (batch, tiles) mask of real tiles ("'NoneType' object
+    # has no attribute 'sum'"), and its image placeholders are counted with it: 4 x 4 patches of one 64 px tile,
+    # shuffled by 2, 4 tokens.
+    config = transformers.GraniteDoclingConfig(
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+                       "image_size": 64, "patch_size": 16, "out_hidden_size": 32, "scale_factor": 2,
+                       "deepstack_visual_indexes": [0], "use_fine_route": False},
+        text_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+                     "num_key_value_heads": 2, "vocab_size": 128, "pad_token_id": 0, "bos_token_id": 1,
+                     "eos_token_id": 2},
+        image_token_id=120, pad_token_id=0,
+    )  # fmt: skip
+    within_5_percent_of_memtracker(tmp_path, config)
