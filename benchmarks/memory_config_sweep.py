@@ -171,6 +171,19 @@ def coherent(config: Any) -> Any:
         and (side // patch) % per_side
     ):
         vision.image_size = -(-(side // patch) // per_side) * per_side * patch
+    # Llama 4's vision defaults pair a 768-wide tower with the adapter of Scout's 1408-wide one (its checkpoints'):
+    # the adapter's first layer takes the pixel-shuffled patches, ``intermediate_size`` (5632) = width / ratio**2 ...
+    ratio, adapter = getattr(vision, "pixel_shuffle_ratio", None), getattr(vision, "intermediate_size", None)
+    tower = getattr(vision, "hidden_size", None)
+    if vision is not None and isinstance(ratio, float) and isinstance(adapter, int) and isinstance(tower, int):
+        fitted = round(adapter * ratio**2)
+        heads = getattr(vision, "num_attention_heads", 1) or 1
+        if fitted != tower and fitted % heads == 0:
+            vision.hidden_size = fitted
+        # ... and its projector reads ``vision_output_dim`` (7680) of the adapter's ``projector_output_dim`` (4096).
+        out = getattr(vision, "projector_output_dim", None)
+        if isinstance(out, int) and isinstance(getattr(vision, "vision_output_dim", None), int):
+            vision.vision_output_dim = out
     # A retriever wrapping a VLM (ColQwen2's Qwen2-VL) has that VLM's defaults, paired as the VLM's are, and so
     # has an encoder-decoder's multimodal encoder (T5Gemma 2's).
     for wrapped in ("vlm_config", "encoder"):

@@ -150,6 +150,7 @@ def hf_inputs(
     required = {
         n for n, p in parameters.items() if p.default is p.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
     }
+    passes_on = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
     vocab = size_of(config, "vocab_size", 2)
     make = torch.randn if real else torch.zeros
 
@@ -289,6 +290,9 @@ def hf_inputs(
         # A codec's decoder on its own (Mimi's): the continuous latents its encoder makes, (batch, hidden_size,
         # frames), ``seq`` frames of them.
         kwargs["latents"] = make(batch, size_of(config, "hidden_size", 1), seq)
+    from dtypecheck.memory.tower_inputs import tower_inputs  # (it reads this module's sizes)
+
+    tower_inputs(kwargs, model, config, accepted, required, batch=batch, seq=seq, make=make)
     if not kwargs and main in accepted:
         kwargs[main] = ids(batch, seq)
     elif not kwargs and "input_ids" in accepted:
@@ -303,6 +307,10 @@ def hf_inputs(
         # ``use_cache=False`` there changes what the trace sees (+2.7% on Llama) and not what the real step holds.
         # A hybrid model whose cache cannot tell its length (only linear-attention or state-space layers: Bamba, or
         # a shallow copy of Jamba's first layers) fails its own forward with a cache, so it trains without one.
+        kwargs["use_cache"] = False
+    elif "use_cache" not in accepted and passes_on and _cache_has_no_length(model, accepted):
+        # A head that passes ``use_cache`` on in its keyword arguments to a model defaulting it to the config's
+        # True (GraniteMoeHybrid's, whose defaults are all linear-attention layers) fails the same way.
         kwargs["use_cache"] = False
     if labels and train and "labels" in accepted:
         label = _labels(config, head, batch, seq, kwargs, ids)
