@@ -10,6 +10,8 @@ import inspect
 import math
 from typing import TYPE_CHECKING, Any
 
+from dtypecheck.memory.family_inputs import codebook_decoder_ids, named_spectrogram
+
 if TYPE_CHECKING:
     import torch
 
@@ -289,6 +291,8 @@ def hf_inputs(
         # A codec's decoder on its own (Mimi's): the continuous latents its encoder makes, (batch, hidden_size,
         # frames), ``seq`` frames of them.
         kwargs["latents"] = make(batch, size_of(config, "hidden_size", 1), seq)
+    if not kwargs:
+        named_spectrogram(kwargs, model, config, batch, seq, make)
     if not kwargs and main in accepted:
         kwargs[main] = ids(batch, seq)
     elif not kwargs and "input_ids" in accepted:
@@ -308,6 +312,7 @@ def hf_inputs(
         label = _labels(config, head, batch, seq, kwargs, ids)
         if label is not None:
             kwargs["labels"] = label
+    codebook_decoder_ids(kwargs, config, ids, lm_head=head in LM_HEADS)
     return kwargs
 
 
@@ -332,7 +337,10 @@ def _cache_has_no_length(model: torch.nn.Module, accepted: set[str]) -> bool:
         return False
     from torch.utils._python_dispatch import _disable_current_modes
 
-    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    try:
+        config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    except ValueError:  # MusicGen's has two (its T5 encoder's and its decoder's): the forward makes its own cache
+        return False
     try:
         with _disable_current_modes():  # the cache's layers hold no tensors until the first update
             DynamicCache(config=config).get_seq_length()

@@ -1,0 +1,81 @@
+"""Inputs that families of transformers models take in shapes of their own, read from their config and ``forward``
+signature: an audio decoder's codebooks flattened into the batch (MusicGen, Dia), a spectrogram under a name of
+the model's own beside its padding mask (Gemma 3n's audio encoder). ``hf_inputs`` calls these once the common
+inputs are built."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+DECODER_CONFIGS = ("decoder", "decoder_config")
+"""Where an encoder-decoder's config keeps its decoder's."""
+
+
+def decoder_codebooks(config: Any) -> tuple[str, int, int] | None:
+    """(name, count, vocabulary) of the audio codebooks an encoder-decoder's decoder predicts a step, or None:
+    MusicGen's decoder names them ``num_codebooks``, Dia's ``num_channels``."""
+    for name in DECODER_CONFIGS:
+        decoder = getattr(config, name, None)
+        if decoder is None or not hasattr(decoder, "to_dict"):
+            continue
+        vocab = getattr(decoder, "vocab_size", None)
+        for count in ("num_codebooks", "num_channels"):
+            codebooks = vars(decoder).get(count)
+            if isinstance(codebooks, int) and not isinstance(codebooks, bool) and codebooks > 1 and vocab:
+                return count, codebooks, int(vocab)
+    return None
+
+
+def codebook_decoder_ids(kwargs: dict[str, Any], config: Any, ids: Any, *, lm_head: bool) -> None:
+    """Make an audio decoder's ``decoder_input_ids`` ``seq`` codes of each codebook, in the decoder's vocabulary:
+    MusicGen's ``(batch * num_codebooks, seq)``, as its docs give them (the codebooks flattened into the batch);
+    Dia's ``(batch, seq, num_channels)``, as its processor gives them (its own reshape of the flattened form ends
+    in a ``view`` of a transposed tensor, which fails in eager too), and for its language-model head the labels
+    its processor makes, ``(batch * num_channels, seq)``, as its logits are flattened."""
+    found = decoder_codebooks(config)
+    given = kwargs.get("decoder_input_ids")
+    if found is None or given is None or given.ndim != 2:
+        return
+    name, codebooks, vocab = found
+    batch, seq = (int(v) for v in given.shape)
+    if name == "num_codebooks":
+        kwargs["decoder_input_ids"] = ids(batch * codebooks, seq, high=vocab)
+        return
+    kwargs["decoder_input_ids"] = ids(batch, seq, codebooks, high=vocab)
+    if lm_head and "labels" in kwargs:
+        kwargs["labels"] = ids(batch * codebooks, seq, high=vocab)
+
+
+def named_spectrogram(
+    kwargs: dict[str, Any], model: torch.nn.Module, config: Any, batch: int, seq: int, make: Any
+) -> bool:
+    """Give a main input of the model's own name (Gemma 3n's audio encoder's ``audio_mel``) the features its
+    model's extractor makes, ``(batch, frames, bins)``, when the forward requires a mask named after it
+    (``audio_mel_mask``); the mask is all False, none padded: Gemma 3n's model passes its extractor's mask of real
+    frames inverted (``get_audio_features(input_features, ~input_features_mask)``). Returns whether it did."""
+    import inspect
+
+    import torch
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    from dtypecheck.memory.hf_inputs import _extractor_type, _feature_shape, size_of
+
+    main = getattr(model, "main_input_name", "")
+    parameters = inspect.signature(model.forward).parameters
+    mask = f"{main}_mask"
+    if not main or main in kwargs or main not in parameters or mask not in parameters:
+        return False
+    if parameters[mask].default is not inspect.Parameter.empty:
+        return False
+    bins = size_of(config, "input_feat_size", 0) or size_of(config, "num_mel_bins", 0) or None
+    with _disable_current_modes():  # the extractor's own ops are not the model's
+        found = _feature_shape(_extractor_type(type(config)), seq * 160, bins)
+    if found is None or found[0] != "input_features" or len(found[1]) != 2:
+        return False
+    frames = found[1][0]
+    kwargs[main] = make(batch, *found[1])
+    kwargs[mask] = torch.zeros((batch, frames), dtype=torch.bool)
+    return True

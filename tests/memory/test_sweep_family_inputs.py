@@ -1,0 +1,78 @@
+"""Inputs that families of models take in shapes of their own, which the real-size config sweep (issue 28.1) did
+not give: an audio decoder's codebooks (MusicGen flattened into the batch, Dia last), Gemma 3n's spectrogram
+under its own name beside its padding mask; each checked at tiny size against MemTracker."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.memory._fixtures import within_5_percent_of_memtracker
+
+transformers = pytest.importorskip("transformers")
+
+ATTENTION = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}
+
+
+def _musicgen():
+    return transformers.MusicgenConfig(
+        text_encoder={"model_type": "t5", "d_model": 32, "d_ff": 64, "num_layers": 1, "num_heads": 2,
+                      "vocab_size": 128, "d_kv": 16},
+        audio_encoder={"model_type": "encodec", "hidden_size": 8, "num_filters": 4, "upsampling_ratios": [2, 2],
+                       "codebook_size": 64, "codebook_dim": 8},
+        decoder={"model_type": "musicgen_decoder", **ATTENTION, "ffn_dim": 64, "vocab_size": 64, "num_codebooks": 4},
+    )  # fmt: skip
+
+
+def _dia():
+    heads = {"num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 64}
+    return transformers.DiaConfig(
+        encoder_config={**ATTENTION, **heads, "vocab_size": 128},
+        decoder_config={**ATTENTION, **heads, "cross_num_attention_heads": 2, "cross_head_dim": 16,
+                        "cross_num_key_value_heads": 2, "cross_hidden_size": 32, "vocab_size": 64, "num_channels": 3},
+        delay_pattern=[0, 1, 2],
+    )  # fmt: skip
+
+
+def _inputs(model_class, config, *, train=False):
+    from dtypecheck.memory.hf_inputs import hf_inputs
+
+    with torch.device("meta"):
+        model = model_class(config)
+    model.train(train)
+    return hf_inputs(model, config, "Seq2SeqLM", 1, 16, train=train, labels=True, real=False)
+
+
+def test_musicgens_decoder_ids_are_its_codebooks_flattened_into_the_batch():
+    # Before: (1, 16), "shape '[-1, 4, 16]' is invalid for input of size 16" in its decoder's reshape.
+    found = _inputs(transformers.MusicgenForConditionalGeneration, _musicgen())
+    assert tuple(found["decoder_input_ids"].shape) == (4, 16)
+
+
+def test_dias_decoder_ids_are_its_processors_channels_last_and_its_labels_flattened():
+    # Before: (1, 16), "shape '[1, 9, -1]' is invalid for input of size 16"; the flattened form its docs also
+    # name ends in its own view of a transposed tensor, which fails in eager too.
+    found = _inputs(transformers.DiaForConditionalGeneration, _dia(), train=True)
+    assert tuple(found["decoder_input_ids"].shape) == (1, 16, 3)
+    assert tuple(found["labels"].shape) == (3, 16)
+
+
+@pytest.mark.parametrize("make_config", [_musicgen, _dia], ids=["musicgen", "dia"])
+def test_an_audio_decoder_of_codebooks_is_within_5_percent_of_memtracker(tmp_path, make_config):
+    within_5_percent_of_memtracker(tmp_path, make_config())
+
+
+def test_gemma3n_audio_encoder_gets_its_extractors_features_and_an_unpadded_mask(tmp_path):
+    # Before: "missing 1 required positional argument: 'audio_mel_mask'", with (1, 16) token ids as its audio.
+    config = transformers.Gemma3nAudioConfig(
+        hidden_size=32, conf_num_hidden_layers=1, conf_num_attention_heads=2, sscp_conv_channel_size=[8, 4],
+        conf_conv_kernel_size=3,
+    )
+    with torch.device("meta"):
+        model = transformers.Gemma3nAudioEncoder(config)
+    from dtypecheck.memory.hf_inputs import hf_inputs
+
+    found = hf_inputs(model, config, "Model", 1, 16, train=False, labels=False, real=False)
+    assert tuple(found["audio_mel"].shape) == (1, 13, 128)  # 16 x 160 samples: 13 frames of 128 bins
+    assert not found["audio_mel_mask"].any()
+    within_5_percent_of_memtracker(tmp_path, config)
