@@ -67,7 +67,7 @@ def test_gemma3n_audio_encoder_gets_its_extractors_features_and_an_unpadded_mask
     config = transformers.Gemma3nAudioConfig(
         hidden_size=32, conf_num_hidden_layers=1, conf_num_attention_heads=2, sscp_conv_channel_size=[8, 4],
         conf_conv_kernel_size=3,
-    )
+    )  # fmt: skip
     with torch.device("meta"):
         model = transformers.Gemma3nAudioEncoder(config)
     from dtypecheck.memory.hf_inputs import hf_inputs
