@@ -79,3 +79,24 @@ def named_spectrogram(
     kwargs[main] = make(batch, *found[1])
     kwargs[mask] = torch.zeros((batch, frames), dtype=torch.bool)
     return True
+
+
+def second_tower_pixels(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, make: Any) -> None:
+    """Give each ``<name>_pixel_values`` the forward takes beside ``pixel_values`` the images of the tower its config
+    keeps as ``<name>_vision_config``, at that tower's image size: DeepSeek-VL-hybrid's SAM tower reads 1024-pixel
+    ``high_res_pixel_values`` beside its SigLIP tower's 384, as its image processor gives both (its forward refuses
+    one without the other)."""
+    import inspect
+
+    from dtypecheck.memory.hf_inputs import size_of, sizes_of
+
+    pixels = kwargs.get("pixel_values")
+    if pixels is None or pixels.ndim != 4:
+        return
+    for name in inspect.signature(model.forward).parameters:
+        prefix = name.removesuffix("_pixel_values")
+        tower = getattr(config, f"{prefix}_vision_config", None) if prefix != name else None
+        if tower is None or name in kwargs:
+            continue
+        side = sizes_of(tower, "image_size", tuple(int(v) for v in pixels.shape[-2:]))
+        kwargs[name] = make(int(pixels.shape[0]), size_of(tower, "num_channels", 3), side[0], side[-1])

@@ -10,7 +10,7 @@ import inspect
 import math
 from typing import TYPE_CHECKING, Any
 
-from dtypecheck.memory.family_inputs import codebook_decoder_ids, named_spectrogram
+from dtypecheck.memory.family_inputs import codebook_decoder_ids, named_spectrogram, second_tower_pixels
 
 if TYPE_CHECKING:
     import torch
@@ -222,6 +222,7 @@ def hf_inputs(
         vision = getattr(config, "vision_config", None) or config
         cells = max(kwargs["pixel_values"].shape[-1] // size_of(vision, "patch_size", 14), 1)
         kwargs["target_sizes"] = torch.full((batch, 2), cells, dtype=torch.int32)
+    second_tower_pixels(kwargs, model, config, make)
     image_tokens = None
     if "spatial_shapes" in accepted and "pixel_values" in kwargs:
         _flat_patches(kwargs, config, batch, make)

@@ -76,3 +76,24 @@ def test_gemma3n_audio_encoder_gets_its_extractors_features_and_an_unpadded_mask
     assert tuple(found["audio_mel"].shape) == (1, 13, 128)  # 16 x 160 samples: 13 frames of 128 bins
     assert not found["audio_mel_mask"].any()
     within_5_percent_of_memtracker(tmp_path, config)
+
+
+def test_deepseek_vl_hybrid_gets_its_sam_towers_high_res_images_beside_its_siglip_towers(tmp_path):
+    # Before: "Both pixel_values and high_res_pixel_values should be specified at the same time".
+    from tests.memory._fixtures import TINY_TEXT
+
+    config = transformers.DeepseekVLHybridConfig(
+        text_config={"model_type": "llama", **TINY_TEXT},
+        vision_config={"model_type": "siglip_vision_model", **ATTENTION, "intermediate_size": 64, "image_size": 32,
+                       "patch_size": 8},
+        high_res_vision_config={"model_type": "sam_vision_model", **ATTENTION, "image_size": 64, "patch_size": 16,
+                                "output_channels": 16, "global_attn_indexes": [0], "mlp_dim": 64},
+        image_token_id=TINY_TEXT["vocab_size"] - 1,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = transformers.DeepseekVLHybridModel(config)
+    from dtypecheck.memory.hf_inputs import hf_inputs
+
+    found = hf_inputs(model, config, "Model", 1, 16, train=False, labels=False, real=False)
+    assert tuple(found["high_res_pixel_values"].shape) == (1, 3, 64, 64)
+    within_5_percent_of_memtracker(tmp_path, config)
