@@ -100,3 +100,29 @@ def second_tower_pixels(kwargs: dict[str, Any], model: torch.nn.Module, config: 
             continue
         side = sizes_of(tower, "image_size", tuple(int(v) for v in pixels.shape[-2:]))
         kwargs[name] = make(int(pixels.shape[0]), size_of(tower, "num_channels", 3), side[0], side[-1])
+
+
+def trajectory(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, batch: int, seq: int, make: Any) -> bool:
+    """A Decision Transformer's trajectory of ``seq`` steps, as its docs shape it: each step's state
+    (``state_dim``), action (``act_dim``), reward and return-to-go, its timestep and an all-real mask (its
+    GPT-2 reads three tokens a step). Returns whether the model takes one."""
+    import inspect
+
+    import torch
+
+    parameters = inspect.signature(model.forward).parameters
+    dims = vars(config).get("state_dim"), vars(config).get("act_dim")
+    wanted = {"states", "actions", "rewards", "returns_to_go", "timesteps"}
+    if not wanted <= set(parameters) or not all(isinstance(v, int) and v > 0 for v in dims):
+        return False
+    state_dim, act_dim = dims
+    kwargs.update(
+        states=make(batch, seq, state_dim),
+        actions=make(batch, seq, act_dim),
+        rewards=make(batch, seq, 1),
+        returns_to_go=make(batch, seq, 1),
+        timesteps=torch.arange(seq).expand(batch, seq).contiguous(),
+    )
+    if "attention_mask" in parameters:
+        kwargs["attention_mask"] = torch.ones((batch, seq), dtype=torch.long)
+    return True

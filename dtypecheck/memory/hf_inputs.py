@@ -10,7 +10,12 @@ import inspect
 import math
 from typing import TYPE_CHECKING, Any
 
-from dtypecheck.memory.family_inputs import codebook_decoder_ids, named_spectrogram, second_tower_pixels
+from dtypecheck.memory.family_inputs import (
+    codebook_decoder_ids,
+    named_spectrogram,
+    second_tower_pixels,
+    trajectory,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -292,8 +297,8 @@ def hf_inputs(
         # A codec's decoder on its own (Mimi's): the continuous latents its encoder makes, (batch, hidden_size,
         # frames), ``seq`` frames of them.
         kwargs["latents"] = make(batch, size_of(config, "hidden_size", 1), seq)
-    if not kwargs:
-        named_spectrogram(kwargs, model, config, batch, seq, make)
+    if not kwargs and not named_spectrogram(kwargs, model, config, batch, seq, make):
+        trajectory(kwargs, model, config, batch, seq, make)
     if not kwargs and main in accepted:
         kwargs[main] = ids(batch, seq)
     elif not kwargs and "input_ids" in accepted:

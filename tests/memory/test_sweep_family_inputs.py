@@ -97,3 +97,21 @@ def test_deepseek_vl_hybrid_gets_its_sam_towers_high_res_images_beside_its_sigli
     found = hf_inputs(model, config, "Model", 1, 16, train=False, labels=False, real=False)
     assert tuple(found["high_res_pixel_values"].shape) == (1, 3, 64, 64)
     within_5_percent_of_memtracker(tmp_path, config)
+
+
+def test_a_decision_transformer_gets_a_trajectory_of_states_actions_and_returns(tmp_path):
+    # Before: its states were (1, 16) token ids, "a and b must have same reduction dim, but got [1, 16] X [17, ...]".
+    config = transformers.DecisionTransformerConfig(
+        state_dim=5, act_dim=3, hidden_size=32, n_layer=1, n_head=2, n_inner=64, max_ep_len=64, n_positions=128
+    )
+    with torch.device("meta"):
+        model = transformers.DecisionTransformerModel(config)
+    from dtypecheck.memory.hf_inputs import hf_inputs
+
+    found = hf_inputs(model, config, "Model", 1, 16, train=False, labels=False, real=False)
+    shapes = {name: tuple(value.shape) for name, value in found.items()}
+    assert shapes == {
+        "states": (1, 16, 5), "actions": (1, 16, 3), "rewards": (1, 16, 1), "returns_to_go": (1, 16, 1),
+        "timesteps": (1, 16), "attention_mask": (1, 16),
+    }  # fmt: skip
+    within_5_percent_of_memtracker(tmp_path, config)
