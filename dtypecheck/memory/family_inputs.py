@@ -5,6 +5,7 @@ inputs are built."""
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -126,3 +127,15 @@ def trajectory(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, batc
     if "attention_mask" in parameters:
         kwargs["attention_mask"] = torch.ones((batch, seq), dtype=torch.long)
     return True
+
+
+def multiscale_side(config: Any) -> int | None:
+    """The image side of a model that cuts each of several scaled copies of its image into ``patch_size`` patches
+    (DepthPro's ``scaled_images_ratios``): its smallest copy a patch, ``patch_size / min(ratios)`` (DepthPro's
+    1536 pixels, its image processor's size), or None for other models."""
+    ratios, patch = vars(config).get("scaled_images_ratios"), vars(config).get("patch_size")
+    if not isinstance(patch, int) or not isinstance(ratios, list | tuple) or not ratios:
+        return None
+    if not all(isinstance(r, int | float) and r > 0 for r in ratios):
+        return None
+    return math.ceil(patch / min(ratios))

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from dtypecheck.memory.family_inputs import (
     codebook_decoder_ids,
+    multiscale_side,
     named_spectrogram,
     second_tower_pixels,
     trajectory,
@@ -185,7 +186,8 @@ def hf_inputs(
     # tower: its forward still names ``pixel_values``, and is given text alone.
     towerless = "vision_config" in vars(config) and config.vision_config is None
     if "pixel_values" in accepted and not towerless:
-        side = sizes_of(config, "image_size", (224,))
+        scaled = multiscale_side(config)
+        side = (scaled,) if scaled else sizes_of(config, "image_size", (224,))
         height, width = (side[0], side[-1])
         channels = size_of(config, "num_channels", 3)
         frames = size_of(config, "num_frames", 0)

@@ -115,3 +115,20 @@ def test_a_decision_transformer_gets_a_trajectory_of_states_actions_and_returns(
         "timesteps": (1, 16), "attention_mask": (1, 16),
     }  # fmt: skip
     within_5_percent_of_memtracker(tmp_path, config)
+
+
+def test_depth_pro_gets_images_whose_smallest_scaled_copy_is_one_patch(tmp_path):
+    # Before: 224 pixels, "Image size 224x224 is too small to be scaled with scaled_images_ratios=[0.25, 0.5, 1]
+    # when patch_size=384"; its processor's 1536 is 384 / 0.25. Here 16 / 0.25 = 64.
+    tower = {"model_type": "dinov2", **ATTENTION, "num_hidden_layers": 2, "mlp_ratio": 2, "image_size": 16,
+             "patch_size": 8}  # fmt: skip
+    config = transformers.DepthProConfig(
+        patch_size=16, image_model_config=tower, patch_model_config=tower, fov_model_config=tower,
+        intermediate_hook_ids=[1, 0], intermediate_feature_dims=[16, 16], scaled_images_feature_dims=[32, 32, 16],
+        fusion_hidden_size=16,
+    )  # fmt: skip
+    from dtypecheck.memory.family_inputs import multiscale_side
+
+    assert multiscale_side(config) == 64
+    assert multiscale_side(transformers.DepthProConfig()) == 1536
+    within_5_percent_of_memtracker(tmp_path, config)
