@@ -65,9 +65,12 @@ def sizes_of(config: Any, name: str, default: tuple[int, ...]) -> tuple[int, ...
 
 
 @functools.cache
-def _feature_shape(model_type: str, samples: int, bins: int | None) -> tuple[str, tuple[int, ...]] | None:
+def _feature_shape(
+    model_type: str, samples: int, bins: int | None, fused: bool | None = None
+) -> tuple[str, tuple[int, ...]] | None:
     """(input name, shape per sample) that ``model_type``'s feature extractor makes of ``samples`` of silence,
-    with its feature size set to the config's ``bins``; None when it has none that runs here."""
+    with its feature size set to the config's ``bins`` (and its truncation to the config's ``enable_fusion``,
+    CLAP's: four stacked spectrograms fused, else one); None when it has none that runs here."""
     import numpy as np
     import transformers
     from transformers.models.auto import feature_extraction_auto
@@ -79,8 +82,11 @@ def _feature_shape(model_type: str, samples: int, bins: int | None) -> tuple[str
         return None
     try:
         kwargs: dict[str, Any] = {}
-        if bins is not None and "feature_size" in inspect.signature(cls.__init__).parameters:
+        taken = inspect.signature(cls.__init__).parameters
+        if bins is not None and "feature_size" in taken:
             kwargs["feature_size"] = bins
+        if fused is not None and "truncation" in taken:
+            kwargs["truncation"] = "fusion" if fused else "rand_trunc"
         extractor = cls(**kwargs)
         rate = int(getattr(extractor, "sampling_rate", 16000))
     except Exception:  # noqa: BLE001  (an extractor that needs files or packages this machine lacks)
@@ -287,7 +293,10 @@ def hf_inputs(
             kwargs["past_values_padding"] = torch.zeros((batch, steps), dtype=torch.long)
         if "freq" in required:
             kwargs["freq"] = torch.zeros((batch, 1), dtype=torch.long)
-    if main in ("input_features", "input_values") or {"input_features", "input_values"} & required:
+    # A contrastive model (its forward takes ``return_loss``: CLAP, CLVP) is given each modality it pairs, as CLIP
+    # is given its images.
+    contrastive = {"return_loss", "input_features"} <= accepted
+    if main in ("input_features", "input_values") or {"input_features", "input_values"} & required or contrastive:
         _audio(kwargs, config, main, batch, seq, make, accepted)
         features = kwargs.get("input_features")
         masked = "input_features_mask" in kwargs
@@ -376,7 +385,8 @@ def _audio(kwargs: dict[str, Any], config: Any, main: str, batch: int, seq: int,
     # The extractor's own torch ops (Whisper's STFT) are not the model's: run it outside the fake mode and the
     # trace, which would count its spectrogram as activations of the first pass.
     with _disable_current_modes():
-        found = _feature_shape(model_type, samples, bins)
+        fused = getattr(getattr(config, "audio_config", None), "enable_fusion", None)
+        found = _feature_shape(model_type, samples, bins, fused if isinstance(fused, bool) else None)
     positions = size_of(config, "max_source_positions", 0)
     if found is not None and len(found[1]) == 2 and found[1][0] == bins and positions:
         # (bins, frames), as Whisper's encoder takes exactly 2 frames per source position: the config's own

@@ -132,3 +132,41 @@ def test_depth_pro_gets_images_whose_smallest_scaled_copy_is_one_patch(tmp_path)
     assert multiscale_side(config) == 64
     assert multiscale_side(transformers.DepthProConfig()) == 1536
     within_5_percent_of_memtracker(tmp_path, config)
+
+
+def _clap():
+    return transformers.ClapConfig(
+        text_config={**ATTENTION, "intermediate_size": 64, "vocab_size": 128, "projection_dim": 16},
+        audio_config={"depths": [1, 1], "num_attention_heads": [2, 2], "patch_embeds_hidden_size": 16,
+                      "hidden_size": 32, "window_size": 4, "projection_dim": 16, "spec_size": 128, "num_mel_bins": 8},
+        projection_dim=16,
+    )  # fmt: skip
+
+
+def _clvp():
+    encoder = {**ATTENTION, "hidden_size": 64, "intermediate_size": 64, "vocab_size": 256, "projection_dim": 16}
+    return transformers.ClvpConfig(
+        text_config=encoder, speech_config=encoder, projection_dim=16,
+        decoder_config={**ATTENTION, "vocab_size": 256, "max_position_embeddings": 1024, "max_text_tokens": 64},
+    )  # fmt: skip
+
+
+def test_a_contrastive_audio_text_model_gets_its_audio_as_clip_gets_its_images():
+    # Before: text alone, "'NoneType' object has no attribute 'transpose'" (CLAP) and "conv1d() received an invalid
+    # combination of arguments - got (NoneType, ...)" (CLVP). CLAP's extractor truncates as its config's
+    # enable_fusion says: one spectrogram unfused (its default "fusion" stacks four, which an unfused tower refuses).
+    from dtypecheck.memory.hf_inputs import hf_inputs
+
+    for model_class, config, shape in (
+        (transformers.ClapModel, _clap(), (1, 1, 1001, 8)),
+        (transformers.ClvpModelForConditionalGeneration, _clvp(), (1, 80, 517)),
+    ):
+        with torch.device("meta"):
+            model = model_class(config)
+        found = hf_inputs(model, config, "Model", 1, 16, train=False, labels=False, real=False)
+        assert tuple(found["input_features"].shape) == shape
+
+
+@pytest.mark.parametrize("make_config", [_clap, _clvp], ids=["clap", "clvp"])
+def test_a_contrastive_audio_text_model_is_within_5_percent_of_memtracker(tmp_path, make_config):
+    within_5_percent_of_memtracker(tmp_path, make_config())
