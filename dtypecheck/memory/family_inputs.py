@@ -139,3 +139,22 @@ def multiscale_side(config: Any) -> int | None:
     if not all(isinstance(r, int | float) and r > 0 for r in ratios):
         return None
     return math.ceil(patch / min(ratios))
+
+
+def cross_attended_images(kwargs: dict[str, Any], model: torch.nn.Module, make: Any) -> None:
+    """Idefics's images, which its text cross-attends to (its forward takes ``image_attention_mask`` beside
+    ``image_encoder_embeddings``): ``(batch, images, C, H, W)``, one image a sample, and the mask of which images
+    each token sees, ``(batch, seq, images)``, every one (as its processor gives a text after its image)."""
+    import inspect
+
+    import torch
+
+    parameters = inspect.signature(model.forward).parameters
+    pixels, text = kwargs.get("pixel_values"), kwargs.get("input_ids")
+    if pixels is None or text is None or pixels.ndim != 4:
+        return
+    if not {"image_attention_mask", "image_encoder_embeddings"} <= set(parameters):
+        return
+    batch, seq = (int(v) for v in text.shape)
+    kwargs["pixel_values"] = make(batch, 1, *pixels.shape[1:])
+    kwargs["image_attention_mask"] = torch.ones((batch, seq, 1), dtype=torch.long)

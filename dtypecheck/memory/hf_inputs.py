@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from dtypecheck.memory.family_inputs import (
     codebook_decoder_ids,
+    cross_attended_images,
     multiscale_side,
     named_spectrogram,
     second_tower_pixels,
@@ -236,6 +237,7 @@ def hf_inputs(
         cells = max(kwargs["pixel_values"].shape[-1] // size_of(vision, "patch_size", 14), 1)
         kwargs["target_sizes"] = torch.full((batch, 2), cells, dtype=torch.int32)
     second_tower_pixels(kwargs, model, config, make)
+    cross_attended_images(kwargs, model, make)
     image_tokens = None
     if "spatial_shapes" in accepted and "pixel_values" in kwargs:
         _flat_patches(kwargs, config, batch, make)

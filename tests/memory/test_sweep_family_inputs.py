@@ -170,3 +170,23 @@ def test_a_contrastive_audio_text_model_gets_its_audio_as_clip_gets_its_images()
 @pytest.mark.parametrize("make_config", [_clap, _clvp], ids=["clap", "clvp"])
 def test_a_contrastive_audio_text_model_is_within_5_percent_of_memtracker(tmp_path, make_config):
     within_5_percent_of_memtracker(tmp_path, make_config())
+
+
+def test_idefics_gets_one_image_a_sample_and_the_mask_its_text_cross_attends_with(tmp_path):
+    # Before: (1, 3, 32, 32) pixels, "not enough values to unpack (expected 4, got 3)" (it reads (batch, images)).
+    config = transformers.IdeficsConfig(
+        **ATTENTION, num_hidden_layers=2, intermediate_size=64, vocab_size=128, additional_vocab_size=2,
+        cross_layer_interval=1,
+        vision_config={"embed_dim": 32, "image_size": 32, "patch_size": 8, "num_hidden_layers": 1,
+                       "num_attention_heads": 2, "intermediate_size": 64},
+        perceiver_config={"resampler_n_latents": 4, "resampler_depth": 1, "resampler_n_heads": 2,
+                          "resampler_head_dim": 8, "use_resampler": True},
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = transformers.IdeficsModel(config)
+    from dtypecheck.memory.hf_inputs import hf_inputs
+
+    found = hf_inputs(model, config, "Model", 1, 16, train=False, labels=False, real=False)
+    assert tuple(found["pixel_values"].shape) == (1, 1, 3, 32, 32)
+    assert tuple(found["image_attention_mask"].shape) == (1, 16, 1)
+    within_5_percent_of_memtracker(tmp_path, config)
