@@ -175,7 +175,7 @@ def test_a_contrastive_audio_text_model_is_within_5_percent_of_memtracker(tmp_pa
 def test_idefics_gets_one_image_a_sample_and_the_mask_its_text_cross_attends_with(tmp_path):
     # Before: (1, 3, 32, 32) pixels, "not enough values to unpack (expected 4, got 3)" (it reads (batch, images)).
     config = transformers.IdeficsConfig(
-        **ATTENTION, num_hidden_layers=2, intermediate_size=64, vocab_size=128, additional_vocab_size=2,
+        **{**ATTENTION, "num_hidden_layers": 2}, intermediate_size=64, vocab_size=128, additional_vocab_size=2,
         cross_layer_interval=1,
         vision_config={"embed_dim": 32, "image_size": 32, "patch_size": 8, "num_hidden_layers": 1,
                        "num_attention_heads": 2, "intermediate_size": 64},
