@@ -129,16 +129,21 @@ def trajectory(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, batc
     return True
 
 
-def multiscale_side(config: Any) -> int | None:
-    """The image side of a model that cuts each of several scaled copies of its image into ``patch_size`` patches
-    (DepthPro's ``scaled_images_ratios``): its smallest copy a patch, ``patch_size / min(ratios)`` (DepthPro's
-    1536 pixels, its image processor's size), or None for other models."""
-    ratios, patch = vars(config).get("scaled_images_ratios"), vars(config).get("patch_size")
-    if not isinstance(patch, int) or not isinstance(ratios, list | tuple) or not ratios:
-        return None
-    if not all(isinstance(r, int | float) and r > 0 for r in ratios):
-        return None
-    return math.ceil(patch / min(ratios))
+def own_image_side(config: Any) -> int | None:
+    """The image side a model's config implies where it names no ``image_size``, or None: that of a model that cuts
+    each of several scaled copies of its image into ``patch_size`` patches (DepthPro's ``scaled_images_ratios``),
+    its smallest copy one patch, ``patch_size / min(ratios)`` (DepthPro's 1536 pixels, its image processor's size);
+    that of a model whose frames are padded to ``max_img_size`` (TVP's visual prompt, 448 pixels, as its
+    processor pads them)."""
+    own = vars(config)
+    ratios, patch = own.get("scaled_images_ratios"), own.get("patch_size")
+    scales = [r for r in ratios if isinstance(r, int | float) and r > 0] if isinstance(ratios, list | tuple) else []
+    if isinstance(patch, int) and scales and len(scales) == len(ratios):
+        return math.ceil(patch / min(scales))
+    padded = own.get("max_img_size")
+    if "image_size" not in own and isinstance(padded, int) and padded > 0:
+        return padded
+    return None
 
 
 def cross_attended_images(kwargs: dict[str, Any], model: torch.nn.Module, make: Any) -> None:

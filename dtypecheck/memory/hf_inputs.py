@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from dtypecheck.memory.family_inputs import (
     codebook_decoder_ids,
     cross_attended_images,
-    multiscale_side,
     named_spectrogram,
+    own_image_side,
     second_tower_pixels,
     trajectory,
 )
@@ -193,7 +193,7 @@ def hf_inputs(
     # tower: its forward still names ``pixel_values``, and is given text alone.
     towerless = "vision_config" in vars(config) and config.vision_config is None
     if "pixel_values" in accepted and not towerless:
-        scaled = multiscale_side(config)
+        scaled = own_image_side(config)
         side = (scaled,) if scaled else sizes_of(config, "image_size", (224,))
         height, width = (side[0], side[-1])
         channels = size_of(config, "num_channels", 3)

@@ -127,10 +127,10 @@ def test_depth_pro_gets_images_whose_smallest_scaled_copy_is_one_patch(tmp_path)
         intermediate_hook_ids=[1, 0], intermediate_feature_dims=[16, 16], scaled_images_feature_dims=[32, 32, 16],
         fusion_hidden_size=16,
     )  # fmt: skip
-    from dtypecheck.memory.family_inputs import multiscale_side
+    from dtypecheck.memory.family_inputs import own_image_side
 
-    assert multiscale_side(config) == 64
-    assert multiscale_side(transformers.DepthProConfig()) == 1536
+    assert own_image_side(config) == 64
+    assert own_image_side(transformers.DepthProConfig()) == 1536
     within_5_percent_of_memtracker(tmp_path, config)
 
 
@@ -189,4 +189,19 @@ def test_idefics_gets_one_image_a_sample_and_the_mask_its_text_cross_attends_wit
     found = hf_inputs(model, config, "Model", 1, 16, train=False, labels=False, real=False)
     assert tuple(found["pixel_values"].shape) == (1, 1, 3, 32, 32)
     assert tuple(found["image_attention_mask"].shape) == (1, 16, 1)
+    within_5_percent_of_memtracker(tmp_path, config)
+
+
+def test_tvp_gets_its_frames_at_the_size_its_visual_prompt_pads_them_to(tmp_path):
+    # Before: 224-pixel frames, "Attempting to broadcast a dimension of length 448" (its prompt's max_img_size).
+    config = transformers.TvpConfig(
+        backbone_config={"model_type": "resnet", "hidden_sizes": [8, 16, 16, 32], "depths": [1, 1, 1, 1],
+                         "embedding_size": 8, "out_features": ["stage4"]},
+        **ATTENTION, intermediate_size=64, vocab_size=128, max_img_size=64, num_frames=2, visual_prompt_size=8,
+        max_grid_col_position_embeddings=8, max_grid_row_position_embeddings=8,
+    )  # fmt: skip
+    from dtypecheck.memory.family_inputs import own_image_side
+
+    assert own_image_side(config) == 64
+    assert own_image_side(transformers.TvpConfig()) == 448
     within_5_percent_of_memtracker(tmp_path, config)
