@@ -163,3 +163,38 @@ def cross_attended_images(kwargs: dict[str, Any], model: torch.nn.Module, make: 
     batch, seq = (int(v) for v in text.shape)
     kwargs["pixel_values"] = make(batch, 1, *pixels.shape[1:])
     kwargs["image_attention_mask"] = torch.ones((batch, seq, 1), dtype=torch.long)
+
+
+def lagged_series(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, batch: int, make: Any) -> None:
+    """A lagged time-series transformer's window (Time Series Transformer, Informer), as its docs shape it: the
+    history is ``context_length`` steps and the largest lag before them, each step's ``num_time_features`` time
+    features and an all-observed mask; the ``prediction_length`` future values and their time features the
+    decoder reads (given in inference too, as the docs' examples give them), and the static features the config
+    counts."""
+    import inspect
+
+    import torch
+
+    parameters = inspect.signature(model.forward).parameters
+    own = vars(config)
+    lags, context, horizon = own.get("lags_sequence"), own.get("context_length"), own.get("prediction_length")
+    if "past_time_features" not in parameters or not lags or not isinstance(context, int):
+        return
+    if not isinstance(horizon, int):
+        return
+    steps = context + max(int(v) for v in lags)
+    channels = (own.get("input_size") or 1,) if (own.get("input_size") or 1) > 1 else ()
+    features = int(own.get("num_time_features") or 0)
+    kwargs.update(
+        past_values=make(batch, steps, *channels),
+        past_time_features=make(batch, steps, features),
+        past_observed_mask=torch.ones((batch, steps, *channels), dtype=torch.bool),
+    )
+    if "future_values" in parameters:
+        kwargs["future_values"] = make(batch, horizon, *channels)
+    if "future_time_features" in parameters:
+        kwargs["future_time_features"] = make(batch, horizon, features)
+    if categorical := int(own.get("num_static_categorical_features") or 0):
+        kwargs["static_categorical_features"] = torch.zeros((batch, categorical), dtype=torch.long)
+    if real := int(own.get("num_static_real_features") or 0):
+        kwargs["static_real_features"] = make(batch, real)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from dtypecheck.memory.family_inputs import (
     codebook_decoder_ids,
     cross_attended_images,
+    lagged_series,
     named_spectrogram,
     own_image_side,
     second_tower_pixels,
@@ -295,6 +296,7 @@ def hf_inputs(
             kwargs["past_values_padding"] = torch.zeros((batch, steps), dtype=torch.long)
         if "freq" in required:
             kwargs["freq"] = torch.zeros((batch, 1), dtype=torch.long)
+        lagged_series(kwargs, model, config, batch, make)
     # A contrastive model (its forward takes ``return_loss``: CLAP, CLVP) is given each modality it pairs, as CLIP
     # is given its images.
     contrastive = {"return_loss", "input_features"} <= accepted

@@ -205,3 +205,41 @@ def test_tvp_gets_its_frames_at_the_size_its_visual_prompt_pads_them_to(tmp_path
     assert own_image_side(config) == 64
     assert own_image_side(transformers.TvpConfig()) == 448
     within_5_percent_of_memtracker(tmp_path, config)
+
+
+LAGGED = {
+    "prediction_length": 4, "context_length": 8, "lags_sequence": [1, 2, 3], "d_model": 16, "encoder_layers": 1,
+    "decoder_layers": 1, "encoder_attention_heads": 2, "decoder_attention_heads": 2, "encoder_ffn_dim": 32,
+    "decoder_ffn_dim": 32, "num_time_features": 2, "num_static_categorical_features": 1, "cardinality": [3],
+    "embedding_dimension": [2],
+}  # fmt: skip
+
+
+def test_a_lagged_time_series_gets_its_history_lags_time_features_and_horizon():
+    # Before: (1, 8) past values alone, "missing 2 required positional arguments: 'past_time_features' and
+    # 'past_observed_mask'".
+    config = transformers.TimeSeriesTransformerConfig(**LAGGED)
+    with torch.device("meta"):
+        model = transformers.TimeSeriesTransformerModel(config)
+    from dtypecheck.memory.hf_inputs import hf_inputs
+
+    found = hf_inputs(model, config, "Model", 1, 16, train=False, labels=False, real=False)
+    assert {name: tuple(value.shape) for name, value in found.items() if name != "use_cache"} == {
+        "past_values": (1, 11), "past_time_features": (1, 11, 2), "past_observed_mask": (1, 11),
+        "future_values": (1, 4), "future_time_features": (1, 4, 2), "static_categorical_features": (1, 1),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["TimeSeriesTransformerConfig", "InformerConfig"])
+def test_a_lagged_time_series_is_within_5_percent_of_memtracker(tmp_path, name):
+    within_5_percent_of_memtracker(tmp_path, getattr(transformers, name)(**LAGGED))
+
+
+def test_the_sweep_fills_only_unset_values_from_the_config_classs_docstring_example():
+    from benchmarks.memory_config_sweep import documented_values
+
+    # ">>> configuration = TimeSeriesTransformerConfig(prediction_length=12)": unset in the defaults.
+    assert documented_values(transformers.TimeSeriesTransformerConfig()) == {"prediction_length": 12}
+    assert documented_values(transformers.TimeSeriesTransformerConfig(prediction_length=24)) == {}
+    # DBRX's example shrinks set sizes (n_layers=2, d_model=256): none is read.
+    assert documented_values(transformers.DbrxConfig()) == {}
