@@ -198,3 +198,52 @@ def lagged_series(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, b
         kwargs["static_categorical_features"] = torch.zeros((batch, categorical), dtype=torch.long)
     if real := int(own.get("num_static_real_features") or 0):
         kwargs["static_real_features"] = make(batch, real)
+
+
+def flattened_patches(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, batch: int, make: Any) -> bool:
+    """Pix2Struct's image, whose main input is its processor's ``flattened_patches``: ``max_patches`` rows (its
+    image processor's, 2048; else the tower's ``seq_len``) of a patch's row and column ids and its
+    ``patch_embed_hidden_size`` values, every one real. Returns whether the model takes them."""
+    import inspect
+
+    import torch
+
+    from dtypecheck.memory.hf_inputs import size_of
+
+    if getattr(model, "main_input_name", "") != "flattened_patches":
+        return False
+    values = size_of(config, "patch_embed_hidden_size", 0)
+    rows = _processor_default(config, "max_patches") or size_of(config, "seq_len", 0)
+    if not values or not rows:
+        return False
+    # Row and column ids first (zeros: the first patch's, which the position embeddings read as indices).
+    kwargs["flattened_patches"] = torch.cat([torch.zeros(batch, rows, 2), make(batch, rows, values)], dim=-1)
+    if "attention_mask" in inspect.signature(model.forward).parameters:
+        kwargs["attention_mask"] = torch.ones((batch, rows), dtype=torch.long)
+    return True
+
+
+def _processor_default(config: Any, name: str) -> int | None:
+    """An integer default of the image processor transformers maps the config's model type to (a class attribute:
+    the processor is not built, its backend may not be installed)."""
+    import transformers
+    from transformers.models.auto import image_processing_auto
+
+    mapping: dict[str, Any] = getattr(image_processing_auto, "IMAGE_PROCESSOR_MAPPING_NAMES", {})
+    names = mapping.get(str(getattr(config, "model_type", "")))
+    for class_name in names.values() if isinstance(names, dict) else [names]:
+        value = getattr(getattr(transformers, str(class_name), None), name, None) if class_name else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def own_main_input(
+    kwargs: dict[str, Any], model: torch.nn.Module, config: Any, batch: int, seq: int, make: Any
+) -> None:
+    """The main input of a model that takes none of the common kinds: a spectrogram under its own name, a
+    trajectory, flattened patches (the first of these the model takes)."""
+    for give in (named_spectrogram, trajectory):
+        if give(kwargs, model, config, batch, seq, make):
+            return
+    flattened_patches(kwargs, model, config, batch, make)

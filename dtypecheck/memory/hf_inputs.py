@@ -14,10 +14,9 @@ from dtypecheck.memory.family_inputs import (
     codebook_decoder_ids,
     cross_attended_images,
     lagged_series,
-    named_spectrogram,
     own_image_side,
+    own_main_input,
     second_tower_pixels,
-    trajectory,
 )
 
 if TYPE_CHECKING:
@@ -312,8 +311,8 @@ def hf_inputs(
         # A codec's decoder on its own (Mimi's): the continuous latents its encoder makes, (batch, hidden_size,
         # frames), ``seq`` frames of them.
         kwargs["latents"] = make(batch, size_of(config, "hidden_size", 1), seq)
-    if not kwargs and not named_spectrogram(kwargs, model, config, batch, seq, make):
-        trajectory(kwargs, model, config, batch, seq, make)
+    if not kwargs:
+        own_main_input(kwargs, model, config, batch, seq, make)
     if not kwargs and main in accepted:
         kwargs[main] = ids(batch, seq)
     elif not kwargs and "input_ids" in accepted:

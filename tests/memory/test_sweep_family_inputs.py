@@ -243,3 +243,20 @@ def test_the_sweep_fills_only_unset_values_from_the_config_classs_docstring_exam
     assert documented_values(transformers.TimeSeriesTransformerConfig(prediction_length=24)) == {}
     # DBRX's example shrinks set sizes (n_layers=2, d_model=256): none is read.
     assert documented_values(transformers.DbrxConfig()) == {}
+
+
+def test_pix2struct_gets_its_processors_flattened_patches(tmp_path):
+    # Before: (1, 16) token ids as its flattened_patches, "too many indices for tensor of dimension 2". Its image
+    # processor's 2048 rows of (row id, column id, 4 x 4 x 3 values).
+    config = transformers.Pix2StructConfig(
+        text_config={"hidden_size": 32, "d_ff": 64, "num_layers": 1, "num_heads": 2, "d_kv": 16, "vocab_size": 128},
+        vision_config={**ATTENTION, "d_ff": 64, "d_kv": 16, "patch_embed_hidden_size": 48, "seq_len": 64},
+    )
+    with torch.device("meta"):
+        model = transformers.Pix2StructForConditionalGeneration(config)
+    from dtypecheck.memory.hf_inputs import hf_inputs
+
+    found = hf_inputs(model, config, "ImageTextToText", 1, 16, train=False, labels=False, real=False)
+    assert tuple(found["flattened_patches"].shape) == (1, 2048, 50)
+    assert tuple(found["attention_mask"].shape) == (1, 2048)
+    within_5_percent_of_memtracker(tmp_path, config)
