@@ -247,3 +247,17 @@ def own_main_input(
         if give(kwargs, model, config, batch, seq, make):
             return
     flattened_patches(kwargs, model, config, batch, make)
+
+
+def codebook_streams(kwargs: dict[str, Any], config: Any, ids: Any) -> None:
+    """Kyutai's speech-to-text decoder reads a text stream and ``num_codebooks`` streams of audio codes a step
+    (its embedding offsets each stream into one table: ``vocab_size`` text ids, then ``codebook_vocab_size`` per
+    codebook): its ``input_ids`` are ``(batch, seq, 1 + num_codebooks)``, text ids then audio codes."""
+    import torch
+
+    own = vars(config)
+    codebooks, codes, text = own.get("num_codebooks"), own.get("codebook_vocab_size"), kwargs.get("input_ids")
+    if not isinstance(codebooks, int) or not isinstance(codes, int) or text is None or text.ndim != 2:
+        return
+    batch, seq = (int(v) for v in text.shape)
+    kwargs["input_ids"] = torch.cat([text.unsqueeze(-1), ids(batch, seq, codebooks, high=codes)], dim=-1)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from dtypecheck.memory.family_inputs import (
     codebook_decoder_ids,
+    codebook_streams,
     cross_attended_images,
     lagged_series,
     own_image_side,
@@ -333,6 +334,7 @@ def hf_inputs(
         if label is not None:
             kwargs["labels"] = label
     codebook_decoder_ids(kwargs, config, ids, lm_head=head in LM_HEADS)
+    codebook_streams(kwargs, config, ids)
     return kwargs
 
 

@@ -260,3 +260,24 @@ def test_pix2struct_gets_its_processors_flattened_patches(tmp_path):
     assert tuple(found["flattened_patches"].shape) == (1, 2048, 50)
     assert tuple(found["attention_mask"].shape) == (1, 2048)
     within_5_percent_of_memtracker(tmp_path, config)
+
+
+def test_kyutai_speech_to_text_reads_a_text_stream_and_its_audio_codebooks(tmp_path):
+    # Before: (1, 16) ids, "Attempting to broadcast a dimension of length 33" (its 1 + 32 streams' offsets).
+    codec = {
+        "model_type": "mimi", "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+        "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 32, "codebook_size": 16, "num_quantizers": 3,
+        "num_semantic_quantizers": 1, "codebook_dim": 8, "num_filters": 4, "upsampling_ratios": [2, 2],
+        "upsample_groups": 16,
+    }  # fmt: skip
+    config = transformers.KyutaiSpeechToTextConfig(
+        **ATTENTION, intermediate_size=64, num_key_value_heads=2, head_dim=16, vocab_size=64, codebook_vocab_size=16,
+        num_codebooks=3, audio_pad_token_id=64 + 3 * 16, codec_config=codec,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = transformers.KyutaiSpeechToTextForConditionalGeneration(config)
+    from dtypecheck.memory.hf_inputs import hf_inputs
+
+    found = hf_inputs(model, config, "SpeechSeq2Seq", 1, 16, train=False, labels=False, real=False)
+    assert tuple(found["input_ids"].shape) == (1, 16, 4)
+    within_5_percent_of_memtracker(tmp_path, config)
