@@ -261,3 +261,30 @@ def codebook_streams(kwargs: dict[str, Any], config: Any, ids: Any) -> None:
         return
     batch, seq = (int(v) for v in text.shape)
     kwargs["input_ids"] = torch.cat([text.unsqueeze(-1), ids(batch, seq, codebooks, high=codes)], dim=-1)
+
+
+def codec_half(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, batch: int, seq: int, make: Any) -> None:
+    """A codec's half on its own whose forward names its input ``hidden_states`` (VibeVoice's tokenizer's): the
+    encoder's is the audio its model's extractor makes, given under that name; the decoder's (its config the
+    model's ``decoder_config``) the latents the encoder makes, ``(batch, hidden_size, frames)``, ``seq`` frames of
+    them, as a codec's decoder on its own is given them (Mimi's)."""
+    import inspect
+
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    from dtypecheck.memory.hf_inputs import _extractor_type, _feature_shape, size_of
+
+    parameters = inspect.signature(model.forward).parameters
+    main = getattr(model, "main_input_name", "")
+    hidden = parameters.get("hidden_states")
+    if hidden is None or hidden.default is not inspect.Parameter.empty or main in parameters or main not in kwargs:
+        return
+    if getattr(config, "base_config_key", None) == "decoder_config":
+        kwargs.clear()
+        kwargs["hidden_states"] = make(batch, size_of(config, "hidden_size", 1), seq)
+        return
+    given = kwargs.pop(main)
+    stride = math.prod(getattr(config, "conv_stride", None) or (320,))  # as ``hf_inputs`` gives raw samples
+    with _disable_current_modes():  # the extractor's own ops are not the model's
+        found = _feature_shape(_extractor_type(type(config)), seq * stride, None)
+    kwargs["hidden_states"] = make(batch, *found[1]) if found is not None and found[0] == main else given

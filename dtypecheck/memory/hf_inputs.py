@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from dtypecheck.memory.family_inputs import (
     codebook_decoder_ids,
     codebook_streams,
+    codec_half,
     cross_attended_images,
     lagged_series,
     own_image_side,
@@ -94,10 +95,12 @@ def _feature_shape(
     except Exception:  # noqa: BLE001  (an extractor that needs files or packages this machine lacks)
         return None
     made = None
-    # One clip, then a batch of one (Gemma 4's extractor takes only a batch).
-    for audio in (np.zeros(samples, dtype=np.float32), [np.zeros(samples, dtype=np.float32)]):
+    # One clip, then a batch of one (Gemma 4's extractor takes only a batch); as numpy arrays, else as torch
+    # tensors (VibeVoice's extractor returns only those).
+    clips = (np.zeros(samples, dtype=np.float32), [np.zeros(samples, dtype=np.float32)])
+    for audio, tensors in ((clip, kind) for kind in ("np", "pt") for clip in clips):
         with contextlib.suppress(Exception):
-            made = extractor(audio, sampling_rate=rate, return_tensors="np")
+            made = extractor(audio, sampling_rate=rate, return_tensors=tensors)
             break
     if made is None:
         return None
@@ -126,6 +129,12 @@ def _extractor_type(config_class: type) -> str:
     _EXTRACTOR_TYPES[config_class] = own
     if own in names:
         return own
+    # A model's half whose config derives from the model's (VibeVoice's tokenizer's encoder and decoder).
+    for base in config_class.__mro__[1:]:
+        inherited = str(getattr(base, "model_type", "") or "")
+        if inherited in names:
+            _EXTRACTOR_TYPES[config_class] = inherited
+            return inherited
     wanted, seen = [config_class], {config_class}
     for _depth in range(3):  # the tower's model, and the speech model holding that (Nemotron 3.5's)
         # (Reading every config class's sub-configs imports them all: a few seconds, once per tower.)
@@ -308,6 +317,7 @@ def hf_inputs(
             # Which frames are real (AudioFlamingo3's encoder counts them): every one, as the extractor says of
             # unpadded audio.
             kwargs["input_features_mask"] = torch.ones((batch, int(features.shape[-1])), dtype=torch.long)
+    codec_half(kwargs, model, config, batch, seq, make)
     if "latents" in required and not kwargs:
         # A codec's decoder on its own (Mimi's): the continuous latents its encoder makes, (batch, hidden_size,
         # frames), ``seq`` frames of them.

@@ -281,3 +281,22 @@ def test_kyutai_speech_to_text_reads_a_text_stream_and_its_audio_codebooks(tmp_p
     found = hf_inputs(model, config, "SpeechSeq2Seq", 1, 16, train=False, labels=False, real=False)
     assert tuple(found["input_ids"].shape) == (1, 16, 4)
     within_5_percent_of_memtracker(tmp_path, config)
+
+
+VIBEVOICE = {"hidden_size": 8, "num_filters": 4, "downsampling_ratios": [2, 2], "depths": [1, 1, 1], "ffn_expansion": 2}
+
+
+@pytest.mark.parametrize("name", ["", "Encoder", "Decoder"])
+def test_vibevoices_tokenizer_and_its_halves_get_mono_audio_or_latents(tmp_path, name):
+    # Before: the tokenizer's extractor, which returns torch tensors only, was not run ("Dimension out of range"
+    # on (1, 5120) samples); its halves' forward names its input hidden_states ("missing 1 required positional
+    # argument"). Now (1, 1, samples) as its extractor pads them, and the decoder (1, hidden_size, 16) latents.
+    config = getattr(transformers, f"VibeVoiceAcousticTokenizer{name}Config")(**VIBEVOICE)
+    with torch.device("meta"):
+        model = getattr(transformers, f"VibeVoiceAcousticTokenizer{name}Model")(config)
+    from dtypecheck.memory.hf_inputs import hf_inputs
+
+    found = hf_inputs(model, config, "Model", 1, 16, train=False, labels=False, real=False)
+    (audio,) = (value for key, value in found.items() if key != "use_cache")
+    assert tuple(audio.shape) == ((1, 8, 16) if name == "Decoder" else (1, 1, 6400))
+    within_5_percent_of_memtracker(tmp_path, config)
