@@ -15,6 +15,7 @@ from dtypecheck.memory.family_inputs import (
     codebook_streams,
     codec_half,
     cross_attended_images,
+    frames_padded,
     lagged_series,
     own_image_side,
     own_main_input,
@@ -316,7 +317,10 @@ def hf_inputs(
         if "input_features_mask" in accepted and features is not None and features.ndim == 3 and not masked:
             # Which frames are real (AudioFlamingo3's encoder counts them): every one, as the extractor says of
             # unpadded audio.
-            kwargs["input_features_mask"] = torch.ones((batch, int(features.shape[-1])), dtype=torch.long)
+            # (Over the frames: the last axis of (bins, frames) features, the first of (frames, bins).)
+            bins = size_of(config, "num_mel_bins", 0) or size_of(getattr(config, "asr_config", None), "num_mel_bins", 0)
+            frames = int(features.shape[1] if features.shape[-1] == bins else features.shape[-1])
+            kwargs["input_features_mask"] = torch.ones((batch, frames), dtype=torch.long)
     codec_half(kwargs, model, config, batch, seq, make)
     if "latents" in required and not kwargs:
         # A codec's decoder on its own (Mimi's): the continuous latents its encoder makes, (batch, hidden_size,
@@ -392,7 +396,8 @@ def _audio(kwargs: dict[str, Any], config: Any, main: str, batch: int, seq: int,
     stride = math.prod(getattr(config, "conv_stride", None) or (320,))
     hop = 160  # 10 ms at 16 kHz, the common spectrogram hop
     samples = seq * (stride if main == "input_values" else hop)
-    bins = size_of(config, "num_mel_bins", 0) or None
+    # A speech model's own audio tower keeps its bins (Nemotron 3.5's ``asr_config``).
+    bins = size_of(config, "num_mel_bins", 0) or size_of(getattr(config, "asr_config", None), "num_mel_bins", 0) or None
     model_type = _extractor_type(type(config))
     import torch
     from torch.utils._python_dispatch import _disable_current_modes
@@ -407,6 +412,8 @@ def _audio(kwargs: dict[str, Any], config: Any, main: str, batch: int, seq: int,
         # (bins, frames), as Whisper's encoder takes exactly 2 frames per source position: the config's own
         # window, not the extractor's default 30 s
         found = (found[0], (found[1][0], 2 * positions))
+    if found is not None and len(found[1]) == 2 and found[1][-1] == bins:
+        found = (found[0], frames_padded(model_type, config, found[1]))
     if found is not None and (found[0] if found[0] in ("input_features", "input_values") else main) not in accepted:
         found = None  # Wav2Vec2-BERT's mapped extractor is Wav2Vec2's, whose raw samples its forward does not take
     semantic = getattr(config, "semantic_model_config", None)  # a codec's semantic tower (NeuCodec's)

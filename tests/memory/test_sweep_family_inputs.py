@@ -300,3 +300,21 @@ def test_vibevoices_tokenizer_and_its_halves_get_mono_audio_or_latents(tmp_path,
     (audio,) = (value for key, value in found.items() if key != "use_cache")
     assert tuple(audio.shape) == ((1, 8, 16) if name == "Decoder" else (1, 1, 6400))
     within_5_percent_of_memtracker(tmp_path, config)
+
+
+def test_nemotron_transcribes_audio_model_gets_frames_padded_to_its_subsampling_factor(tmp_path):
+    # Before: (1, 17, 80) features and a (1, 80) mask, "The number of spectrogram frames (17) must be a multiple
+    # of `subsampling_factor` (8)". Its processor pads them so; its bins are its speech tower's (asr_config).
+    tower = {**ATTENTION, "intermediate_size": 64, "num_mel_bins": 16}
+    config = transformers.Nemotron3_5TranscribeAudioConfig(
+        asr_config=tower,
+        diarization_config={"audio_config": tower, "head_config": {"hidden_size": 16, "audio_hidden_size": 32}},
+    )
+    with torch.device("meta"):
+        model = transformers.Nemotron3_5TranscribeAudioModel(config)
+    from dtypecheck.memory.hf_inputs import hf_inputs
+
+    found = hf_inputs(model, config, "Model", 1, 16, train=False, labels=False, real=False)
+    assert tuple(found["input_features"].shape) == (1, 24, 16)
+    assert tuple(found["input_features_mask"].shape) == (1, 24)
+    within_5_percent_of_memtracker(tmp_path, config)
