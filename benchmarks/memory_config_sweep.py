@@ -150,7 +150,8 @@ def coherent(config: Any) -> Any:
     # rotary embedding (and Mixtral's and MiniMax's attention, for the same None) take the width over the heads.
     for holder in (config, text):
         heads, hidden = getattr(holder, "num_attention_heads", None), getattr(holder, "hidden_size", None)
-        if holder is not None and "head_dim" in vars(holder) and holder.head_dim is None and heads and hidden:
+        # (Read from the instance: Gemma 4's per-layer configs raise on ``holder.head_dim``.)
+        if holder is not None and "head_dim" in vars(holder) and vars(holder)["head_dim"] is None and heads and hidden:
             holder.head_dim = hidden // heads
         # Nemotron's leave ``num_key_value_heads`` None, which its attention divides by: as many as the heads
         # (plain multi-head attention), as Llama's config makes of None.
