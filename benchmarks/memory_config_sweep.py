@@ -149,13 +149,14 @@ def coherent(config: Any) -> Any:
     # HunYuan's and Ministral's defaults leave ``head_dim`` None, which their attention raises to a power; their
     # rotary embedding (and Mixtral's and MiniMax's attention, for the same None) take the width over the heads.
     for holder in (config, text):
-        heads, hidden = getattr(holder, "num_attention_heads", None), getattr(holder, "hidden_size", None)
-        # (Read from the instance: Gemma 4's per-layer configs raise on ``holder.head_dim``.)
-        if holder is not None and "head_dim" in vars(holder) and vars(holder)["head_dim"] is None and heads and hidden:
+        if holder is None:
+            continue
+        heads, hidden = _value(holder, "num_attention_heads"), _value(holder, "hidden_size")
+        if "head_dim" in vars(holder) and vars(holder)["head_dim"] is None and heads and hidden:
             holder.head_dim = hidden // heads
         # Nemotron's leave ``num_key_value_heads`` None, which its attention divides by: as many as the heads
         # (plain multi-head attention), as Llama's config makes of None.
-        if holder is not None and "num_key_value_heads" in vars(holder) and holder.num_key_value_heads is None:
+        if "num_key_value_heads" in vars(holder) and vars(holder)["num_key_value_heads"] is None:
             holder.num_key_value_heads = heads
     # A projector that merges the tower's patch grid by a factor (Idefics3's and SmolVLM's pixel shuffle,
     # ModernVBERT's) or pools it to a square of image tokens (Gemma 3's 256) needs a grid it divides; the defaults
@@ -200,6 +201,19 @@ def documented_values(config: Any) -> dict[str, Any]:
                 if keyword.arg and getattr(config, keyword.arg, 0) is None and literal is not None:
                     found[keyword.arg] = literal
     return found
+
+
+def _value(config: Any, name: str) -> Any:
+    """A config's value, from the instance where it holds one: a per-layer config (Gemma 4's, dots3's, EmbeddingGemma
+    2's) raises on the attribute of a value its layers may vary (transformers' ``AmbiguousGlobalPerLayerAttribute
+    Error``), and its global value is the one the defaults set."""
+    own = vars(config)
+    if name in own:
+        return own[name]
+    try:
+        return getattr(config, name, None)
+    except RuntimeError:
+        return None
 
 
 def estimate_type(
