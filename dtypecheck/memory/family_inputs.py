@@ -290,20 +290,13 @@ def codec_half(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, batc
     kwargs["hidden_states"] = make(batch, *found[1]) if found is not None and found[0] == main else given
 
 
-def frames_padded(model_type: str, config: Any, shape: tuple[int, ...]) -> tuple[int, ...]:
+def frames_padded(model: torch.nn.Module, config: Any, shape: tuple[int, ...]) -> tuple[int, ...]:
     """(frames, bins) features with their frames padded up to a multiple of the config's ``subsampling_factor``
-    where the processor of ``model_type`` (whose extractor made them) takes that factor to pad them so (Nemotron
-    3.5 Transcribe's, whose audio model refuses other lengths); else ``shape`` as it is."""
-    import inspect
-
-    import transformers
-    from transformers.models.auto import processing_auto
-
-    names: dict[str, str] = getattr(processing_auto, "PROCESSOR_MAPPING_NAMES", {})
-    processor = getattr(transformers, str(names.get(model_type, "")), None)
+    where the model's forward documents them so ("padded to a multiple of `config.subsampling_factor` frames":
+    Nemotron 3.5 Transcribe's audio model, which refuses other lengths, as its processor pads them); else
+    ``shape`` as it is."""
     factor = getattr(config, "subsampling_factor", None)
-    if processor is None or not isinstance(factor, int) or factor < 2:
-        return shape
-    if "subsampling_factor" not in inspect.signature(processor.__init__).parameters:
+    documented = "padded to a multiple of `config.subsampling_factor`" in (model.forward.__doc__ or "")
+    if not documented or not isinstance(factor, int) or factor < 2:
         return shape
     return (-(-shape[0] // factor) * factor, *shape[1:])

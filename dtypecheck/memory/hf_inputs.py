@@ -311,7 +311,7 @@ def hf_inputs(
     # is given its images.
     contrastive = {"return_loss", "input_features"} <= accepted
     if main in ("input_features", "input_values") or {"input_features", "input_values"} & required or contrastive:
-        _audio(kwargs, config, main, batch, seq, make, accepted)
+        _audio(kwargs, model, config, main, (batch, seq), make, accepted)
         features = kwargs.get("input_features")
         masked = "input_features_mask" in kwargs
         if "input_features_mask" in accepted and features is not None and features.ndim == 3 and not masked:
@@ -387,10 +387,19 @@ def _cache_has_no_length(model: torch.nn.Module, accepted: set[str]) -> bool:
     return False
 
 
-def _audio(kwargs: dict[str, Any], config: Any, main: str, batch: int, seq: int, make: Any, accepted: set[str]) -> None:
+def _audio(
+    kwargs: dict[str, Any],
+    model: torch.nn.Module,
+    config: Any,
+    main: str,
+    size: tuple[int, int],
+    make: Any,
+    accepted: set[str],
+) -> None:
     """Audio input: the feature extractor's own shape of about ``seq`` frames, else (bins, 2 x source positions)
     spectrogram features or ``seq`` strides of raw samples; a W2v-BERT encoder's stacked filter banks beside
-    them where the extractor makes none."""
+    them where the extractor makes none. ``size`` is (batch, seq)."""
+    batch, seq = size
     # Raw samples per frame: the conv feature encoder's total stride, else 20 ms at 16 kHz (wav2vec2's 320), so
     # that a first convolution of a long kernel (Moonshine's 127) has samples enough.
     stride = math.prod(getattr(config, "conv_stride", None) or (320,))
@@ -413,7 +422,7 @@ def _audio(kwargs: dict[str, Any], config: Any, main: str, batch: int, seq: int,
         # window, not the extractor's default 30 s
         found = (found[0], (found[1][0], 2 * positions))
     if found is not None and len(found[1]) == 2 and found[1][-1] == bins:
-        found = (found[0], frames_padded(model_type, config, found[1]))
+        found = (found[0], frames_padded(model, config, found[1]))
     if found is not None and (found[0] if found[0] in ("input_features", "input_values") else main) not in accepted:
         found = None  # Wav2Vec2-BERT's mapped extractor is Wav2Vec2's, whose raw samples its forward does not take
     semantic = getattr(config, "semantic_model_config", None)  # a codec's semantic tower (NeuCodec's)

@@ -304,7 +304,8 @@ def test_vibevoices_tokenizer_and_its_halves_get_mono_audio_or_latents(tmp_path,
 
 def test_nemotron_transcribes_audio_model_gets_frames_padded_to_its_subsampling_factor(tmp_path):
     # Before: (1, 17, 80) features and a (1, 80) mask, "The number of spectrogram frames (17) must be a multiple
-    # of `subsampling_factor` (8)". Its processor pads them so; its bins are its speech tower's (asr_config).
+    # of `subsampling_factor` (8)". Its forward documents them padded so, as its processor pads them; its bins are
+    # its speech tower's (asr_config).
     tower = {**ATTENTION, "intermediate_size": 64, "num_mel_bins": 16}
     config = transformers.Nemotron3_5TranscribeAudioConfig(
         asr_config=tower,
