@@ -5,6 +5,7 @@ inputs are built."""
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -224,13 +225,15 @@ def flattened_patches(kwargs: dict[str, Any], model: torch.nn.Module, config: An
 
 
 def _processor_default(config: Any, name: str) -> int | None:
-    """An integer default of the image processor transformers maps the config's model type to (a class attribute:
-    the processor is not built, its backend may not be installed)."""
+    """An integer default of the image processor transformers maps the config's model type to, or that of the model
+    holding it (a class attribute: the processor is not built, its backend may not be installed)."""
     import transformers
     from transformers.models.auto import image_processing_auto
 
     mapping: dict[str, Any] = getattr(image_processing_auto, "IMAGE_PROCESSOR_MAPPING_NAMES", {})
-    names = mapping.get(str(getattr(config, "model_type", "")))
+    own = str(getattr(config, "model_type", ""))
+    # A tower on its own (Gemma 4's vision tower): the processor of the model whose config holds it.
+    names = mapping.get(own) or mapping.get(_holder_type(type(config).__name__, tuple(mapping)))
     for class_name in names.values() if isinstance(names, dict) else [names]:
         value = getattr(getattr(transformers, str(class_name), None), name, None) if class_name else None
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
@@ -300,3 +303,47 @@ def frames_padded(model: torch.nn.Module, config: Any, shape: tuple[int, ...]) -
     if not documented or not isinstance(factor, int) or factor < 2:
         return shape
     return (-(-shape[0] // factor) * factor, *shape[1:])
+
+
+def positioned_patches(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, make: Any) -> None:
+    """Gemma 4's vision tower's images, whose forward requires ``pixel_position_ids``: as its image processor makes
+    them, the image cut into ``patch_size`` patches (flat, ``3 x patch_size**2`` values each) on the largest square
+    grid of whole pooling cells within its patch budget (the processor's ``max_soft_tokens`` soft tokens of
+    ``pooling_kernel_size**2`` patches each), padded to that budget; each patch's (x, y) position, (-1, -1) for
+    the padding."""
+    import inspect
+
+    import torch
+
+    from dtypecheck.memory.hf_inputs import size_of
+
+    parameters = inspect.signature(model.forward).parameters
+    pixels = kwargs.get("pixel_values")
+    position = parameters.get("pixel_position_ids")
+    if pixels is None or position is None or position.default is not inspect.Parameter.empty:
+        return
+    tokens = _processor_default(config, "max_soft_tokens")
+    kernel, patch = size_of(config, "pooling_kernel_size", 0), size_of(config, "patch_size", 0)
+    if not tokens or not kernel or not patch:
+        return
+    budget = tokens * kernel * kernel
+    side = math.isqrt(budget) // kernel * kernel  # patches a side of the largest square grid of whole cells
+    batch = int(pixels.shape[0])
+    columns, rows = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="xy")
+    grid = torch.stack([columns, rows], dim=-1).reshape(side * side, 2)
+    padding = torch.full((budget - side * side, 2), -1, dtype=torch.long)
+    kwargs["pixel_values"] = make(batch, budget, size_of(config, "num_channels", 3) * patch * patch)
+    kwargs["pixel_position_ids"] = torch.cat([grid, padding]).expand(batch, budget, 2).contiguous()
+
+
+@functools.cache
+def _holder_type(config_class: str, wanted: tuple[str, ...]) -> str:
+    """The first of the ``wanted`` model types whose config holds the config class named ``config_class`` as a
+    sub-config, or "" (reading every config class's sub-configs imports them all: a few seconds, once per tower)."""
+    from transformers import CONFIG_MAPPING
+
+    for model_type, holder in CONFIG_MAPPING.items():
+        held = (getattr(holder, "sub_configs", None) or {}).values()
+        if model_type in wanted and any(getattr(sub, "__name__", "") == config_class for sub in held):
+            return str(model_type)
+    return ""

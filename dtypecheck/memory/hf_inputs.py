@@ -19,6 +19,7 @@ from dtypecheck.memory.family_inputs import (
     lagged_series,
     own_image_side,
     own_main_input,
+    positioned_patches,
     second_tower_pixels,
 )
 
@@ -249,6 +250,7 @@ def hf_inputs(
         kwargs["target_sizes"] = torch.full((batch, 2), cells, dtype=torch.int32)
     second_tower_pixels(kwargs, model, config, make)
     cross_attended_images(kwargs, model, make)
+    positioned_patches(kwargs, model, config, make)
     image_tokens = None
     if "spatial_shapes" in accepted and "pixel_values" in kwargs:
         _flat_patches(kwargs, config, batch, make)

@@ -319,3 +319,22 @@ def test_nemotron_transcribes_audio_model_gets_frames_padded_to_its_subsampling_
     assert tuple(found["input_features"].shape) == (1, 24, 16)
     assert tuple(found["input_features_mask"].shape) == (1, 24)
     within_5_percent_of_memtracker(tmp_path, config)
+
+
+def test_gemma4s_vision_tower_gets_its_processors_patch_budget_and_positions(tmp_path):
+    # Before: (1, 3, 224, 224) pixels, "missing 1 required positional argument: 'pixel_position_ids'". Its model's
+    # image processor's 280 soft tokens of 1 x 1 pooling cells: a 16 x 16 grid of patches, 24 padding.
+    config = transformers.Gemma4VisionConfig(
+        **ATTENTION, intermediate_size=64, num_key_value_heads=2, head_dim=16, patch_size=4,
+        position_embedding_size=64, pooling_kernel_size=1,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = transformers.Gemma4VisionModel(config)
+    from dtypecheck.memory.hf_inputs import hf_inputs
+
+    found = hf_inputs(model, config, "Model", 1, 16, train=False, labels=False, real=False)
+    assert tuple(found["pixel_values"].shape) == (1, 280, 48)
+    positions = found["pixel_position_ids"]
+    assert positions[0, 255].tolist() == [15, 15]
+    assert positions[0, 256:].eq(-1).all()
+    within_5_percent_of_memtracker(tmp_path, config)
