@@ -18,6 +18,7 @@ is resumed by running the same command again. ``--render FILE...`` prints the ma
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import json
 import math
@@ -148,12 +149,14 @@ def coherent(config: Any) -> Any:
     # HunYuan's and Ministral's defaults leave ``head_dim`` None, which their attention raises to a power; their
     # rotary embedding (and Mixtral's and MiniMax's attention, for the same None) take the width over the heads.
     for holder in (config, text):
-        heads, hidden = getattr(holder, "num_attention_heads", None), getattr(holder, "hidden_size", None)
-        if holder is not None and "head_dim" in vars(holder) and holder.head_dim is None and heads and hidden:
+        if holder is None:
+            continue
+        heads, hidden = _value(holder, "num_attention_heads"), _value(holder, "hidden_size")
+        if "head_dim" in vars(holder) and vars(holder)["head_dim"] is None and heads and hidden:
             holder.head_dim = hidden // heads
         # Nemotron's leave ``num_key_value_heads`` None, which its attention divides by: as many as the heads
         # (plain multi-head attention), as Llama's config makes of None.
-        if holder is not None and "num_key_value_heads" in vars(holder) and holder.num_key_value_heads is None:
+        if "num_key_value_heads" in vars(holder) and vars(holder)["num_key_value_heads"] is None:
             holder.num_key_value_heads = heads
     # A projector that merges the tower's patch grid by a factor (Idefics3's and SmolVLM's pixel shuffle,
     # ModernVBERT's) or pools it to a square of image tokens (Gemma 3's 256) needs a grid it divides; the defaults
@@ -192,8 +195,45 @@ def coherent(config: Any) -> Any:
     return config
 
 
-def estimate_type(model_type: str, folder: Path, *, tiny: bool, seq_len: int = 16) -> Any:
-    """The float32 report (inference and training) of ``model_type``'s default config, written into ``folder``."""
+def documented_values(config: Any) -> dict[str, Any]:
+    """The values the config class's own docstring example passes (``>>> configuration =
+    TimeSeriesTransformerConfig(prediction_length=12)``) for those of its settings the defaults leave None, which
+    the model cannot be built without (the time-series models' ``prediction_length``, ESM's ``vocab_size``). Set
+    values are never changed, and examples that shrink a set size (DBRX's ``n_layers=2``) are not read for them."""
+    name = type(config).__name__
+    found: dict[str, Any] = {}
+    for line in (type(config).__doc__ or "").splitlines():
+        code = line.strip().removeprefix(">>>").strip()
+        if f"{name}(" not in code or not line.strip().startswith(">>>"):
+            continue
+        with contextlib.suppress(SyntaxError, ValueError):
+            call = ast.parse(code.split("=", 1)[1].strip() if code.startswith("configuration") else code).body[0]
+            value = getattr(call, "value", None)
+            for keyword in getattr(value, "keywords", []):
+                literal = ast.literal_eval(keyword.value)
+                if keyword.arg and getattr(config, keyword.arg, 0) is None and literal is not None:
+                    found[keyword.arg] = literal
+    return found
+
+
+def _value(config: Any, name: str) -> Any:
+    """A config's value, from the instance where it holds one: a per-layer config (Gemma 4's, dots3's, EmbeddingGemma
+    2's) raises on the attribute of a value its layers may vary (transformers' ``AmbiguousGlobalPerLayerAttribute
+    Error``), and its global value is the one the defaults set."""
+    own = vars(config)
+    if name in own:
+        return own[name]
+    try:
+        return getattr(config, name, None)
+    except RuntimeError:
+        return None
+
+
+def estimate_type(
+    model_type: str, folder: Path, *, tiny: bool, seq_len: int = 16, filled: dict[str, Any] | None = None
+) -> Any:
+    """The float32 report (inference and training) of ``model_type``'s default config, written into ``folder``;
+    the unset values filled from the config class's docstring are put in ``filled``."""
     from transformers import CONFIG_MAPPING
 
     from dtypecheck.dtypes import lookup
@@ -211,7 +251,16 @@ def estimate_type(model_type: str, folder: Path, *, tiny: bool, seq_len: int = 1
         # batch 2 at the least, and is estimated there (its row says so).
         if BATCH_NORM_AT_ONE in exc.message():
             return estimate_memory(str(folder), options, seq_len=seq_len, batch_size=2)
-        if not rope_sections_fit(config, exc.message()):
+        # A model that cannot be built of its defaults, which leave a value it needs unset: the value its config
+        # class's docstring example passes (only then: Voxtral's example names an audio token its defaults
+        # leave None and run without).
+        documented = documented_values(config) if CANNOT_BUILD in exc.message() else {}
+        if documented:
+            config = CONFIG_MAPPING[model_type](**documented)
+            coherent(config)
+            if filled is not None:
+                filled.update(documented)
+        elif not rope_sections_fit(config, exc.message()):
             raise
     (shrunk(config) if tiny else config).to_json_file(str(folder / "config.json"))
     return estimate_memory(str(folder), options, seq_len=seq_len)
@@ -219,6 +268,8 @@ def estimate_type(model_type: str, folder: Path, *, tiny: bool, seq_len: int = 1
 
 BATCH_NORM_AT_ONE = "Expected more than 1 value per channel when training"
 """What batch norm raises in training at one value per channel: the sweep's batch of 1 is then 2."""
+CANNOT_BUILD = "cannot build a model from this config"
+"""What estimate-memory says of a config its model class raises on."""
 ROPE_SECTIONS = re.compile(r"in module '[\w.]*rotary_emb'.*sum exactly to (\d+) .*split_sizes=\[([\d, ]+)\]")
 """What an M-RoPE rotary embedding raises when its sections (temporal, height, width) do not split its width."""
 
@@ -283,13 +334,18 @@ def sweep(types: list[str], *, tiny: bool, timeout: int, results: Path | None = 
             # Traces stop cleanly between two ops at the deadline; the timer, later, stops anything else (a
             # signal that fires inside autograd's engine would end the process).
             signal.setitimer(signal.ITIMER_PROF, timeout + 30)
+            filled: dict[str, Any] = {}
             try:
                 with trace_deadline(cpu + timeout, time.process_time):
-                    report = estimate_type(model_type, folder, tiny=tiny)
+                    report = estimate_type(model_type, folder, tiny=tiny, filled=filled)
                 totals = ", ".join(f"{row.mode} {row.bytes.total:,} B" for row in report.estimates)
                 batches = {row.batch_size or 1 for row in report.estimates}
                 batch = f"; at batch {max(batches)}" if max(batches) > 1 else ""
-                result = f"ok ({report.model.model_class}, {report.model.parameters:,} parameters; {totals}{batch})"
+                values = ", ".join(f"{k}={v!r}" for k, v in filled.items())
+                docs = f"; unset {values} filled from its config class's docstring" if filled else ""
+                result = (
+                    f"ok ({report.model.model_class}, {report.model.parameters:,} parameters; {totals}{batch}{docs})"
+                )
                 ok += 1
             except (_TimeoutError, TraceDeadlineError):
                 result = f"timeout after {timeout} s"

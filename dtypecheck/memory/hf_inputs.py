@@ -10,6 +10,18 @@ import inspect
 import math
 from typing import TYPE_CHECKING, Any
 
+from dtypecheck.memory.family_inputs import (
+    codebook_decoder_ids,
+    codebook_streams,
+    cross_attended_images,
+    frames_padded,
+    lagged_series,
+    own_image_side,
+    own_main_input,
+    positioned_patches,
+    second_tower_pixels,
+)
+
 if TYPE_CHECKING:
     import torch
 
@@ -57,9 +69,12 @@ def sizes_of(config: Any, name: str, default: tuple[int, ...]) -> tuple[int, ...
 
 
 @functools.cache
-def _feature_shape(model_type: str, samples: int, bins: int | None) -> tuple[str, tuple[int, ...]] | None:
+def _feature_shape(
+    model_type: str, samples: int, bins: int | None, fused: bool | None = None
+) -> tuple[str, tuple[int, ...]] | None:
     """(input name, shape per sample) that ``model_type``'s feature extractor makes of ``samples`` of silence,
-    with its feature size set to the config's ``bins``; None when it has none that runs here."""
+    with its feature size set to the config's ``bins`` (and its truncation to the config's ``enable_fusion``,
+    CLAP's: four stacked spectrograms fused, else one); None when it has none that runs here."""
     import numpy as np
     import transformers
     from transformers.models.auto import feature_extraction_auto
@@ -71,17 +86,22 @@ def _feature_shape(model_type: str, samples: int, bins: int | None) -> tuple[str
         return None
     try:
         kwargs: dict[str, Any] = {}
-        if bins is not None and "feature_size" in inspect.signature(cls.__init__).parameters:
+        taken = inspect.signature(cls.__init__).parameters
+        if bins is not None and "feature_size" in taken:
             kwargs["feature_size"] = bins
+        if fused is not None and "truncation" in taken:
+            kwargs["truncation"] = "fusion" if fused else "rand_trunc"
         extractor = cls(**kwargs)
         rate = int(getattr(extractor, "sampling_rate", 16000))
     except Exception:  # noqa: BLE001  (an extractor that needs files or packages this machine lacks)
         return None
     made = None
-    # One clip, then a batch of one (Gemma 4's extractor takes only a batch).
-    for audio in (np.zeros(samples, dtype=np.float32), [np.zeros(samples, dtype=np.float32)]):
+    # One clip, then a batch of one (Gemma 4's extractor takes only a batch); as numpy arrays, else as torch
+    # tensors (VibeVoice's extractor returns only those).
+    clips = (np.zeros(samples, dtype=np.float32), [np.zeros(samples, dtype=np.float32)])
+    for audio, tensors in ((clip, kind) for kind in ("np", "pt") for clip in clips):
         with contextlib.suppress(Exception):
-            made = extractor(audio, sampling_rate=rate, return_tensors="np")
+            made = extractor(audio, sampling_rate=rate, return_tensors=tensors)
             break
     if made is None:
         return None
@@ -110,6 +130,12 @@ def _extractor_type(config_class: type) -> str:
     _EXTRACTOR_TYPES[config_class] = own
     if own in names:
         return own
+    # A model's half whose config derives from the model's (VibeVoice's tokenizer's encoder and decoder).
+    for base in config_class.__mro__[1:]:
+        inherited = str(getattr(base, "model_type", "") or "")
+        if inherited in names:
+            _EXTRACTOR_TYPES[config_class] = inherited
+            return inherited
     wanted, seen = [config_class], {config_class}
     for _depth in range(3):  # the tower's model, and the speech model holding that (Nemotron 3.5's)
         # (Reading every config class's sub-configs imports them all: a few seconds, once per tower.)
@@ -179,7 +205,8 @@ def hf_inputs(
     # tower: its forward still names ``pixel_values``, and is given text alone.
     towerless = "vision_config" in vars(config) and config.vision_config is None
     if "pixel_values" in accepted and not towerless:
-        side = sizes_of(config, "image_size", (224,))
+        scaled = own_image_side(config)
+        side = (scaled,) if scaled else sizes_of(config, "image_size", (224,))
         height, width = (side[0], side[-1])
         channels = size_of(config, "num_channels", 3)
         frames = size_of(config, "num_frames", 0)
@@ -221,6 +248,9 @@ def hf_inputs(
         vision = getattr(config, "vision_config", None) or config
         cells = max(kwargs["pixel_values"].shape[-1] // size_of(vision, "patch_size", 14), 1)
         kwargs["target_sizes"] = torch.full((batch, 2), cells, dtype=torch.int32)
+    second_tower_pixels(kwargs, model, config, make)
+    cross_attended_images(kwargs, model, make)
+    positioned_patches(kwargs, model, config, make)
     image_tokens = None
     if "spatial_shapes" in accepted and "pixel_values" in kwargs:
         _flat_patches(kwargs, config, batch, make)
@@ -278,14 +308,21 @@ def hf_inputs(
             kwargs["past_values_padding"] = torch.zeros((batch, steps), dtype=torch.long)
         if "freq" in required:
             kwargs["freq"] = torch.zeros((batch, 1), dtype=torch.long)
-    if main in ("input_features", "input_values") or {"input_features", "input_values"} & required:
-        _audio(kwargs, config, main, batch, seq, make, accepted)
+        lagged_series(kwargs, model, config, batch, make)
+    # A contrastive model (its forward takes ``return_loss``: CLAP, CLVP) is given each modality it pairs, as CLIP
+    # is given its images.
+    contrastive = {"return_loss", "input_features"} <= accepted
+    if main in ("input_features", "input_values") or {"input_features", "input_values"} & required or contrastive:
+        _audio(kwargs, model, config, main, (batch, seq), make, accepted)
         features = kwargs.get("input_features")
         masked = "input_features_mask" in kwargs
         if "input_features_mask" in accepted and features is not None and features.ndim == 3 and not masked:
             # Which frames are real (AudioFlamingo3's encoder counts them): every one, as the extractor says of
             # unpadded audio.
-            kwargs["input_features_mask"] = torch.ones((batch, int(features.shape[-1])), dtype=torch.long)
+            # (Over the frames: the last axis of (bins, frames) features, the first of (frames, bins).)
+            bins = size_of(config, "num_mel_bins", 0) or size_of(getattr(config, "asr_config", None), "num_mel_bins", 0)
+            frames = int(features.shape[1] if features.shape[-1] == bins else features.shape[-1])
+            kwargs["input_features_mask"] = torch.ones((batch, frames), dtype=torch.long)
     if "latents" in required and not kwargs:
         # A codec's decoder on its own (Mimi's): the continuous latents its encoder makes, (batch, hidden_size,
         # frames), ``seq`` frames of them.
@@ -293,6 +330,8 @@ def hf_inputs(
     from dtypecheck.memory.tower_inputs import tower_inputs  # (it reads this module's sizes)
 
     tower_inputs(kwargs, model, config, accepted, required, batch=batch, seq=seq, make=make)
+    if not kwargs:
+        own_main_input(kwargs, model, config, batch, seq, make)
     if not kwargs and main in accepted:
         kwargs[main] = ids(batch, seq)
     elif not kwargs and "input_ids" in accepted:
@@ -316,6 +355,8 @@ def hf_inputs(
         label = _labels(config, head, batch, seq, kwargs, ids)
         if label is not None:
             kwargs["labels"] = label
+    codebook_decoder_ids(kwargs, config, ids, lm_head=head in LM_HEADS)
+    codebook_streams(kwargs, config, ids)
     return kwargs
 
 
@@ -340,7 +381,10 @@ def _cache_has_no_length(model: torch.nn.Module, accepted: set[str]) -> bool:
         return False
     from torch.utils._python_dispatch import _disable_current_modes
 
-    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    try:
+        config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    except ValueError:  # MusicGen's has two (its T5 encoder's and its decoder's): the forward makes its own cache
+        return False
     try:
         with _disable_current_modes():  # the cache's layers hold no tensors until the first update
             DynamicCache(config=config).get_seq_length()
@@ -351,16 +395,26 @@ def _cache_has_no_length(model: torch.nn.Module, accepted: set[str]) -> bool:
     return False
 
 
-def _audio(kwargs: dict[str, Any], config: Any, main: str, batch: int, seq: int, make: Any, accepted: set[str]) -> None:
+def _audio(
+    kwargs: dict[str, Any],
+    model: torch.nn.Module,
+    config: Any,
+    main: str,
+    size: tuple[int, int],
+    make: Any,
+    accepted: set[str],
+) -> None:
     """Audio input: the feature extractor's own shape of about ``seq`` frames, else (bins, 2 x source positions)
     spectrogram features or ``seq`` strides of raw samples; a W2v-BERT encoder's stacked filter banks beside
-    them where the extractor makes none."""
+    them where the extractor makes none. ``size`` is (batch, seq)."""
+    batch, seq = size
     # Raw samples per frame: the conv feature encoder's total stride, else 20 ms at 16 kHz (wav2vec2's 320), so
     # that a first convolution of a long kernel (Moonshine's 127) has samples enough.
     stride = math.prod(getattr(config, "conv_stride", None) or (320,))
     hop = 160  # 10 ms at 16 kHz, the common spectrogram hop
     samples = seq * (stride if main == "input_values" else hop)
-    bins = size_of(config, "num_mel_bins", 0) or None
+    # A speech model's own audio tower keeps its bins (Nemotron 3.5's ``asr_config``).
+    bins = size_of(config, "num_mel_bins", 0) or size_of(getattr(config, "asr_config", None), "num_mel_bins", 0) or None
     model_type = _extractor_type(type(config))
     import torch
     from torch.utils._python_dispatch import _disable_current_modes
@@ -368,12 +422,15 @@ def _audio(kwargs: dict[str, Any], config: Any, main: str, batch: int, seq: int,
     # The extractor's own torch ops (Whisper's STFT) are not the model's: run it outside the fake mode and the
     # trace, which would count its spectrogram as activations of the first pass.
     with _disable_current_modes():
-        found = _feature_shape(model_type, samples, bins)
+        fused = getattr(getattr(config, "audio_config", None), "enable_fusion", None)
+        found = _feature_shape(model_type, samples, bins, fused if isinstance(fused, bool) else None)
     positions = size_of(config, "max_source_positions", 0)
     if found is not None and len(found[1]) == 2 and found[1][0] == bins and positions:
         # (bins, frames), as Whisper's encoder takes exactly 2 frames per source position: the config's own
         # window, not the extractor's default 30 s
         found = (found[0], (found[1][0], 2 * positions))
+    if found is not None and len(found[1]) == 2 and found[1][-1] == bins:
+        found = (found[0], frames_padded(model, config, found[1]))
     if found is not None and (found[0] if found[0] in ("input_features", "input_values") else main) not in accepted:
         found = None  # Wav2Vec2-BERT's mapped extractor is Wav2Vec2's, whose raw samples its forward does not take
     semantic = getattr(config, "semantic_model_config", None)  # a codec's semantic tower (NeuCodec's)

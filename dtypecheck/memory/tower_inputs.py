@@ -56,7 +56,8 @@ def _speech_encoder(
     audio = getattr(encoder, "main_input_name", None)
     if kwargs or audio not in ("input_values", "input_features") or audio not in accepted or encoder_config is None:
         return
-    _audio(kwargs, encoder_config, audio, batch, seq, make, accepted)
+    assert encoder is not None  # it named its main input
+    _audio(kwargs, encoder, encoder_config, audio, (batch, seq), make, accepted)
 
 
 def _tile_mask(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, accepted: set[str], batch: int) -> None:
