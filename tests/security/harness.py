@@ -79,45 +79,91 @@ PROVE_BY_LOADER = textwrap.dedent(
 
 PROVE_UNDER_A_CAP = textwrap.dedent(
     r"""
-    import resource, sys, time, warnings
+    import json, os, resource, signal, sys, tempfile, time, traceback, warnings
     warnings.simplefilter("ignore")
     import torch
-    with open("/proc/self/status") as status:
-        vm = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize"))
-    resource.setrlimit(resource.RLIMIT_AS, (vm + (2 << 30), vm + (2 << 30)))
-    start = time.monotonic()
-    try:
-        torch.load(sys.argv[1], weights_only=False)
-    except MemoryError:
-        print("MemoryError")
-    except RuntimeError as exc:
-        print("RuntimeError", "alloc" in str(exc).lower() or "memory" in str(exc).lower(), str(exc)[:200])
-    else:
-        print("loaded", time.monotonic() - start)
+    timeout = float(sys.argv[1])
+
+    def load_under_a_cap(path):
+        with open("/proc/self/status") as status:
+            vm = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize"))
+        resource.setrlimit(resource.RLIMIT_AS, (vm + (2 << 30), vm + (2 << 30)))
+        start = time.monotonic()
+        try:
+            torch.load(path, weights_only=False)
+        except MemoryError:
+            print("MemoryError")
+        except RuntimeError as exc:
+            print("RuntimeError", "alloc" in str(exc).lower() or "memory" in str(exc).lower(), str(exc)[:200])
+        else:
+            print("loaded", time.monotonic() - start)
+
+    for path in sys.argv[2:]:
+        with tempfile.TemporaryFile() as printed:
+            pid = os.fork()
+            if pid == 0:  # the load, in a copy of this process taken before any load: its own cap and memory
+                code = 1
+                try:
+                    os.dup2(printed.fileno(), 1)
+                    os.dup2(printed.fileno(), 2)
+                    load_under_a_cap(path)
+                    code = 0
+                except BaseException:
+                    traceback.print_exc()
+                finally:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    os._exit(code)
+            deadline = time.monotonic() + timeout
+            while (status := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if status[0] == 0:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                ended = "timeout"
+            else:
+                ended = os.waitstatus_to_exitcode(status[1])
+            printed.seek(0)
+            print(json.dumps([ended, printed.read().decode(errors="replace")]), flush=True)
     """
 )
-"""``torch.load(weights_only=False)`` of ``argv[1]`` with the address space capped at 2 GiB above what ``import
-torch`` takes: prints ``MemoryError``, ``RuntimeError True ...`` (the allocator's), or ``loaded SECONDS``."""
+"""For each path of ``argv[2:]``, ``torch.load(weights_only=False)`` in a child forked from this process once it
+has imported torch, its address space capped at 2 GiB above what it holds then; one JSON line a path: how the child
+ended (its exit code, negative for a signal, or ``"timeout"`` past ``argv[1]`` seconds, when it is killed) and what
+it printed: ``MemoryError``, ``RuntimeError True ...`` (the allocator's), or ``loaded SECONDS``. One torch import
+serves every load (~2 s each when each load was a process of its own), and each load still has a process, a cap and
+memory of its own."""
 
 
-def exhausts(path: Path, timeout: float = 20) -> tuple[bool, str]:
-    """(whether ``torch.load`` of ``path`` runs out of ``PROVE_UNDER_A_CAP``'s cap, what the proof printed): out
-    of memory, killed by the kernel, or past ``timeout`` (a loop over ``range(10**12)`` takes hours)."""
-    try:
-        proof = run_python(PROVE_UNDER_A_CAP, str(path), timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return True, f"past {timeout:.0f} s"
-    out = proof.stdout.strip()
-    return proof.returncode < 0 or out.startswith(("MemoryError", "RuntimeError True")), out + proof.stderr[-400:]
+def exhausts_each(paths: list[Path], timeout: float = 20) -> list[tuple[bool, str]]:
+    """For each of ``paths``: (whether ``torch.load`` of it runs out of ``PROVE_UNDER_A_CAP``'s cap, what the proof
+    printed): out of memory, killed by the kernel, or past ``timeout`` (a loop over ``range(10**12)`` takes
+    hours)."""
+    if not paths:
+        return []
+    proof = run_python(PROVE_UNDER_A_CAP, str(timeout), *map(str, paths), timeout=60 + timeout * len(paths))
+    lines = proof.stdout.splitlines()
+    assert proof.returncode == 0, proof.stderr[-400:]
+    assert len(lines) == len(paths), proof.stdout
+    found = []
+    for line in lines:
+        ended, printed = json.loads(line)
+        out = printed.strip()
+        if ended == "timeout":
+            found.append((True, f"past {timeout:.0f} s"))
+        else:
+            found.append((ended < 0 or out.startswith(("MemoryError", "RuntimeError True")), out[-600:]))
+    return found
 
 
 def prove_live(hostiles: list[Hostile], timeout: float = 300) -> set[str]:
     """Read every payload-carrying input as its ``loader`` would, those of each working folder in one throwaway
     process; the names of those whose canary then exists (canaries are removed first). A
     ``torch.load.capped`` payload (a memory or time bomb) is loaded in a process of its own under a cap
-    (``exhausts``), and the proof makes its canary when the load exhausts it."""
+    (``exhausts_each``), and the proof makes its canary when the load exhausts it."""
     groups: dict[str, list[tuple[str, Hostile]]] = {}
     proven: list[Hostile] = []
+    capped: list[tuple[Hostile, Path]] = []
     for hostile in hostiles:
         if hostile.canary is None or hostile.torch_load is None or hostile.loader == "none":
             continue
@@ -126,10 +172,12 @@ def prove_live(hostiles: list[Hostile], timeout: float = 300) -> set[str]:
         # a folder: a DCP checkpoint, unless it names a loader of folders (from_pretrained, generate)
         loader = "dcp.load" if hostile.torch_load.is_dir() and hostile.loader == "torch.load" else hostile.loader
         if loader == "torch.load.capped":
-            if exhausts(hostile.torch_load)[0]:
-                hostile.canary.touch()
+            capped.append((hostile, hostile.torch_load))
             continue
         groups.setdefault(str(hostile.cwd or code_under_test()), []).append((loader, hostile))
+    for (hostile, _), (exhausted, _printed) in zip(capped, exhausts_each([p for _, p in capped]), strict=True):
+        if exhausted and hostile.canary is not None:
+            hostile.canary.touch()
     for cwd, members in groups.items():
         # One process per working folder, every loader in it: importing torch, transformers and diffusers once per
         # loader was most of a class's proof (the folder loaders' took 25 s in seven processes).
