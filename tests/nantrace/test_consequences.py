@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests._forks import run_each_forked
 from tests.nantrace._scripts import NanTrace, line_of
 
 # An HF-style model (config object, embedding-free MLP blocks with LayerNorm, a loss computed inside forward that
@@ -90,54 +89,24 @@ AMP_NAN = AMP_LOOP.replace(
 PLAIN_RUNS = {"amp_loop.py": AMP_LOOP, "amp_nan.py": AMP_NAN}
 """The scripts whose plain runs the tests below compare with: file name -> text."""
 
-RUN_EACH_IN_A_FORK = """
-import json, os, runpy, sys, tempfile, traceback
-
-import torch  # once: each script runs in a copy of this process, taken before any of them ran
-
-for script, argument in zip(sys.argv[1::2], sys.argv[2::2]):
-    with tempfile.TemporaryFile() as stderr:
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                os.dup2(stderr.fileno(), 2)
-                sys.argv = [script, argument]
-                runpy.run_path(script, run_name="__main__")
-                code = 0
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        stderr.seek(0)
-        print(json.dumps([os.waitstatus_to_exitcode(status), stderr.read().decode(errors="replace")]), flush=True)
-"""
-
 
 @pytest.fixture(scope="module")
 def plain_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], list[list[float]]]:
     """Each script of ``PLAIN_RUNS`` run as plain Python, outside dtypecheck, with the scale arguments the tests
-    give it: (file name, argument) -> the steps its own GradScaler shrank its scale on. One fresh interpreter imports
-    torch, and each run is a fork of it (a process of its own; a process per run spent most of ~3.5 s importing
-    torch)."""
+    give it: (file name, argument) -> the steps its own GradScaler shrank its scale on. Each run is a process of its
+    own, forked from one fresh interpreter that imported torch (``tests/_forks.py``): a process per run spent most of
+    its ~3.5 CPU s importing torch."""
     folder = tmp_path_factory.mktemp("plain")
     runs = [("amp_loop.py", "default"), ("amp_loop.py", "16777216"), ("amp_nan.py", "default")]
     for name, text in PLAIN_RUNS.items():
         (folder / name).write_text(textwrap.dedent(text).lstrip("\n"), encoding="utf-8")
-    arguments = [part for name, argument in runs for part in (str(folder / name), argument)]
-    done = subprocess.run(
-        [sys.executable, "-c", RUN_EACH_IN_A_FORK, *arguments], capture_output=True, text=True, timeout=300, check=False
-    )
-    assert done.returncode == 0, done.stderr
+    run_as_a_script = "import runpy, sys\nrunpy.run_path(sys.argv[0], run_name='__main__')"
+    checks = [(run_as_a_script, [str(folder / name), argument]) for name, argument in runs]
     found = {}
-    for run, line in zip(runs, done.stdout.splitlines(), strict=True):
-        code, stderr = json.loads(line)
-        assert code == 0, (run, stderr)
+    for run, done in zip(runs, run_each_forked("import torch", checks, timeout=300), strict=True):
+        assert done.returncode == 0, (run, done.stderr)
         found[run] = [
-            json.loads(line.removeprefix("SKIPPED ")) for line in stderr.splitlines() if line.startswith("SKIPPED")
+            json.loads(line.removeprefix("SKIPPED ")) for line in done.stderr.splitlines() if line.startswith("SKIPPED")
         ]
     return found
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tests._forks import run_each_forked
+
 if TYPE_CHECKING:
     from tests.security.corpus import Hostile
 
@@ -79,80 +81,43 @@ PROVE_BY_LOADER = textwrap.dedent(
 
 PROVE_UNDER_A_CAP = textwrap.dedent(
     r"""
-    import json, os, resource, signal, sys, tempfile, time, traceback, warnings
+    import resource, sys, time, warnings
     warnings.simplefilter("ignore")
-    import torch
-    timeout = float(sys.argv[1])
-
-    def load_under_a_cap(path):
-        with open("/proc/self/status") as status:
-            vm = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize"))
-        resource.setrlimit(resource.RLIMIT_AS, (vm + (2 << 30), vm + (2 << 30)))
-        start = time.monotonic()
-        try:
-            torch.load(path, weights_only=False)
-        except MemoryError:
-            print("MemoryError")
-        except RuntimeError as exc:
-            print("RuntimeError", "alloc" in str(exc).lower() or "memory" in str(exc).lower(), str(exc)[:200])
-        else:
-            print("loaded", time.monotonic() - start)
-
-    for path in sys.argv[2:]:
-        with tempfile.TemporaryFile() as printed:
-            pid = os.fork()
-            if pid == 0:  # the load, in a copy of this process taken before any load: its own cap and memory
-                code = 1
-                try:
-                    os.dup2(printed.fileno(), 1)
-                    os.dup2(printed.fileno(), 2)
-                    load_under_a_cap(path)
-                    code = 0
-                except BaseException:
-                    traceback.print_exc()
-                finally:
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                    os._exit(code)
-            deadline = time.monotonic() + timeout
-            while (status := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
-                time.sleep(0.01)
-            if status[0] == 0:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                ended = "timeout"
-            else:
-                ended = os.waitstatus_to_exitcode(status[1])
-            printed.seek(0)
-            print(json.dumps([ended, printed.read().decode(errors="replace")]), flush=True)
+    with open("/proc/self/status") as status:
+        vm = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize"))
+    resource.setrlimit(resource.RLIMIT_AS, (vm + (2 << 30), vm + (2 << 30)))
+    start = time.monotonic()
+    try:
+        torch.load(sys.argv[1], weights_only=False)
+    except MemoryError:
+        print("MemoryError")
+    except RuntimeError as exc:
+        print("RuntimeError", "alloc" in str(exc).lower() or "memory" in str(exc).lower(), str(exc)[:200])
+    else:
+        print("loaded", time.monotonic() - start)
     """
 )
-"""For each path of ``argv[2:]``, ``torch.load(weights_only=False)`` in a child forked from this process once it
-has imported torch, its address space capped at 2 GiB above what it holds then; one JSON line a path: how the child
-ended (its exit code, negative for a signal, or ``"timeout"`` past ``argv[1]`` seconds, when it is killed) and what
-it printed: ``MemoryError``, ``RuntimeError True ...`` (the allocator's), or ``loaded SECONDS``. One torch import
-serves every load (~2 s each when each load was a process of its own), and each load still has a process, a cap and
-memory of its own."""
+"""``torch.load(weights_only=False)`` of ``argv[1]`` with the address space capped at 2 GiB above what the process
+holds once torch is imported: prints ``MemoryError``, ``RuntimeError True ...`` (the allocator's), or ``loaded
+SECONDS``."""
 
 
 def exhausts_each(paths: list[Path], timeout: float = 20) -> list[tuple[bool, str]]:
     """For each of ``paths``: (whether ``torch.load`` of it runs out of ``PROVE_UNDER_A_CAP``'s cap, what the proof
     printed): out of memory, killed by the kernel, or past ``timeout`` (a loop over ``range(10**12)`` takes
-    hours)."""
-    if not paths:
-        return []
-    proof = run_python(PROVE_UNDER_A_CAP, str(timeout), *map(str, paths), timeout=60 + timeout * len(paths))
-    lines = proof.stdout.splitlines()
-    assert proof.returncode == 0, proof.stderr[-400:]
-    assert len(lines) == len(paths), proof.stdout
+    hours). Each load is a process of its own, with its own cap and memory, forked from one interpreter that
+    imported torch for them all (``tests/_forks.py``; a process per load cost ~2 CPU s of torch import each)."""
+    prelude = "import warnings\nwarnings.simplefilter('ignore')\nimport torch"
+    checks = [(PROVE_UNDER_A_CAP, ["-c", str(path)]) for path in paths]
+    proofs = run_each_forked(prelude, checks, timeout=timeout, env=environment())
     found = []
-    for line in lines:
-        ended, printed = json.loads(line)
-        out = printed.strip()
-        if ended == "timeout":
+    for proof in proofs:
+        out = proof.stdout.strip()
+        if proof.returncode is None:
             found.append((True, f"past {timeout:.0f} s"))
         else:
-            found.append((ended < 0 or out.startswith(("MemoryError", "RuntimeError True")), out[-600:]))
+            exhausted = proof.returncode < 0 or out.startswith(("MemoryError", "RuntimeError True"))
+            found.append((exhausted, out + proof.stderr[-400:]))
     return found
 
 
