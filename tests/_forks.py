@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 FORK_EACH = r"""
-import json, os, signal, sys, tempfile, time, traceback
+import atexit, json, os, signal, sys, tempfile, time
 
 spec = json.loads(sys.argv[1])
 namespace = {"__name__": "__main__", "__builtins__": __builtins__}
@@ -27,8 +27,8 @@ for code, argv in spec["checks"]:
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
-        if pid == 0:
-            status = 1
+        if pid == 0:  # the check; then it ends as python -c ends, short of tearing its modules down (seconds of
+            status = 1  # copy-on-write faults in a process that imported torch)
             try:
                 os.dup2(out.fileno(), 1)
                 os.dup2(err.fileno(), 2)
@@ -38,8 +38,9 @@ for code, argv in spec["checks"]:
             except SystemExit as exc:
                 status = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
             except BaseException:
-                traceback.print_exc()
+                sys.excepthook(*sys.exc_info())
             finally:
+                atexit._run_exitfuncs()
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(status)
@@ -79,7 +80,10 @@ def run_each_forked(
 ) -> list[Forked]:
     """Run ``prelude`` once in a fresh ``python``, then each ``(code, argv)`` of ``checks`` in a child forked from
     it: ``code`` runs as ``__main__`` with the prelude's names and ``sys.argv = argv``, its stdout and stderr its
-    own, killed after ``timeout`` seconds. One ``Forked`` per check, in order (none and no process for no checks)."""
+    own; the child ends as ``python -c`` would (an uncaught exception: its traceback and exit 1; ``atexit``
+    handlers run and the streams are flushed) but without tearing its modules down, and is killed after ``timeout``
+    seconds. One ``Forked`` per check, in order (none, and no process,
+    for no checks)."""
     if not checks:
         return []
     spec = {"prelude": prelude, "checks": [[code, list(argv)] for code, argv in checks], "timeout": timeout}
