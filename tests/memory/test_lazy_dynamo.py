@@ -1,6 +1,6 @@
 """estimate-memory runs fake tensors without importing torch._dynamo, and leaves torch whole for what comes after.
 
-Each check runs in a fresh interpreter: whether ``torch._dynamo`` is imported is a property of the process.
+Each check runs in a process of its own: whether ``torch._dynamo`` is imported is a property of the process.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests._forks import run_each_forked
 from tests.memory._fixtures import DECODER
 
 DEEP = {**DECODER, "num_hidden_layers": 6}  # deeper than the shallow traces: the extrapolated path
@@ -105,29 +106,63 @@ def test_torch_dynamo_is_whole_after_an_estimate(fresh_estimate: list[dict[str, 
     }
 
 
-def test_a_dynamo_submodule_imported_under_the_stand_in_is_loaded_once_by_the_real_package() -> None:
-    code = """
-        import importlib.util, json, sys
-        import torch
-        from dtypecheck.memory.lazy_dynamo import defer_dynamo_import
-        defer_dynamo_import()
-        stand_in = torch._dynamo
-        spec = importlib.util.find_spec("torch._dynamo")
-        before = "torch._dynamo.convert_frame" in sys.modules
-        from torch._dynamo.source import ConstantSource
-        import torch._dynamo.source as again
-        module = sys.modules["torch._dynamo.source"]
-        print(json.dumps({
-            "spec": spec.name,
-            "stand_in": type(stand_in).__name__,
-            "before": before,
-            "real": sys.modules["torch._dynamo"] is torch._dynamo and type(torch._dynamo).__name__ == "module",
-            "same": again is module and torch._dynamo.source is module and ConstantSource is module.ConstantSource,
-            "module_spec": module.__spec__.name,
-            "works": ConstantSource("x").source_name,
-        }))
-    """
-    assert _python(code) == {
+UNDER_THE_STAND_IN = """
+import torch
+from dtypecheck.memory.lazy_dynamo import defer_dynamo_import
+defer_dynamo_import()
+"""
+"""What each check below starts from: torch imported, its dynamo package a stand-in."""
+
+SUBMODULE = """
+import importlib.util, json, sys
+stand_in = torch._dynamo
+spec = importlib.util.find_spec("torch._dynamo")
+before = "torch._dynamo.convert_frame" in sys.modules
+from torch._dynamo.source import ConstantSource
+import torch._dynamo.source as again
+module = sys.modules["torch._dynamo.source"]
+print(json.dumps({
+    "spec": spec.name,
+    "stand_in": type(stand_in).__name__,
+    "before": before,
+    "real": sys.modules["torch._dynamo"] is torch._dynamo and type(torch._dynamo).__name__ == "module",
+    "same": again is module and torch._dynamo.source is module and ConstantSource is module.ConstantSource,
+    "module_spec": module.__spec__.name,
+    "works": ConstantSource("x").source_name,
+}))
+"""
+
+# torch.compiler.disable at a class definition (transformers does this) must give a function dynamo skips for good,
+# not the function itself: the stand-in serves only torch's own lazy wrappers.
+DISABLE = """
+import json, sys
+def step(x):
+    return x + 1
+disabled = torch.compiler.disable(step, reason="views")
+print(json.dumps({
+    "wrapped": disabled is not step,
+    "real": type(sys.modules["torch._dynamo"]).__name__ == "module",
+    "value": disabled(torch.ones(1)).item(),
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def under_the_stand_in() -> dict[str, dict[str, object]]:
+    """``SUBMODULE`` and ``DISABLE``, each in a process of its own forked from one fresh interpreter that ran
+    ``UNDER_THE_STAND_IN`` (``tests/_forks.py``): each imports the real dynamo package for good, so neither may
+    follow the other, but they need not import torch each: name -> the document it printed."""
+    checks = {"submodule": SUBMODULE, "disable": DISABLE}
+    done = run_each_forked(UNDER_THE_STAND_IN, [(code, ["-c"]) for code in checks.values()], timeout=300)
+    for name, child in zip(checks, done, strict=True):
+        assert child.returncode == 0, (name, child.stderr)
+    return {name: json.loads(child.stdout.splitlines()[-1]) for name, child in zip(checks, done, strict=True)}
+
+
+def test_a_dynamo_submodule_imported_under_the_stand_in_is_loaded_once_by_the_real_package(
+    under_the_stand_in: dict[str, dict[str, object]],
+) -> None:
+    assert under_the_stand_in["submodule"] == {
         "spec": "torch._dynamo",
         "stand_in": "_StandIn",
         "before": False,
@@ -138,21 +173,7 @@ def test_a_dynamo_submodule_imported_under_the_stand_in_is_loaded_once_by_the_re
     }
 
 
-def test_a_decorator_disabling_dynamo_under_the_stand_in_gets_the_real_disable() -> None:
-    # torch.compiler.disable at a class definition (transformers does this) must give a function dynamo skips for
-    # good, not the function itself: the stand-in serves only torch's own lazy wrappers.
-    code = """
-        import json, sys
-        import torch
-        from dtypecheck.memory.lazy_dynamo import defer_dynamo_import
-        defer_dynamo_import()
-        def step(x):
-            return x + 1
-        disabled = torch.compiler.disable(step, reason="views")
-        print(json.dumps({
-            "wrapped": disabled is not step,
-            "real": type(sys.modules["torch._dynamo"]).__name__ == "module",
-            "value": disabled(torch.ones(1)).item(),
-        }))
-    """
-    assert _python(code) == {"wrapped": True, "real": True, "value": 2.0}
+def test_a_decorator_disabling_dynamo_under_the_stand_in_gets_the_real_disable(
+    under_the_stand_in: dict[str, dict[str, object]],
+) -> None:
+    assert under_the_stand_in["disable"] == {"wrapped": True, "real": True, "value": 2.0}

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
-import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests._forks import run_each_forked
 from tests.nantrace._scripts import NanTrace, line_of
 
 # An HF-style model (config object, embedding-free MLP blocks with LayerNorm, a loss computed inside forward that
@@ -78,20 +78,45 @@ for step in range(12):
 """
 
 
-def _plain_run(script: Path, *args: str) -> list[list[float]]:
-    """The script run by plain python, outside dtypecheck: the steps its own GradScaler shrank its scale on."""
-    done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, check=True, timeout=120)
-    return [
-        json.loads(line.removeprefix("SKIPPED ")) for line in done.stderr.splitlines() if line.startswith("SKIPPED")
-    ]
+AMP_NAN = AMP_LOOP.replace(
+    "    inputs, labels = torch.randn(8, 32), torch.randn(8, 1)\n",
+    "    inputs, labels = torch.randn(8, 32), torch.randn(8, 1)\n"
+    "    if step >= 5:\n"
+    "        inputs = inputs.log()  # log of negatives\n",
+)
+"""``AMP_LOOP`` whose inputs are NaN from its 6th step on."""
+
+PLAIN_RUNS = {"amp_loop.py": AMP_LOOP, "amp_nan.py": AMP_NAN}
+"""The scripts whose plain runs the tests below compare with: file name -> text."""
+
+
+@pytest.fixture(scope="module")
+def plain_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], list[list[float]]]:
+    """Each script of ``PLAIN_RUNS`` run as plain Python, outside dtypecheck, with the scale arguments the tests
+    give it: (file name, argument) -> the steps its own GradScaler shrank its scale on. Each run is a process of its
+    own, forked from one fresh interpreter that imported torch (``tests/_forks.py``): a process per run spent most of
+    its ~3.5 CPU s importing torch."""
+    folder = tmp_path_factory.mktemp("plain")
+    runs = [("amp_loop.py", "default"), ("amp_loop.py", "16777216"), ("amp_nan.py", "default")]
+    for name, text in PLAIN_RUNS.items():
+        (folder / name).write_text(textwrap.dedent(text).lstrip("\n"), encoding="utf-8")
+    run_as_a_script = "import runpy, sys\nrunpy.run_path(sys.argv[0], run_name='__main__')"
+    checks = [(run_as_a_script, [str(folder / name), argument]) for name, argument in runs]
+    found = {}
+    for run, done in zip(runs, run_each_forked("import torch", checks, timeout=300), strict=True):
+        assert done.returncode == 0, (run, done.stderr)
+        found[run] = [
+            json.loads(line.removeprefix("SKIPPED ")) for line in done.stderr.splitlines() if line.startswith("SKIPPED")
+        ]
+    return found
 
 
 @pytest.mark.parametrize("init_scale", ["default", "16777216"])
 def test_gradscaler_skipped_steps_are_notes_with_the_scale_before_and_after(
-    nantrace: NanTrace, init_scale: str
+    nantrace: NanTrace, init_scale: str, plain_runs: dict[tuple[str, str], list[list[float]]]
 ) -> None:
     script, _ = nantrace.write("amp_loop.py", AMP_LOOP)
-    expected = _plain_run(script, init_scale)
+    expected = plain_runs["amp_loop.py", init_scale]
     # The default scale overflows fp16 gradients in the first steps; 2**24 halves its way down over many more.
     assert 1 <= len(expected) <= 3 if init_scale == "default" else len(expected) >= 6
     code, doc, _ = nantrace.json(str(script), "--", init_scale)
@@ -129,17 +154,11 @@ def _first_streak(skipped: list[list[float]], length: int) -> list[list[float]]:
     raise AssertionError(f"no {length} consecutive skipped steps in {skipped}")
 
 
-def test_a_nan_every_step_collapses_the_scale_and_fails(nantrace: NanTrace, tmp_path: Path) -> None:
-    script, text = nantrace.write(
-        "amp_nan.py",
-        AMP_LOOP.replace(
-            "    inputs, labels = torch.randn(8, 32), torch.randn(8, 1)\n",
-            "    inputs, labels = torch.randn(8, 32), torch.randn(8, 1)\n"
-            "    if step >= 5:\n"
-            "        inputs = inputs.log()  # log of negatives\n",
-        ),
-    )
-    streak = _first_streak(_plain_run(script, "default"), 3)
+def test_a_nan_every_step_collapses_the_scale_and_fails(
+    nantrace: NanTrace, plain_runs: dict[tuple[str, str], list[list[float]]]
+) -> None:
+    script, text = nantrace.write("amp_nan.py", AMP_NAN)
+    streak = _first_streak(plain_runs["amp_nan.py", "default"], 3)
     assert streak[-1][0] >= 6  # the natural skips of the first steps are over before the NaNs begin
     code, doc, _ = nantrace.json(str(script), "--max-skipped-steps", "3", "--", "default")
     assert code == 1
@@ -157,10 +176,14 @@ def test_a_nan_every_step_collapses_the_scale_and_fails(nantrace: NanTrace, tmp_
 
 
 def test_max_skipped_steps_comes_from_the_project_config(
-    nantrace: NanTrace, cli: Any, tmp_path: Path, monkeypatch: Any
+    nantrace: NanTrace,
+    cli: Any,
+    tmp_path: Path,
+    monkeypatch: Any,
+    plain_runs: dict[tuple[str, str], list[list[float]]],
 ) -> None:
     script, _ = nantrace.write("amp_loop.py", AMP_LOOP)
-    skipped = _plain_run(script, "16777216")
+    skipped = plain_runs["amp_loop.py", "16777216"]
     longest = max(n for n in range(1, len(skipped) + 1) if _has_streak(skipped, n))
     (tmp_path / "pyproject.toml").write_text(
         f"[tool.dtypecheck.nan-trace]\nmax-skipped-steps = {longest}\n", encoding="utf-8"

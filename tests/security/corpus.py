@@ -78,7 +78,7 @@ class Hostile:
     ``dcp.load`` (a folder), ``package.load`` (``PackageImporter.load_pickle`` of every pickle of a torch.package
     archive), ``np.load`` (``allow_pickle=True``; every array of an ``.npz``), ``joblib.load`` (compressed or not,
     as its first bytes say), ``torch.load.capped`` (a memory or time bomb: ``torch.load`` under an address-space
-    cap, ``harness.exhausts``; the proof makes the canary), ``from_pretrained.CLASS``
+    cap, ``harness.exhausts_each``; the proof makes the canary), ``from_pretrained.CLASS``
     (``transformers.CLASS.from_pretrained(folder, trust_remote_code=True)``; diffusers' for
     ``DiffusionPipeline``), ``generate.custom_generate`` (a causal LM's ``generate(custom_generate=folder,
     trust_remote_code=True)``), ``torch.hub`` (``torch.hub.load(folder, "model", source="local")``),

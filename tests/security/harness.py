@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tests._forks import run_each_forked
+
 if TYPE_CHECKING:
     from tests.security.corpus import Hostile
 
@@ -81,7 +83,6 @@ PROVE_UNDER_A_CAP = textwrap.dedent(
     r"""
     import resource, sys, time, warnings
     warnings.simplefilter("ignore")
-    import torch
     with open("/proc/self/status") as status:
         vm = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize"))
     resource.setrlimit(resource.RLIMIT_AS, (vm + (2 << 30), vm + (2 << 30)))
@@ -96,28 +97,38 @@ PROVE_UNDER_A_CAP = textwrap.dedent(
         print("loaded", time.monotonic() - start)
     """
 )
-"""``torch.load(weights_only=False)`` of ``argv[1]`` with the address space capped at 2 GiB above what ``import
-torch`` takes: prints ``MemoryError``, ``RuntimeError True ...`` (the allocator's), or ``loaded SECONDS``."""
+"""``torch.load(weights_only=False)`` of ``argv[1]`` with the address space capped at 2 GiB above what the process
+holds once torch is imported: prints ``MemoryError``, ``RuntimeError True ...`` (the allocator's), or ``loaded
+SECONDS``."""
 
 
-def exhausts(path: Path, timeout: float = 20) -> tuple[bool, str]:
-    """(whether ``torch.load`` of ``path`` runs out of ``PROVE_UNDER_A_CAP``'s cap, what the proof printed): out
-    of memory, killed by the kernel, or past ``timeout`` (a loop over ``range(10**12)`` takes hours)."""
-    try:
-        proof = run_python(PROVE_UNDER_A_CAP, str(path), timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return True, f"past {timeout:.0f} s"
-    out = proof.stdout.strip()
-    return proof.returncode < 0 or out.startswith(("MemoryError", "RuntimeError True")), out + proof.stderr[-400:]
+def exhausts_each(paths: list[Path], timeout: float = 20) -> list[tuple[bool, str]]:
+    """For each of ``paths``: (whether ``torch.load`` of it runs out of ``PROVE_UNDER_A_CAP``'s cap, what the proof
+    printed): out of memory, killed by the kernel, or past ``timeout`` (a loop over ``range(10**12)`` takes
+    hours). Each load is a process of its own, with its own cap and memory, forked from one interpreter that
+    imported torch for them all (``tests/_forks.py``; a process per load cost ~2 CPU s of torch import each)."""
+    prelude = "import warnings\nwarnings.simplefilter('ignore')\nimport torch"
+    checks = [(PROVE_UNDER_A_CAP, ["-c", str(path)]) for path in paths]
+    proofs = run_each_forked(prelude, checks, timeout=timeout, env=environment())
+    found = []
+    for proof in proofs:
+        out = proof.stdout.strip()
+        if proof.returncode is None:
+            found.append((True, f"past {timeout:.0f} s"))
+        else:
+            exhausted = proof.returncode < 0 or out.startswith(("MemoryError", "RuntimeError True"))
+            found.append((exhausted, out + proof.stderr[-400:]))
+    return found
 
 
 def prove_live(hostiles: list[Hostile], timeout: float = 300) -> set[str]:
     """Read every payload-carrying input as its ``loader`` would, those of each working folder in one throwaway
     process; the names of those whose canary then exists (canaries are removed first). A
     ``torch.load.capped`` payload (a memory or time bomb) is loaded in a process of its own under a cap
-    (``exhausts``), and the proof makes its canary when the load exhausts it."""
+    (``exhausts_each``), and the proof makes its canary when the load exhausts it."""
     groups: dict[str, list[tuple[str, Hostile]]] = {}
     proven: list[Hostile] = []
+    capped: list[tuple[Hostile, Path]] = []
     for hostile in hostiles:
         if hostile.canary is None or hostile.torch_load is None or hostile.loader == "none":
             continue
@@ -126,10 +137,12 @@ def prove_live(hostiles: list[Hostile], timeout: float = 300) -> set[str]:
         # a folder: a DCP checkpoint, unless it names a loader of folders (from_pretrained, generate)
         loader = "dcp.load" if hostile.torch_load.is_dir() and hostile.loader == "torch.load" else hostile.loader
         if loader == "torch.load.capped":
-            if exhausts(hostile.torch_load)[0]:
-                hostile.canary.touch()
+            capped.append((hostile, hostile.torch_load))
             continue
         groups.setdefault(str(hostile.cwd or code_under_test()), []).append((loader, hostile))
+    for (hostile, _), (exhausted, _printed) in zip(capped, exhausts_each([p for _, p in capped]), strict=True):
+        if exhausted and hostile.canary is not None:
+            hostile.canary.touch()
     for cwd, members in groups.items():
         # One process per working folder, every loader in it: importing torch, transformers and diffusers once per
         # loader was most of a class's proof (the folder loaders' took 25 s in seven processes).

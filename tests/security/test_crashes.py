@@ -6,13 +6,12 @@ new end of the file would kill that process with SIGBUS (and would kill pytest i
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from tests._forks import Forked, run_each_forked
 from tests.security import corpus
 from tests.security.harness import environment, handled, run_hostile, run_python
 
@@ -38,20 +37,26 @@ TRUNCATE_AFTER_FIRST_CHUNK = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize(
-    ("layout", "copy_limit"),
-    [("safetensors", 1 << 26), ("torch-zip", 1 << 26), ("torch-zip-strided", 0), ("gguf", 1 << 26)],
-)
-def test_truncation_during_the_scan_is_an_input_error(tmp_path: Path, layout: str, copy_limit: int) -> None:
-    path = corpus.big_checkpoint(tmp_path, layout, megabytes=24)
-    done = subprocess.run(
-        [sys.executable, "-c", TRUNCATE_AFTER_FIRST_CHUNK, str(path), str(copy_limit)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=environment(),
-        check=False,
-    )
+CASES = [("safetensors", 1 << 26), ("torch-zip", 1 << 26), ("torch-zip-strided", 0), ("gguf", 1 << 26)]
+
+
+@pytest.fixture(scope="module")
+def truncated_scans(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], Forked]:
+    """Each case of ``CASES`` scanned and truncated under its scan in a process of its own, forked from one
+    interpreter that imported torch for them all (``tests/_forks.py``): a SIGBUS kills only that case's child."""
+    checks = []
+    for layout, copy_limit in CASES:
+        path = corpus.big_checkpoint(tmp_path_factory.mktemp(layout), layout, megabytes=24)
+        checks.append((TRUNCATE_AFTER_FIRST_CHUNK, ["-c", str(path), str(copy_limit)]))
+    done = run_each_forked("import torch", checks, env=environment())
+    return dict(zip(CASES, done, strict=True))
+
+
+@pytest.mark.parametrize(("layout", "copy_limit"), CASES)
+def test_truncation_during_the_scan_is_an_input_error(
+    truncated_scans: dict[tuple[str, int], Forked], layout: str, copy_limit: int
+) -> None:
+    done = truncated_scans[layout, copy_limit]
     assert done.returncode == 0, done.stderr  # -7 would be SIGBUS
     assert done.stdout.startswith("input-error"), done.stdout
     assert "shrank to 4096 bytes" in done.stdout

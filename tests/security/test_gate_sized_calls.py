@@ -18,7 +18,7 @@ from dtypecheck.loaders._io.pickle_vm import unpickle
 from tests.conftest import CliResult
 from tests.security import corpus
 from tests.security.gate import sized_calls
-from tests.security.harness import assert_cli_fails_each_in_its_own_process, exhausts, payload_scans, prove_live
+from tests.security.harness import assert_cli_fails_each_in_its_own_process, exhausts_each, payload_scans, prove_live
 
 CALLS = sized_calls.calls()
 
@@ -28,12 +28,23 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, corpus.Hostile
     return {h.name: h for h in corpus.build(tmp_path_factory.mktemp("sized"), (sized_calls.KLASS,))}
 
 
+@pytest.fixture(scope="module")
+def capped_loads(inputs: dict[str, corpus.Hostile]) -> dict[str, tuple[bool, str]]:
+    """Each payload's capped ``torch.load`` (``harness.exhausts_each``: a process, cap and memory of its own, forked
+    from one that imported torch once for them all): name -> (exhausted, what the proof printed)."""
+    paths = [inputs[name].torch_load for name in sorted(CALLS)]
+    assert all(path is not None for path in paths)
+    return dict(zip(sorted(CALLS), exhausts_each([path for path in paths if path is not None]), strict=True))
+
+
 @pytest.mark.parametrize("name", sorted(CALLS))
-def test_payload_is_live_under_a_memory_cap(name: str, inputs: dict[str, corpus.Hostile]) -> None:
+def test_payload_is_live_under_a_memory_cap(
+    name: str, inputs: dict[str, corpus.Hostile], capped_loads: dict[str, tuple[bool, str]]
+) -> None:
     """torch.load of the checkpoint runs out of a 2 GiB cap (or past 20 s), and the corpus' proof says so."""
     hostile = inputs[name]
     assert hostile.torch_load is not None
-    exhausted, printed = exhausts(hostile.torch_load)
+    exhausted, printed = capped_loads[name]
     assert exhausted, printed
     assert hostile.canary is not None
     hostile.canary.touch()  # what prove_live makes of it, without loading it twice
