@@ -63,7 +63,7 @@ def named_spectrogram(
     import torch
     from torch.utils._python_dispatch import _disable_current_modes
 
-    from dtypecheck.memory.hf_inputs import _extractor_type, _feature_shape, size_of
+    from dtypecheck.memory.hf_config import _extractor_type, _feature_shape, size_of
 
     main = getattr(model, "main_input_name", "")
     parameters = inspect.signature(model.forward).parameters
@@ -90,7 +90,7 @@ def second_tower_pixels(kwargs: dict[str, Any], model: torch.nn.Module, config: 
     one without the other)."""
     import inspect
 
-    from dtypecheck.memory.hf_inputs import size_of, sizes_of
+    from dtypecheck.memory.hf_config import size_of, sizes_of
 
     pixels = kwargs.get("pixel_values")
     if pixels is None or pixels.ndim != 4:
@@ -209,7 +209,7 @@ def flattened_patches(kwargs: dict[str, Any], model: torch.nn.Module, config: An
 
     import torch
 
-    from dtypecheck.memory.hf_inputs import size_of
+    from dtypecheck.memory.hf_config import size_of
 
     if getattr(model, "main_input_name", "") != "flattened_patches":
         return False
@@ -288,7 +288,7 @@ def positioned_patches(kwargs: dict[str, Any], model: torch.nn.Module, config: A
 
     import torch
 
-    from dtypecheck.memory.hf_inputs import size_of
+    from dtypecheck.memory.hf_config import size_of
 
     parameters = inspect.signature(model.forward).parameters
     pixels = kwargs.get("pixel_values")

@@ -4,8 +4,6 @@ feature extractor makes, decoder ids of an encoder-decoder, and labels its head 
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import inspect
 import math
 from typing import TYPE_CHECKING, Any
@@ -14,13 +12,20 @@ from dtypecheck.memory.family_inputs import (
     codebook_decoder_ids,
     codebook_streams,
     cross_attended_images,
-    frames_padded,
     lagged_series,
     own_image_side,
     own_main_input,
     positioned_patches,
     second_tower_pixels,
 )
+from dtypecheck.memory.hf_config import (
+    _merge_size,
+    _token_id,
+    size_of,
+    sizes_of,
+)
+from dtypecheck.memory.hf_media import _audio, _image_tokens
+from dtypecheck.memory.tower_inputs import tower_inputs
 
 if TYPE_CHECKING:
     import torch
@@ -29,135 +34,6 @@ LM_HEADS = ("CausalLM", "MaskedLM", "Seq2SeqLM", "SpeechSeq2Seq")
 """Heads whose labels are token ids of the text's shape."""
 CLASSIFIER_HEADS = ("ImageClassification", "AudioClassification", "SequenceClassification")
 """Heads whose labels are one class (or, for a regression, one float per output) per sample."""
-
-
-SUB_CONFIGS = ("vision_config", "audio_config", "encoder_config", "text_config", "encoder", "backbone_config")
-"""Where a config keeps the configs of its towers."""
-
-
-def _sources(config: Any) -> list[Any]:
-    """The config, its sub-configs, then theirs and those of the VLM a retriever wraps (T5Gemma 2's encoder's
-    vision tower, ColModernVBERT's VLM's; the wrapped config's own top-level values, such as a default vocabulary
-    its text config replaces, are not read)."""
-    subs = [s for s in (getattr(config, name, None) for name in SUB_CONFIGS) if s is not None]
-    holders = [*subs, getattr(config, "vlm_config", None)]
-    found = (getattr(sub, name, None) for sub in holders if sub is not None for name in SUB_CONFIGS)
-    deeper = [s for s in found if s is not None]
-    return [config, *subs, *deeper]
-
-
-def size_of(config: Any, name: str, default: int) -> int:
-    """A size from the config or its vision/audio/text sub-configs (the first of a pair)."""
-    return sizes_of(config, name, (default,))[0]
-
-
-def sizes_of(config: Any, name: str, default: tuple[int, ...]) -> tuple[int, ...]:
-    """A size (or a pair such as ``image_size`` (height, width)) from the config or its sub-configs."""
-    for source in _sources(config):
-        value = getattr(source, name, None)
-        if isinstance(value, bool):
-            continue
-        if isinstance(value, int) and value > 0:
-            return (value,)
-        if isinstance(value, list | tuple) and value and all(isinstance(v, int) and v > 0 for v in value):
-            return tuple(int(v) for v in value)
-        if isinstance(value, dict):  # {"height": 224, "width": 224}
-            pair = tuple(value.get(k) for k in ("height", "width"))
-            if all(isinstance(v, int) and v > 0 for v in pair):
-                return tuple(int(v) for v in pair)  # type: ignore[arg-type]
-    return default
-
-
-@functools.cache
-def _feature_shape(
-    model_type: str, samples: int, bins: int | None, fused: bool | None = None
-) -> tuple[str, tuple[int, ...]] | None:
-    """(input name, shape per sample) that ``model_type``'s feature extractor makes of ``samples`` of silence,
-    with its feature size set to the config's ``bins`` (and its truncation to the config's ``enable_fusion``,
-    CLAP's: four stacked spectrograms fused, else one); None when it has none that runs here."""
-    import numpy as np
-    import transformers
-    from transformers.models.auto import feature_extraction_auto
-
-    names: dict[str, str] = getattr(feature_extraction_auto, "FEATURE_EXTRACTOR_MAPPING_NAMES")  # noqa: B009
-    name = names.get(model_type)
-    cls = getattr(transformers, name, None) if isinstance(name, str) else None
-    if cls is None:
-        return None
-    try:
-        kwargs: dict[str, Any] = {}
-        taken = inspect.signature(cls.__init__).parameters
-        if bins is not None and "feature_size" in taken:
-            kwargs["feature_size"] = bins
-        if fused is not None and "truncation" in taken:
-            kwargs["truncation"] = "fusion" if fused else "rand_trunc"
-        extractor = cls(**kwargs)
-        rate = int(getattr(extractor, "sampling_rate", 16000))
-    except Exception:  # noqa: BLE001  (an extractor that needs files or packages this machine lacks)
-        return None
-    made = None
-    # One clip, then a batch of one (Gemma 4's extractor takes only a batch); as numpy arrays, else as torch
-    # tensors (VibeVoice's extractor returns only those).
-    clips = (np.zeros(samples, dtype=np.float32), [np.zeros(samples, dtype=np.float32)])
-    for audio, tensors in ((clip, kind) for kind in ("np", "pt") for clip in clips):
-        with contextlib.suppress(Exception):
-            made = extractor(audio, sampling_rate=rate, return_tensors=tensors)
-            break
-    if made is None:
-        return None
-    main = getattr(extractor, "model_input_names", None) or ["input_features"]
-    for key in (main[0], "input_features", "input_values"):
-        value = made.get(key) if hasattr(made, "get") else None
-        if value is not None and getattr(value, "ndim", 0) >= 2:
-            return key, tuple(int(v) for v in value.shape[1:])
-    return None
-
-
-_EXTRACTOR_TYPES: dict[type, str] = {}
-"""``_extractor_type``'s answers by config class."""
-
-
-def _extractor_type(config_class: type) -> str:
-    """The model type whose feature extractor makes ``config_class``'s audio: its own, else (an audio tower on its
-    own: Gemma 4's, Nemotron's) that of the nearest model whose config holds it as a sub-config."""
-    from transformers import CONFIG_MAPPING
-    from transformers.models.auto import feature_extraction_auto
-
-    if config_class in _EXTRACTOR_TYPES:
-        return _EXTRACTOR_TYPES[config_class]
-    names: dict[str, str] = getattr(feature_extraction_auto, "FEATURE_EXTRACTOR_MAPPING_NAMES")  # noqa: B009
-    own = str(getattr(config_class, "model_type", ""))
-    _EXTRACTOR_TYPES[config_class] = own
-    if own in names:
-        return own
-    # A model's half whose config derives from the model's (VibeVoice's tokenizer's encoder and decoder).
-    for base in config_class.__mro__[1:]:
-        inherited = str(getattr(base, "model_type", "") or "")
-        if inherited in names:
-            _EXTRACTOR_TYPES[config_class] = inherited
-            return inherited
-    wanted, seen = [config_class], {config_class}
-    for _depth in range(3):  # the tower's model, and the speech model holding that (Nemotron 3.5's)
-        # (Reading every config class's sub-configs imports them all: a few seconds, once per tower.)
-        holders = [
-            (name, holder)
-            for name, holder in CONFIG_MAPPING.items()
-            if holder not in seen and any(sub in wanted for sub in _sub_configs(holder))
-        ]
-        if not holders:
-            return own
-        found = next((str(name) for name, _ in holders if name in names), None)
-        if found is not None:
-            _EXTRACTOR_TYPES[config_class] = found
-            return found
-        wanted = [holder for _, holder in holders]
-        seen.update(wanted)
-    return own
-
-
-def _sub_configs(config_class: type) -> list[type]:
-    subs = getattr(config_class, "sub_configs", None)
-    return list(subs.values()) if isinstance(subs, dict) else []
 
 
 VISUAL_REGIONS = 36
@@ -327,8 +203,6 @@ def hf_inputs(
         # A codec's decoder on its own (Mimi's): the continuous latents its encoder makes, (batch, hidden_size,
         # frames), ``seq`` frames of them.
         kwargs["latents"] = make(batch, size_of(config, "hidden_size", 1), seq)
-    from dtypecheck.memory.tower_inputs import tower_inputs  # (it reads this module's sizes)
-
     tower_inputs(kwargs, model, config, accepted, required, batch=batch, seq=seq, make=make)
     if not kwargs:
         own_main_input(kwargs, model, config, batch, seq, make)
@@ -395,70 +269,6 @@ def _cache_has_no_length(model: torch.nn.Module, accepted: set[str]) -> bool:
     return False
 
 
-def _audio(
-    kwargs: dict[str, Any],
-    model: torch.nn.Module,
-    config: Any,
-    main: str,
-    size: tuple[int, int],
-    make: Any,
-    accepted: set[str],
-) -> None:
-    """Audio input: the feature extractor's own shape of about ``seq`` frames, else (bins, 2 x source positions)
-    spectrogram features or ``seq`` strides of raw samples; a W2v-BERT encoder's stacked filter banks beside
-    them where the extractor makes none. ``size`` is (batch, seq)."""
-    batch, seq = size
-    # Raw samples per frame: the conv feature encoder's total stride, else 20 ms at 16 kHz (wav2vec2's 320), so
-    # that a first convolution of a long kernel (Moonshine's 127) has samples enough.
-    stride = math.prod(getattr(config, "conv_stride", None) or (320,))
-    hop = 160  # 10 ms at 16 kHz, the common spectrogram hop
-    samples = seq * (stride if main == "input_values" else hop)
-    # A speech model's own audio tower keeps its bins (Nemotron 3.5's ``asr_config``).
-    bins = size_of(config, "num_mel_bins", 0) or size_of(getattr(config, "asr_config", None), "num_mel_bins", 0) or None
-    model_type = _extractor_type(type(config))
-    import torch
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    # The extractor's own torch ops (Whisper's STFT) are not the model's: run it outside the fake mode and the
-    # trace, which would count its spectrogram as activations of the first pass.
-    with _disable_current_modes():
-        fused = getattr(getattr(config, "audio_config", None), "enable_fusion", None)
-        found = _feature_shape(model_type, samples, bins, fused if isinstance(fused, bool) else None)
-    positions = size_of(config, "max_source_positions", 0)
-    if found is not None and len(found[1]) == 2 and found[1][0] == bins and positions:
-        # (bins, frames), as Whisper's encoder takes exactly 2 frames per source position: the config's own
-        # window, not the extractor's default 30 s
-        found = (found[0], (found[1][0], 2 * positions))
-    if found is not None and len(found[1]) == 2 and found[1][-1] == bins:
-        found = (found[0], frames_padded(model, config, found[1]))
-    if found is not None and (found[0] if found[0] in ("input_features", "input_values") else main) not in accepted:
-        found = None  # Wav2Vec2-BERT's mapped extractor is Wav2Vec2's, whose raw samples its forward does not take
-    semantic = getattr(config, "semantic_model_config", None)  # a codec's semantic tower (NeuCodec's)
-    stacked = size_of(config, "feature_projection_input_dim", 0) or size_of(semantic, "feature_projection_input_dim", 0)
-    if found is None and stacked and "input_features" in accepted:
-        # A W2v-BERT encoder (Wav2Vec2-BERT, NeuCodec's and XCodec2's semantic tower) takes SeamlessM4T's filter
-        # banks, two 10 ms frames stacked a row: ``seq`` rows of ``feature_projection_input_dim``, 20 ms each.
-        kwargs["input_features"] = make(batch, seq, stacked)
-        if "input_features_mask" in accepted:  # every row real (its frames are rows here, not columns)
-            kwargs["input_features_mask"] = torch.ones((batch, seq), dtype=torch.long)
-        if "input_values" in accepted:
-            # A codec takes the same audio's samples beside them, one mono channel: (batch, 1, samples), as its
-            # extractor pads them (``seq`` strides of 320).
-            kwargs["input_values"] = make(batch, 1, seq * stride)
-        return
-    if found is not None:
-        name, shape = found
-        kwargs[name if name in ("input_features", "input_values") else main] = make(batch, *shape)
-    elif main == "input_features":
-        frames = 2 * size_of(config, "max_source_positions", seq)
-        kwargs["input_features"] = make(batch, bins or 80, frames)
-    elif channels := size_of(config, "audio_channels", 0):
-        # A codec's encoder on its own (Mimi's): (batch, channels, samples), as its model's extractor gives them.
-        kwargs["input_values"] = make(batch, channels, seq * stride)
-    else:
-        kwargs["input_values"] = make(batch, seq * stride)
-
-
 def _tiles(kwargs: dict[str, Any], config: Any, batch: int, seq: int) -> tuple[int, int]:
     """Mllama-style tiled images, as its processor gives them: one image a sample cut into every tile
     (``max_num_tiles``), its aspect-ratio id and tile mask, and the text's cross-attention mask onto the image's
@@ -514,17 +324,6 @@ def _labels(config: Any, head: str, batch: int, seq: int, kwargs: dict[str, Any]
     return None
 
 
-def _token_id(config: Any, *names: str) -> int | None:
-    """The first of ``names`` the config (its text config, or the VLM config a retriever wraps: ColPali's) sets."""
-    wrapped = getattr(config, "vlm_config", None)
-    for source in (config, getattr(config, "text_config", None), wrapped):
-        for name in names:
-            value = getattr(source, name, None)
-            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-                return value
-    return None
-
-
 def _patch_grid(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, batch: int, make: Any) -> int:
     """Qwen-VL's images: ``pixel_values`` as the flat patches of one ``image_size`` image per sample (each
     ``channels x temporal_patch_size x patch_size**2`` values) and ``image_grid_thw`` their (1, rows, columns).
@@ -557,17 +356,6 @@ def _patch_grid(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, bat
     return cells * cells // (merge * merge)
 
 
-def _merge_size(vision: Any) -> int:
-    """How many patches a side a Qwen-VL-style tower merges into one image token (1 where its config names none:
-    VideoLLaMA3's, whose processor merges none of an image's)."""
-    # MuseSpark's tower names it ``merge_size``, Kimi-K2.5's ``merge_kernel_size``.
-    return (
-        size_of(vision, "spatial_merge_size", 0)
-        or size_of(vision, "merge_size", 0)
-        or size_of(vision, "merge_kernel_size", 1)
-    )
-
-
 def _patch_conv2d(model: torch.nn.Module, channels: int, patch: int) -> bool:
     """Whether the model's first convolution over ``channels`` inputs is 2-D with a ``patch``-sized kernel."""
     import torch
@@ -596,64 +384,3 @@ def _flat_patches(kwargs: dict[str, Any], config: Any, batch: int, make: Any) ->
     kwargs["pixel_attention_mask"] = torch.ones((batch, patches), dtype=torch.long)
     # Made of factory ops, whose values the trace knows (the tower reads them to resize its position grid).
     kwargs["spatial_shapes"] = torch.full((batch, 2), side, dtype=torch.long)
-
-
-def _image_tokens(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, per_image: int | None) -> None:
-    """Put the model's image placeholder tokens before the text, as many as its vision tower makes features of
-    each image (a VLM checks that they match): ``per_image`` when the grid says, else counted by running
-    ``get_image_features`` once per image shape, outside the trace."""
-    import torch
-
-    token = _token_id(config, "image_token_id", "image_token_index")
-    if token is None:
-        return
-    ids = kwargs["input_ids"]
-    batch = int(ids.shape[0])
-    if per_image is None:
-        # The model's own, else that of the VLM it wraps (ColPali's ``vlm``).
-        owners = (model, *model.children())
-        features = next((f for m in owners if (f := getattr(m, "get_image_features", None)) is not None), None)
-        if features is None:
-            return
-        cache: dict[tuple[int, ...], int] = model.__dict__.setdefault("_dtypecheck_image_tokens", {})
-        key = tuple(kwargs["pixel_values"].shape)
-        if key not in cache:
-            cache[key] = _count_features(model, features, kwargs) // max(batch, 1)
-        per_image = cache[key]
-    if per_image > 0:
-        if token:  # random text ids may hit the placeholder's: they would be counted as images
-            ids = ids.masked_fill(ids == token, 0)
-        placeholders = torch.full((batch, per_image), token, dtype=ids.dtype)
-        kwargs["input_ids"] = torch.cat([placeholders, ids], dim=1)
-
-
-def _count_features(model: torch.nn.Module, features: Any, kwargs: dict[str, Any]) -> int:
-    """How many image feature vectors ``get_image_features`` makes of the batch's images (0 when it fails): on
-    fake tensors for a fake model, outside the trace (its ops are not the pass's), with the values the trace knows
-    (Pixtral's ``image_sizes.tolist()``)."""
-    import torch
-    from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
-    from torch.utils._pytree import tree_flatten
-
-    from dtypecheck.memory.routing import KnownValuesMode
-
-    params = inspect.signature(features).parameters
-    extra = {k: v for k, v in kwargs.items() if k in params and k not in ("pixel_values", "input_ids")}
-    fake_mode = getattr(next(model.parameters(), None), "fake_mode", None)
-    # The tracer's mode keeps the values its inputs were made of (LiveBytes.shadows).
-    modes = reversed(_get_current_dispatch_mode_stack())
-    shadows = next((found for m in modes if (found := getattr(m, "shadows", None)) is not None), None)
-    known = KnownValuesMode(shadows) if shadows is not None else contextlib.nullcontext()
-    if shadows is not None:
-        # The images' zeros stand for data, as in the pass: Idefics3 drops the images all of whose pixels are 0.
-        shadows.forget_data({"pixel_values": kwargs["pixel_values"], **extra})
-    try:
-        with _disable_current_modes(), torch.no_grad(), fake_mode or contextlib.nullcontext(), known:
-            out = features(pixel_values=kwargs["pixel_values"], **extra)
-    except Exception:  # noqa: BLE001  (a tower that needs more inputs than these: the model's own error says so)
-        return 0
-    found = getattr(out, "pooler_output", None)
-    if found is None:
-        found = out[0] if isinstance(out, tuple | list) else getattr(out, "last_hidden_state", out)
-    tensors = [t for t in tree_flatten(found)[0] if isinstance(t, torch.Tensor)]
-    return sum(t.numel() // t.shape[-1] for t in tensors if t.ndim >= 2)

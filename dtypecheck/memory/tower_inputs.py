@@ -9,7 +9,8 @@ import functools
 import math
 from typing import TYPE_CHECKING, Any
 
-from dtypecheck.memory.hf_inputs import _audio, _merge_size, size_of
+from dtypecheck.memory.hf_config import _merge_size, size_of
+from dtypecheck.memory.hf_media import _audio
 
 if TYPE_CHECKING:
     import torch
@@ -68,7 +69,7 @@ def _tile_mask(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, acce
 
     import torch
 
-    from dtypecheck.memory.hf_inputs import _count_features, _image_tokens
+    from dtypecheck.memory.hf_media import _count_features, _image_tokens
 
     features = getattr(model, "get_image_features", None)
     pixels = kwargs.get("pixel_values")
@@ -106,7 +107,7 @@ def _query_projector(kwargs: dict[str, Any], model: torch.nn.Module, config: Any
     ``projector_patch_to_query_dict``, 1225 or 4900 patches) takes only images of those counts: its processor's
     default (``max_image_size`` 980 px, padded square) gives the larger, which the vision config's own
     ``image_size`` (224) does not. The image is made that size, and the text given its queries' placeholders."""
-    from dtypecheck.memory.hf_inputs import _image_tokens
+    from dtypecheck.memory.hf_media import _image_tokens
 
     table = getattr(config, "projector_patch_to_query_dict", None)
     pixels = kwargs.get("pixel_values")

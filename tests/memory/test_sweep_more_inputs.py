@@ -76,7 +76,7 @@ def test_a_llava_model_iswithin_5_percent_of_memtracker(tmp_path):
 
 
 def test_an_audio_tower_on_its_own_gets_the_features_of_the_model_that_holds_it():
-    from dtypecheck.memory.hf_inputs import _extractor_type
+    from dtypecheck.memory.hf_config import _extractor_type
 
     # Nemotron's diarization tower has no extractor of its own; the diarization model holding it has.
     config = transformers.Nemotron3DiarizationAudioConfig(
@@ -105,7 +105,7 @@ def test_an_audio_tower_on_its_own_iswithin_5_percent_of_memtracker(tmp_path):
 
 
 def test_a_batch_only_extractor_is_given_a_batch_of_one():
-    from dtypecheck.memory.hf_inputs import _feature_shape
+    from dtypecheck.memory.hf_config import _feature_shape
 
     # Gemma 4's extractor refuses a single clip ("cannot select an axis to squeeze out").
     found = _feature_shape("gemma4", 2560, None)
