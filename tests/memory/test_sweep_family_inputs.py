@@ -4,6 +4,8 @@ under its own name beside its padding mask; each checked at tiny size against Me
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -43,6 +45,16 @@ def _inputs(model_class, config, *, train=False):
     return hf_inputs(model, config, "Seq2SeqLM", 1, 16, train=train, labels=True, real=False)
 
 
+def _built_inputs(model_class: Any, config: Any, head: str) -> dict[str, Any]:
+    """The inputs ``hf_inputs`` builds for ``model_class`` made of ``config`` on the meta device (batch 1, 16 tokens,
+    inference)."""
+    from dtypecheck.memory.hf_inputs import hf_inputs
+
+    with torch.device("meta"):
+        model = model_class(config)
+    return hf_inputs(model, config, head, 1, 16, train=False, labels=False, real=False)
+
+
 def test_musicgens_decoder_ids_are_its_codebooks_flattened_into_the_batch():
     # Before: (1, 16), "shape '[-1, 4, 16]' is invalid for input of size 16" in its decoder's reshape.
     found = _inputs(transformers.MusicgenForConditionalGeneration, _musicgen())
@@ -68,11 +80,7 @@ def test_gemma3n_audio_encoder_gets_its_extractors_features_and_an_unpadded_mask
         hidden_size=32, conf_num_hidden_layers=1, conf_num_attention_heads=2, sscp_conv_channel_size=[8, 4],
         conf_conv_kernel_size=3,
     )  # fmt: skip
-    with torch.device("meta"):
-        model = transformers.Gemma3nAudioEncoder(config)
-    from dtypecheck.memory.hf_inputs import hf_inputs
-
-    found = hf_inputs(model, config, "Model", 1, 16, train=False, labels=False, real=False)
+    found = _built_inputs(transformers.Gemma3nAudioEncoder, config, "Model")
     assert tuple(found["audio_mel"].shape) == (1, 13, 128)  # 16 x 160 samples: 13 frames of 128 bins
     assert not found["audio_mel_mask"].any()
     within_5_percent_of_memtracker(tmp_path, config)
@@ -90,11 +98,7 @@ def test_deepseek_vl_hybrid_gets_its_sam_towers_high_res_images_beside_its_sigli
                                 "output_channels": 16, "global_attn_indexes": [0], "mlp_dim": 64},
         image_token_id=TINY_TEXT["vocab_size"] - 1,
     )  # fmt: skip
-    with torch.device("meta"):
-        model = transformers.DeepseekVLHybridModel(config)
-    from dtypecheck.memory.hf_inputs import hf_inputs
-
-    found = hf_inputs(model, config, "Model", 1, 16, train=False, labels=False, real=False)
+    found = _built_inputs(transformers.DeepseekVLHybridModel, config, "Model")
     assert tuple(found["high_res_pixel_values"].shape) == (1, 3, 64, 64)
     within_5_percent_of_memtracker(tmp_path, config)
 
@@ -104,11 +108,7 @@ def test_a_decision_transformer_gets_a_trajectory_of_states_actions_and_returns(
     config = transformers.DecisionTransformerConfig(
         state_dim=5, act_dim=3, hidden_size=32, n_layer=1, n_head=2, n_inner=64, max_ep_len=64, n_positions=128
     )
-    with torch.device("meta"):
-        model = transformers.DecisionTransformerModel(config)
-    from dtypecheck.memory.hf_inputs import hf_inputs
-
-    found = hf_inputs(model, config, "Model", 1, 16, train=False, labels=False, real=False)
+    found = _built_inputs(transformers.DecisionTransformerModel, config, "Model")
     shapes = {name: tuple(value.shape) for name, value in found.items()}
     assert shapes == {
         "states": (1, 16, 5), "actions": (1, 16, 3), "rewards": (1, 16, 1), "returns_to_go": (1, 16, 1),
@@ -182,11 +182,7 @@ def test_idefics_gets_one_image_a_sample_and_the_mask_its_text_cross_attends_wit
         perceiver_config={"resampler_n_latents": 4, "resampler_depth": 1, "resampler_n_heads": 2,
                           "resampler_head_dim": 8, "use_resampler": True},
     )  # fmt: skip
-    with torch.device("meta"):
-        model = transformers.IdeficsModel(config)
-    from dtypecheck.memory.hf_inputs import hf_inputs
-
-    found = hf_inputs(model, config, "Model", 1, 16, train=False, labels=False, real=False)
+    found = _built_inputs(transformers.IdeficsModel, config, "Model")
     assert tuple(found["pixel_values"].shape) == (1, 1, 3, 32, 32)
     assert tuple(found["image_attention_mask"].shape) == (1, 16, 1)
     within_5_percent_of_memtracker(tmp_path, config)
@@ -219,11 +215,7 @@ def test_a_lagged_time_series_gets_its_history_lags_time_features_and_horizon():
     # Before: (1, 8) past values alone, "missing 2 required positional arguments: 'past_time_features' and
     # 'past_observed_mask'".
     config = transformers.TimeSeriesTransformerConfig(**LAGGED)
-    with torch.device("meta"):
-        model = transformers.TimeSeriesTransformerModel(config)
-    from dtypecheck.memory.hf_inputs import hf_inputs
-
-    found = hf_inputs(model, config, "Model", 1, 16, train=False, labels=False, real=False)
+    found = _built_inputs(transformers.TimeSeriesTransformerModel, config, "Model")
     assert {name: tuple(value.shape) for name, value in found.items() if name != "use_cache"} == {
         "past_values": (1, 11), "past_time_features": (1, 11, 2), "past_observed_mask": (1, 11),
         "future_values": (1, 4), "future_time_features": (1, 4, 2), "static_categorical_features": (1, 1),
@@ -252,11 +244,7 @@ def test_pix2struct_gets_its_processors_flattened_patches(tmp_path):
         text_config={"hidden_size": 32, "d_ff": 64, "num_layers": 1, "num_heads": 2, "d_kv": 16, "vocab_size": 128},
         vision_config={**ATTENTION, "d_ff": 64, "d_kv": 16, "patch_embed_hidden_size": 48, "seq_len": 64},
     )
-    with torch.device("meta"):
-        model = transformers.Pix2StructForConditionalGeneration(config)
-    from dtypecheck.memory.hf_inputs import hf_inputs
-
-    found = hf_inputs(model, config, "ImageTextToText", 1, 16, train=False, labels=False, real=False)
+    found = _built_inputs(transformers.Pix2StructForConditionalGeneration, config, "ImageTextToText")
     assert tuple(found["flattened_patches"].shape) == (1, 2048, 50)
     assert tuple(found["attention_mask"].shape) == (1, 2048)
     within_5_percent_of_memtracker(tmp_path, config)
@@ -274,11 +262,7 @@ def test_kyutai_speech_to_text_reads_a_text_stream_and_its_audio_codebooks(tmp_p
         **ATTENTION, intermediate_size=64, num_key_value_heads=2, head_dim=16, vocab_size=64, codebook_vocab_size=16,
         num_codebooks=3, audio_pad_token_id=64 + 3 * 16, codec_config=codec,
     )  # fmt: skip
-    with torch.device("meta"):
-        model = transformers.KyutaiSpeechToTextForConditionalGeneration(config)
-    from dtypecheck.memory.hf_inputs import hf_inputs
-
-    found = hf_inputs(model, config, "SpeechSeq2Seq", 1, 16, train=False, labels=False, real=False)
+    found = _built_inputs(transformers.KyutaiSpeechToTextForConditionalGeneration, config, "SpeechSeq2Seq")
     assert tuple(found["input_ids"].shape) == (1, 16, 4)
     within_5_percent_of_memtracker(tmp_path, config)
 
@@ -292,11 +276,7 @@ def test_nemotron_transcribes_audio_model_gets_frames_padded_to_its_subsampling_
         asr_config=tower,
         diarization_config={"audio_config": tower, "head_config": {"hidden_size": 16, "audio_hidden_size": 32}},
     )
-    with torch.device("meta"):
-        model = transformers.Nemotron3_5TranscribeAudioModel(config)
-    from dtypecheck.memory.hf_inputs import hf_inputs
-
-    found = hf_inputs(model, config, "Model", 1, 16, train=False, labels=False, real=False)
+    found = _built_inputs(transformers.Nemotron3_5TranscribeAudioModel, config, "Model")
     assert tuple(found["input_features"].shape) == (1, 24, 16)
     assert tuple(found["input_features_mask"].shape) == (1, 24)
     within_5_percent_of_memtracker(tmp_path, config)
@@ -309,11 +289,7 @@ def test_gemma4s_vision_tower_gets_its_processors_patch_budget_and_positions(tmp
         **ATTENTION, intermediate_size=64, num_key_value_heads=2, head_dim=16, patch_size=4,
         position_embedding_size=64, pooling_kernel_size=1,
     )  # fmt: skip
-    with torch.device("meta"):
-        model = transformers.Gemma4VisionModel(config)
-    from dtypecheck.memory.hf_inputs import hf_inputs
-
-    found = hf_inputs(model, config, "Model", 1, 16, train=False, labels=False, real=False)
+    found = _built_inputs(transformers.Gemma4VisionModel, config, "Model")
     assert tuple(found["pixel_values"].shape) == (1, 280, 48)
     positions = found["pixel_position_ids"]
     assert positions[0, 255].tolist() == [15, 15]
