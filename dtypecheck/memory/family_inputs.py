@@ -5,7 +5,6 @@ inputs are built."""
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -230,10 +229,12 @@ def _processor_default(config: Any, name: str) -> int | None:
     import transformers
     from transformers.models.auto import image_processing_auto
 
+    from dtypecheck.memory.hf_config import held_by
+
     mapping: dict[str, Any] = getattr(image_processing_auto, "IMAGE_PROCESSOR_MAPPING_NAMES", {})
     own = str(getattr(config, "model_type", ""))
     # A tower on its own (Gemma 4's vision tower): the processor of the model whose config holds it.
-    names = mapping.get(own) or mapping.get(_holder_type(type(config).__name__, tuple(mapping)))
+    names = mapping.get(own) or mapping.get(held_by(type(config), tuple(mapping), depth=1))
     for class_name in names.values() if isinstance(names, dict) else [names]:
         value = getattr(getattr(transformers, str(class_name), None), name, None) if class_name else None
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
@@ -307,16 +308,3 @@ def positioned_patches(kwargs: dict[str, Any], model: torch.nn.Module, config: A
     padding = torch.full((budget - side * side, 2), -1, dtype=torch.long)
     kwargs["pixel_values"] = make(batch, budget, size_of(config, "num_channels", 3) * patch * patch)
     kwargs["pixel_position_ids"] = torch.cat([grid, padding]).expand(batch, budget, 2).contiguous()
-
-
-@functools.cache
-def _holder_type(config_class: str, wanted: tuple[str, ...]) -> str:
-    """The first of the ``wanted`` model types whose config holds the config class named ``config_class`` as a
-    sub-config, or "" (reading every config class's sub-configs imports them all: a few seconds, once per tower)."""
-    from transformers import CONFIG_MAPPING
-
-    for model_type, holder in CONFIG_MAPPING.items():
-        held = (getattr(holder, "sub_configs", None) or {}).values()
-        if model_type in wanted and any(getattr(sub, "__name__", "") == config_class for sub in held):
-            return str(model_type)
-    return ""

@@ -91,46 +91,54 @@ def _feature_shape(
     return None
 
 
-_EXTRACTOR_TYPES: dict[type, str] = {}
-"""``_extractor_type``'s answers by config class."""
-
-
 def _extractor_type(config_class: type) -> str:
     """The model type whose feature extractor makes ``config_class``'s audio: its own, else (an audio tower on its
     own: Gemma 4's, Nemotron's) that of the nearest model whose config holds it as a sub-config."""
-    from transformers import CONFIG_MAPPING
     from transformers.models.auto import feature_extraction_auto
 
-    if config_class in _EXTRACTOR_TYPES:
-        return _EXTRACTOR_TYPES[config_class]
     names: dict[str, str] = getattr(feature_extraction_auto, "FEATURE_EXTRACTOR_MAPPING_NAMES")  # noqa: B009
     own = str(getattr(config_class, "model_type", ""))
-    _EXTRACTOR_TYPES[config_class] = own
     if own in names:
         return own
     # A model's half whose config derives from the model's (VibeVoice's tokenizer's encoder and decoder).
     for base in config_class.__mro__[1:]:
         inherited = str(getattr(base, "model_type", "") or "")
         if inherited in names:
-            _EXTRACTOR_TYPES[config_class] = inherited
             return inherited
-    wanted, seen = [config_class], {config_class}
-    for _depth in range(3):  # the tower's model, and the speech model holding that (Nemotron 3.5's)
-        # (Reading every config class's sub-configs imports them all: a few seconds, once per tower.)
+    # The tower's model, and the speech model holding that (Nemotron 3.5's).
+    return held_by(config_class, tuple(names), depth=3) or own
+
+
+_HELD_BY: dict[tuple[type, tuple[str, ...], int], str] = {}
+"""``held_by``'s answers."""
+
+
+def held_by(config_class: type, wanted: tuple[str, ...], *, depth: int) -> str:
+    """The nearest of the ``wanted`` model types whose config holds ``config_class`` as a sub-config, directly or
+    through up to ``depth`` levels of holders (the first in transformers' mapping at the nearest level), or "".
+    Reading every config class's sub-configs imports them all: a few seconds, once per tower (remembered)."""
+    key = (config_class, wanted, depth)
+    if key not in _HELD_BY:
+        _HELD_BY[key] = _nearest_holder(config_class, set(wanted), depth)
+    return _HELD_BY[key]
+
+
+def _nearest_holder(config_class: type, wanted_types: set[str], depth: int) -> str:
+    from transformers import CONFIG_MAPPING
+
+    held, seen = [config_class], {config_class}
+    for _depth in range(depth):
         holders = [
             (name, holder)
             for name, holder in CONFIG_MAPPING.items()
-            if holder not in seen and any(sub in wanted for sub in _sub_configs(holder))
+            if holder not in seen and any(sub in held for sub in _sub_configs(holder))
         ]
-        if not holders:
-            return own
-        found = next((str(name) for name, _ in holders if name in names), None)
-        if found is not None:
-            _EXTRACTOR_TYPES[config_class] = found
-            return found
-        wanted = [holder for _, holder in holders]
-        seen.update(wanted)
-    return own
+        found = next((str(name) for name, _ in holders if name in wanted_types), None)
+        if found is not None or not holders:
+            return found or ""
+        held = [holder for _, holder in holders]
+        seen.update(held)
+    return ""
 
 
 def _sub_configs(config_class: type) -> list[type]:

@@ -35,7 +35,8 @@ def step_figure(report: MemoryReport) -> Figure:
     from matplotlib.figure import Figure
 
     step = plotted(report)
-    top = max([step.total, *(e.fit.usable_bytes for e in report.estimates if e.fit is not None)])
+    fits = [e.fit for e in report.estimates if e.fit is not None]
+    top = max([step.total, *(f.usable_bytes for f in fits)])
     # The axis in the largest unit the figure reaches a whole one of (a small model's step in KiB, not 0.004 MiB).
     unit, unit_name = next(((u, n) for u, n in _UNITS if top >= u), _UNITS[-1])
     xs = [i for i, _, _ in step.moments]
@@ -77,7 +78,6 @@ def step_figure(report: MemoryReport) -> Figure:
         xytext=(-8 if right else 6, 6),
         ha="right" if right else "left",
     )
-    fits = [e.fit for e in report.estimates if e.fit is not None]
     if fits:
         usable = fits[0].usable_bytes / unit
         axes.axhline(
