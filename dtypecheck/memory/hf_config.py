@@ -157,6 +157,22 @@ def _token_id(config: Any, *names: str) -> int | None:
     return None
 
 
+def mel_bins(config: Any) -> int:
+    """The spectrogram bins a speech config names, its own or its speech tower's (Nemotron 3.5's ``asr_config``);
+    0 where it names none."""
+    return size_of(config, "num_mel_bins", 0) or size_of(getattr(config, "asr_config", None), "num_mel_bins", 0)
+
+
+def merge_sizes(config: Any, batch: int) -> Any:
+    """Each image's merge, as a Qwen-VL-style processor gives it beside the grid (VideoLLaMA3's ``merge_sizes`` of
+    its tower, ``image_merge_sizes`` of its model): the vision config's merge, ``batch`` times. Factory-made: the
+    tower reads the values."""
+    import torch
+
+    vision = getattr(config, "vision_config", None) or config
+    return torch.full((batch,), _merge_size(vision), dtype=torch.long)
+
+
 def _merge_size(vision: Any) -> int:
     """How many patches a side a Qwen-VL-style tower merges into one image token (1 where its config names none:
     VideoLLaMA3's, whose processor merges none of an image's)."""

@@ -21,6 +21,8 @@ from dtypecheck.memory.family_inputs import (
 from dtypecheck.memory.hf_config import (
     _merge_size,
     _token_id,
+    mel_bins,
+    merge_sizes,
     size_of,
     sizes_of,
 )
@@ -140,9 +142,7 @@ def hf_inputs(
         if "pixel_values" not in accepted:
             kwargs["hidden_states"] = kwargs.pop("pixel_values")
         if "merge_sizes" in required:
-            # VideoLLaMA3's tower takes each image's merge, as its processor gives it beside the grid.
-            vision = getattr(config, "vision_config", None) or config
-            kwargs["merge_sizes"] = torch.full((batch,), _merge_size(vision), dtype=torch.long)
+            kwargs["merge_sizes"] = merge_sizes(config, batch)  # VideoLLaMA3's tower
     if {"prompt_pixel_values", "prompt_masks"} <= required and "pixel_values" in kwargs:
         # SegGPT stacks its prompt image above the input in height (the config's 896 x 448): its processor gives
         # the input, the prompt image and the prompt's mask each at half the config's height.
@@ -196,8 +196,7 @@ def hf_inputs(
             # Which frames are real (AudioFlamingo3's encoder counts them): every one, as the extractor says of
             # unpadded audio.
             # (Over the frames: the last axis of (bins, frames) features, the first of (frames, bins).)
-            bins = size_of(config, "num_mel_bins", 0) or size_of(getattr(config, "asr_config", None), "num_mel_bins", 0)
-            frames = int(features.shape[1] if features.shape[-1] == bins else features.shape[-1])
+            frames = int(features.shape[1] if features.shape[-1] == mel_bins(config) else features.shape[-1])
             kwargs["input_features_mask"] = torch.ones((batch, frames), dtype=torch.long)
     if "latents" in required and not kwargs:
         # A codec's decoder on its own (Mimi's): the continuous latents its encoder makes, (batch, hidden_size,

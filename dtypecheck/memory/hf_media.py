@@ -10,7 +10,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from dtypecheck.memory.family_inputs import frames_padded
-from dtypecheck.memory.hf_config import _extractor_type, _feature_shape, _token_id, size_of
+from dtypecheck.memory.hf_config import _extractor_type, _feature_shape, _token_id, mel_bins, size_of
 
 if TYPE_CHECKING:
     import torch
@@ -35,7 +35,7 @@ def _audio(
     hop = 160  # 10 ms at 16 kHz, the common spectrogram hop
     samples = seq * (stride if main == "input_values" else hop)
     # A speech model's own audio tower keeps its bins (Nemotron 3.5's ``asr_config``).
-    bins = size_of(config, "num_mel_bins", 0) or size_of(getattr(config, "asr_config", None), "num_mel_bins", 0) or None
+    bins = mel_bins(config) or None
     model_type = _extractor_type(type(config))
     import torch
     from torch.utils._python_dispatch import _disable_current_modes

@@ -9,7 +9,7 @@ import functools
 import math
 from typing import TYPE_CHECKING, Any
 
-from dtypecheck.memory.hf_config import _merge_size, size_of
+from dtypecheck.memory.hf_config import merge_sizes, size_of
 from dtypecheck.memory.hf_media import _audio
 
 if TYPE_CHECKING:
@@ -36,12 +36,8 @@ def tower_inputs(
     _windowed_backbone(kwargs, config, batch, make)
     _tile_mask(kwargs, model, config, accepted, batch)
     if "image_grid_thw" in kwargs and "image_merge_sizes" in accepted and "image_merge_sizes" not in kwargs:
-        # VideoLLaMA3 takes each image's merge beside its grid, as its processor gives them (the same merge its
-        # image placeholders were counted with). Factory-made: the tower reads the values.
-        import torch
-
-        vision = getattr(config, "vision_config", None) or config
-        kwargs["image_merge_sizes"] = torch.full((batch,), _merge_size(vision), dtype=torch.long)
+        # VideoLLaMA3's model (the same merge its image placeholders were counted with).
+        kwargs["image_merge_sizes"] = merge_sizes(config, batch)
     if "inputs_embeds" in required and "inputs_embeds" not in kwargs:
         # A tower fed another's states, whose forward takes no ids (Nemotron 3.5 Transcribe's word-timestamp
         # head, of its speech encoder's frames): ``seq`` of them, ``hidden_size`` wide, as its docs shape them.
