@@ -5,22 +5,34 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 UV_VERSION := 0.13.9
 
-.PHONY: demo test lint typecheck unit golden clean browser docs screenshots native
+.PHONY: demo test lint typecheck unit golden clean browser docs screenshots native bytecode
+
+# Python writes each module's bytecode the first time a recipe's process imports it, also where the machine sets
+# PYTHONDONTWRITEBYTECODE (this project's machines do): otherwise every process, test subprocesses included, would
+# compile torch and transformers from source again (~4 s each). Compiling all of site-packages up front instead
+# took 37 s of the set-up (63 s of CPU), most of it for modules no test imports.
+unexport PYTHONDONTWRITEBYTECODE
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@# uv installs the same pinned set as pip, from the same indexes (.ci/uv_args.py reads pip's configuration), in
-	@# about 10 s where pip takes 3 minutes; pip itself where uv cannot be had or fails. Both leave the packages'
-	@# bytecode compiled, as a user's pip install does (uv only when asked): where PYTHONDONTWRITEBYTECODE is set
-	@# (this project's machines) every process would otherwise compile torch and transformers from source again,
-	@# ~4 s of each CLI run and test subprocess that imports a model class.
+	@# about 2 s where pip takes 3 minutes; pip itself where uv cannot be had or fails.
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION) && \
-	  $(BIN)/python -m uv pip install --quiet --compile-bytecode --python $(BIN)/python \
+	  $(BIN)/python -m uv pip install --quiet --python $(BIN)/python \
 	    $$($(BIN)/python .ci/uv_args.py) -r requirements-dev.txt || \
 	  $(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
-	$(BIN)/python -m compileall -q -j 0 dtypecheck
 	touch $(STAMP)
+
+# Every installed module's bytecode, as a user's `pip install` leaves it: run before timing a benchmark with
+# `.venv/bin/python` outside make on a machine that sets PYTHONDONTWRITEBYTECODE, where each process would
+# otherwise compile what it imports from source (a sweep type's model module, torch's lazy imports).
+BYTECODE := $(VENV)/.bytecode
+$(BYTECODE): $(STAMP)
+	$(BIN)/python -m compileall -q -j 0 $$($(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") dtypecheck
+	touch $(BYTECODE)
+
+bytecode: $(BYTECODE)
 
 # Watch mode's C++ checks, built once into the user's cache (~25 s; a note, and the Python path, without g++). The
 # tests run both paths, so `unit` needs it; `make test` builds it beside ruff, mypy and the docs build. The stamp
@@ -70,9 +82,10 @@ screenshots: $(STAMP) browser
 	$(BIN)/python docs/screenshots.py
 
 # The four checks run side by side once the set-up is done: mypy and the docs build are one process each, and the
-# tests leave a core idle much of the time (subprocess-heavy tests wait; the last group runs alone). Each check's
-# output is printed whole when it ends; any failure fails `make test`.
-test: $(STAMP) browser
+# tests leave a core idle much of the time (subprocess-heavy tests wait; the last group runs alone). Chromium's
+# install (unit's) runs beside the set-up, and the C++ build beside the other checks. Each check's output is printed
+# whole when it ends; any failure fails `make test`.
+test:
 	@$(MAKE) --no-print-directory -j4 --output-sync=target lint typecheck unit docs
 
 golden: $(STAMP) native

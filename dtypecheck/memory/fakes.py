@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 def new_fake_mode() -> FakeTensorMode:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from dtypecheck.memory.lazy_dynamo import defer_dynamo_import
+    from dtypecheck.lazy_dynamo import defer_dynamo_import
 
     defer_dynamo_import()
     # Real tensors may meet fake ones (a constant a module creates in forward): treat them as fake too.

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from dtypecheck.errors import InputError, UserCodeError
+from dtypecheck.lazy_dynamo import defer_dynamo_import
 from dtypecheck.nantrace.harness import FactoryTraining, as_main, finished, release, run_main
 from dtypecheck.nantrace.options import RunSettings
 from dtypecheck.nantrace.report import NanTraceReport
@@ -93,6 +94,9 @@ def _stop() -> None:
 def _tracer(settings: RunSettings, model: nn.Module | None = None) -> Tracer | Watcher:
     """A full ``Tracer`` that stops the run at the first finding, or with ``settings.watch`` a ``Watcher`` that
     ends it once the failing step is replayed."""
+    # The traced code's first optimizer would import torch._dynamo (~1.5 s of CPU, a third of a small run), which
+    # it uses only to compile: a stand-in serves until something does (``lazy_dynamo``).
+    defer_dynamo_import()
     options = dataclasses.replace(settings.options, restore_default_dtype=True)
     if settings.watch:
         from dtypecheck.nantrace.watch.watcher import Watcher

@@ -108,7 +108,7 @@ def test_torch_dynamo_is_whole_after_an_estimate(fresh_estimate: list[dict[str, 
 
 UNDER_THE_STAND_IN = """
 import torch
-from dtypecheck.memory.lazy_dynamo import defer_dynamo_import
+from dtypecheck.lazy_dynamo import defer_dynamo_import
 defer_dynamo_import()
 """
 """What each check below starts from: torch imported, its dynamo package a stand-in."""

@@ -1,19 +1,25 @@
-"""Fake tensors without importing ``torch._dynamo``.
+"""Torch without importing ``torch._dynamo`` until something compiles.
 
-Importing ``torch._dynamo`` takes about 0.7 s, most of what a config-only estimate spends beyond importing torch,
-and nothing here is compiled. Two things in torch import it all the same:
+Importing ``torch._dynamo`` takes 0.7 s to 1.5 s of CPU, and neither an estimate nor most training scripts compile
+anything. Things in torch import it all the same:
 
-- ``FakeTensorMode.__init__`` runs ``import torch._dynamo.config``, which first runs the whole package;
+- ``FakeTensorMode.__init__`` runs ``import torch._dynamo.config``, which first runs the whole package (most of
+  what a config-only estimate spent beyond importing torch);
 - functions wrapped by ``torch._disable_dynamo`` (a dispatch mode's ``__torch_dispatch__``, the elementwise
-  reference implementations that fake tensors run) import it on their first call to build their dynamo-disable
-  frame.
+  reference implementations that fake tensors run, ``Optimizer.__init__``) import it on their first call to build
+  their dynamo-disable frame;
+- every ``optimizer.step()`` calls ``torch._dynamo.graph_break()``, a no-op outside a compiled frame.
+
+The last two made a quarter to a half of a small ``nan-trace`` run's CPU time: the traced script builds an
+optimizer.
 
 :func:`defer_dynamo_import` puts a stand-in package in its place, in the way torch itself defers the import
-(``torch.__getattr__``): the stand-in holds the real ``torch._dynamo.config`` module, loaded alone, and an
-identity ``disable`` (nothing can be compiling while dynamo is not loaded). Anything else (another attribute, a
-submodule import) imports the real package at once, which then takes over: it reuses the same config module, and
-the functions the stand-in's ``disable`` served lose their identity frame, so that their next call builds the real
-one.
+(``torch.__getattr__``): the stand-in holds the real ``torch._dynamo.config`` module, loaded alone, an identity
+``disable`` and a no-op ``graph_break`` (nothing can be compiling while dynamo is not loaded). Anything else
+(another attribute, a submodule import) imports the real package at once, which then takes over: it reuses the
+same config module, and the functions the stand-in's ``disable`` served lose their identity frame, so that their
+next call builds the real one. What the package's import does to the rest of torch (``torch.manual_seed`` wrapped
+in a dynamo-disable frame, one class of its own allowed to ``torch.load(weights_only=True)``) happens then too.
 """
 
 from __future__ import annotations
@@ -76,6 +82,10 @@ class _StandIn(types.ModuleType):
             return fn
         # A decorator (``torch.compiler.disable``, the user's own): it must be the real one, kept for good.
         return _load_real().disable(fn, recursive, **kwargs)
+
+    def graph_break(self, msg: str = "") -> None:
+        """What the real one does outside a compiled frame: nothing (``Optimizer``'s ``_use_grad`` calls it at
+        every step). Inside one, dynamo is loaded and this stand-in gone."""
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") and name.endswith("__"):
