@@ -190,6 +190,8 @@ NOT_PLANTED = {
     ("test_dtypes", "DEFAULT_CHANGES"): "default dtype changes, no NaN",
     ("test_dtypes", "PROMOTION"): "a dtype promotion, no NaN",
     ("test_dtypes", "HALF_MODEL"): "a dtype mismatch the script dies of (exit 3), no NaN",
+    ("test_lazy_dynamo", "TRAIN"): "its test runs both modes: no NaN, the bits of a plain run",
+    ("test_lazy_dynamo", "CHECKPOINTED"): "no NaN: the real dynamo loaded mid-run, the loss of a plain run",
     ("test_modes", "FACTORY"): "a factory target (watch mode's factories: test_watch FACTORY)",
     ("test_modes", "RAISES"): "a script that raises, no NaN",
     ("test_modes", "ARGV"): "the script's argv, no NaN",
