@@ -31,6 +31,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+SEQ_LEN = 16
+"""Tokens per sequence of every type's inputs, unless it trains at one length only."""
+
 SMALL = {
     "hidden_size": 32,
     "d_model": 32,
@@ -230,7 +233,7 @@ def _value(config: Any, name: str) -> Any:
 
 
 def estimate_type(
-    model_type: str, folder: Path, *, tiny: bool, seq_len: int = 16, filled: dict[str, Any] | None = None
+    model_type: str, folder: Path, *, tiny: bool, seq_len: int = SEQ_LEN, filled: dict[str, Any] | None = None
 ) -> Any:
     """The float32 report (inference and training) of ``model_type``'s default config, written into ``folder``;
     the unset values filled from the config class's docstring are put in ``filled``."""
@@ -251,6 +254,10 @@ def estimate_type(
         # batch 2 at the least, and is estimated there (its row says so).
         if BATCH_NORM_AT_ONE in exc.message():
             return estimate_memory(str(folder), options, seq_len=seq_len, batch_size=2)
+        # A model that trains at one sequence length only, its own (its row says so).
+        length = required_length(config, exc.message(), seq_len)
+        if length is not None:
+            return estimate_memory(str(folder), options, seq_len=length)
         # A model that cannot be built of its defaults, which leave a value it needs unset: the value its config
         # class's docstring example passes (only then: Voxtral's example names an audio token its defaults
         # leave None and run without).
@@ -266,8 +273,44 @@ def estimate_type(
     return estimate_memory(str(folder), options, seq_len=seq_len)
 
 
+def ok_result(report: Any, filled: dict[str, Any]) -> str:
+    """An estimated type's row: its class, parameters and totals, and what the sweep chose other than its defaults
+    (a batch of 2, the one length it trains at, values filled from its config class's docstring)."""
+    totals = ", ".join(f"{row.mode} {row.bytes.total:,} B" for row in report.estimates)
+    batches = {row.batch_size or 1 for row in report.estimates}
+    chosen = f"; at batch {max(batches)}" if max(batches) > 1 else ""
+    lengths = {row.seq_len for row in report.estimates if row.seq_len is not None}
+    chosen += f"; at {max(lengths)} tokens, the one length it trains at" if lengths - {SEQ_LEN} else ""
+    values = ", ".join(f"{k}={v!r}" for k, v in filled.items())
+    chosen += f"; unset {values} filled from its config class's docstring" if filled else ""
+    return f"ok ({report.model.model_class}, {report.model.parameters:,} parameters; {totals}{chosen})"
+
+
 BATCH_NORM_AT_ONE = "Expected more than 1 value per channel when training"
 """What batch norm raises in training at one value per channel: the sweep's batch of 1 is then 2."""
+AXIAL_LENGTH = "axial_pos_shape factors"
+"""What Reformer's axial position embeddings raise in training at a length their factors do not multiply to."""
+FIXED_OUTPUT = re.compile(r"Expected input batch_size \((\d+)\) to match target batch_size \((\d+)\)")
+"""What cross-entropy raises when a model's token logits have another length than its labels (flattened)."""
+
+
+def required_length(config: Any, message: str, seq_len: int) -> int | None:
+    """The one sequence length a model trains at, where its training step at ``seq_len`` tokens (batch 1) says
+    it trains at no other; None otherwise. Reformer's axial position embeddings train only at the length their
+    factors multiply to (``axial_pos_shape``; 4096 of its defaults), as its forward says. Perceiver's masked-LM
+    decoder queries ``max_position_embeddings`` positions (2048) whatever the input's length, and its tokenizer
+    pads every text to that length (``padding="max_length"``): its logits are longer than labels of 16 tokens,
+    and only labels (and inputs) of that length train."""
+    if AXIAL_LENGTH in message and getattr(config, "axial_pos_embds", False):
+        length = int(math.prod(getattr(config, "axial_pos_shape", ()) or (0,)))
+        return length if length > 0 and length != seq_len else None
+    found = FIXED_OUTPUT.search(message)
+    positions = getattr(config, "max_position_embeddings", None)
+    if found is not None and int(found.group(2)) == seq_len and int(found.group(1)) == positions != seq_len:
+        return int(found.group(1))
+    return None
+
+
 CANNOT_BUILD = "cannot build a model from this config"
 """What estimate-memory says of a config its model class raises on."""
 ROPE_SECTIONS = re.compile(r"in module '[\w.]*rotary_emb'.*sum exactly to (\d+) .*split_sizes=\[([\d, ]+)\]")
@@ -338,14 +381,7 @@ def sweep(types: list[str], *, tiny: bool, timeout: int, results: Path | None = 
             try:
                 with trace_deadline(cpu + timeout, time.process_time):
                     report = estimate_type(model_type, folder, tiny=tiny, filled=filled)
-                totals = ", ".join(f"{row.mode} {row.bytes.total:,} B" for row in report.estimates)
-                batches = {row.batch_size or 1 for row in report.estimates}
-                batch = f"; at batch {max(batches)}" if max(batches) > 1 else ""
-                values = ", ".join(f"{k}={v!r}" for k, v in filled.items())
-                docs = f"; unset {values} filled from its config class's docstring" if filled else ""
-                result = (
-                    f"ok ({report.model.model_class}, {report.model.parameters:,} parameters; {totals}{batch}{docs})"
-                )
+                result = ok_result(report, filled)
                 ok += 1
             except (_TimeoutError, TraceDeadlineError):
                 result = f"timeout after {timeout} s"

@@ -1,0 +1,94 @@
+"""Models that train at one sequence length only, which the real-size config sweep (issue 28.1) tried at its 16
+tokens: Reformer's axial position embeddings (the length their factors multiply to) and Perceiver's masked-LM
+decoder (its ``max_position_embeddings`` output positions). The sweep estimates them at that length; each is
+checked at tiny size against MemTracker there."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.memory._fixtures import fp32_options, within_5_percent_of_memtracker
+
+transformers = pytest.importorskip("transformers")
+
+
+def _reformer() -> Any:
+    return transformers.ReformerConfig(
+        hidden_size=32, attention_head_size=16, num_attention_heads=2, feed_forward_size=64, vocab_size=64,
+        axial_pos_shape=(4, 8), axial_pos_embds_dim=(16, 16), attn_layers=["local", "lsh"],
+        local_attn_chunk_length=8, lsh_attn_chunk_length=8, num_buckets=4, max_position_embeddings=32,
+        is_decoder=False, architectures=["ReformerForMaskedLM"],
+    )  # fmt: skip
+
+
+def _perceiver() -> Any:
+    return transformers.PerceiverConfig(
+        num_latents=8, d_latents=32, d_model=32, num_blocks=1, num_self_attends_per_block=1,
+        num_self_attention_heads=2, num_cross_attention_heads=2, vocab_size=64, max_position_embeddings=64,
+        architectures=["PerceiverForMaskedLM"],
+    )  # fmt: skip
+
+
+def _training_error_at_16_tokens(tmp_path: Path, config: Any) -> str:
+    from dtypecheck.errors import InputError
+    from dtypecheck.memory import estimate_memory
+
+    config.to_json_file(str(tmp_path / "config.json"))
+    with pytest.raises(InputError) as raised:
+        estimate_memory(str(tmp_path), fp32_options(), seq_len=16)
+    return raised.value.message()
+
+
+@pytest.mark.parametrize(
+    ("make_config", "length"),
+    [(_reformer, 4 * 8), (_perceiver, 64)],
+    ids=["reformer-axial-factors", "perceiver-output-positions"],
+)
+def test_a_model_that_trains_at_one_length_is_estimated_there_within_5_percent(
+    tmp_path: Path, make_config: Any, length: int
+) -> None:
+    from benchmarks.memory_config_sweep import required_length
+
+    config = make_config()
+    # At the sweep's 16 tokens the training step raises what the model itself raises (its forward, or the loss
+    # of logits of another length than its labels), and the length it names is the config's own.
+    (tmp_path / "at16").mkdir()
+    message = _training_error_at_16_tokens(tmp_path / "at16", config)
+    assert "cannot trace a training step" in message
+    assert required_length(config, message, 16) == length
+    (tmp_path / "there").mkdir()
+    within_5_percent_of_memtracker(tmp_path / "there", config, seq_len=length)
+
+
+def test_the_sweep_row_of_such_a_model_says_the_length(tmp_path: Path) -> None:
+    from benchmarks.memory_config_sweep import estimate_type, ok_result
+
+    (tmp_path / "sweep").mkdir()
+    report = estimate_type("reformer", tmp_path / "sweep", tiny=False)
+    # The defaults' own axial factors, (64, 64), at real size.
+    assert json.loads((tmp_path / "sweep" / "config.json").read_text())["axial_pos_shape"] == [64, 64]
+    assert [(str(row.mode), row.seq_len, row.batch_size) for row in report.estimates] == [
+        ("inference", 64 * 64, 1),
+        ("training", 64 * 64, 1),
+    ]
+    assert ok_result(report, {}).endswith("; at 4096 tokens, the one length it trains at)")
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "ValueError: Expected input batch_size (272) to match target batch_size (1).",  # ShieldGemma 2's head
+        "ValueError: Expected input batch_size (2048) to match target batch_size (32).",  # not the sweep's 16
+        "ValueError: Expected input batch_size (1024) to match target batch_size (16).",  # not its positions
+        "RuntimeError: shape '[1, 9, -1]' is invalid for input of size 16",
+    ],
+)
+def test_no_other_failure_is_read_as_a_required_length(message: str) -> None:
+    from benchmarks.memory_config_sweep import required_length
+
+    assert required_length(transformers.PerceiverConfig(), message, 16) is None
+    assert required_length(transformers.BertConfig(), f"{message} axial_pos_shape factors", 16) is None
