@@ -279,6 +279,17 @@ def frames_padded(model: torch.nn.Module, config: Any, shape: tuple[int, ...]) -
     return (-(-shape[0] // factor) * factor, *shape[1:])
 
 
+def chunks_padded(config: Any, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """(bins, frames) features with their frames padded up to whole chunks of ``2 * n_window`` mel frames where the
+    config class documents its encoder's chunks so (Qwen3-ASR's: "Each chunk processed by the conv stack has
+    ``2 * n_window`` mel frames"; its encoder refuses other lengths); else ``shape`` as it is."""
+    window = vars(config).get("n_window")
+    documented = "``2 * n_window`` mel frames" in (type(config).__doc__ or "")
+    if not documented or not isinstance(window, int) or window < 1:
+        return shape
+    return (*shape[:-1], -(-shape[-1] // (2 * window)) * 2 * window)
+
+
 def positioned_patches(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, make: Any) -> None:
     """Gemma 4's vision tower's images, whose forward requires ``pixel_position_ids``: as its image processor makes
     them, the image cut into ``patch_size`` patches (flat, ``3 x patch_size**2`` values each) on the largest square

@@ -9,7 +9,7 @@ import inspect
 import math
 from typing import TYPE_CHECKING, Any
 
-from dtypecheck.memory.family_inputs import frames_padded
+from dtypecheck.memory.family_inputs import chunks_padded, frames_padded
 from dtypecheck.memory.hf_config import _extractor_type, _feature_shape, _token_id, mel_bins, size_of
 
 if TYPE_CHECKING:
@@ -52,6 +52,8 @@ def _audio(
         found = (found[0], (found[1][0], 2 * positions))
     if found is not None and len(found[1]) == 2 and found[1][-1] == bins:
         found = (found[0], frames_padded(model, config, found[1]))
+    elif found is not None and len(found[1]) == 2 and found[1][0] == bins:
+        found = (found[0], chunks_padded(config, found[1]))
     if found is not None and (found[0] if found[0] in ("input_features", "input_values") else main) not in accepted:
         found = None  # Wav2Vec2-BERT's mapped extractor is Wav2Vec2's, whose raw samples its forward does not take
     semantic = getattr(config, "semantic_model_config", None)  # a codec's semantic tower (NeuCodec's)
@@ -72,7 +74,7 @@ def _audio(
         kwargs[name if name in ("input_features", "input_values") else main] = make(batch, *shape)
     elif main == "input_features":
         frames = 2 * size_of(config, "max_source_positions", seq)
-        kwargs["input_features"] = make(batch, bins or 80, frames)
+        kwargs["input_features"] = make(batch, *chunks_padded(config, (bins or 80, frames)))
     elif channels := size_of(config, "audio_channels", 0):
         # A codec's encoder on its own (Mimi's): (batch, channels, samples), as its model's extractor gives them.
         kwargs["input_values"] = make(batch, channels, seq * stride)

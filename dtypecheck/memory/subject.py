@@ -70,6 +70,10 @@ class SeqLimit:
         def get(name: str) -> Any:
             return config.get(name) if isinstance(config, dict) else getattr(config, name, None)
 
+        if isinstance(get("n_window"), int) and get("num_mel_bins"):
+            # A chunked audio encoder's (Qwen3-ASR's) positions count within one chunk of 2 x n_window mel frames;
+            # the audio runs for as many chunks as it has.
+            return None
         for name in ("max_target_positions", "max_position_embeddings", "n_positions", "n_ctx"):
             value = get(name)
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:

@@ -92,3 +92,42 @@ def test_no_other_failure_is_read_as_a_required_length(message: str) -> None:
 
     assert required_length(transformers.PerceiverConfig(), message, 16) is None
     assert required_length(transformers.BertConfig(), f"{message} axial_pos_shape factors", 16) is None
+
+
+def _qwen3_asr_encoder() -> Any:
+    return transformers.Qwen3ASREncoderConfig(
+        num_mel_bins=16, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=64, d_model=32,
+        output_dim=32, downsample_hidden_size=8, max_position_embeddings=13,
+    )  # fmt: skip
+
+
+def test_a_chunked_audio_encoder_gets_whole_chunks_and_no_token_limit(tmp_path: Path) -> None:
+    # Before: "seq_len 16 is beyond this model's max_position_embeddings (13)", then (bins, 32) features, which
+    # its encoder refuses ("a multiple of `n_window * 2` (100)"). Its positions count within one chunk.
+    import torch
+
+    from dtypecheck.memory.hf_inputs import hf_inputs
+    from dtypecheck.memory.subject import SeqLimit
+
+    config = _qwen3_asr_encoder()
+    assert SeqLimit.from_config(config.to_dict()) is None
+    assert SeqLimit.from_config(transformers.WhisperConfig().to_dict()) == SeqLimit(448, "max_target_positions")
+    with torch.device("meta"):
+        model = transformers.Qwen3ASREncoder(config)
+    built = hf_inputs(model, config, "Model", 1, 16, train=False, labels=False, real=False)
+    # 2 frames a token (32), padded up to a whole chunk of 2 x 50 frames (its defaults'); every frame real.
+    assert tuple(built["input_features"].shape) == (1, 16, 100)
+    assert tuple(built["input_features_mask"].shape) == (1, 100)
+    within_5_percent_of_memtracker(tmp_path, config)
+
+
+def test_frames_are_padded_to_chunks_only_where_the_config_documents_them() -> None:
+    from dtypecheck.memory.family_inputs import chunks_padded
+
+    assert chunks_padded(_qwen3_asr_encoder(), (16, 32)) == (16, 100)
+    assert chunks_padded(_qwen3_asr_encoder(), (16, 200)) == (16, 200)
+    assert chunks_padded(transformers.Qwen3ASREncoderConfig(n_window=5), (128, 32)) == (128, 40)
+    # Qwen2.5-Omni's audio encoder has an ``n_window`` of its own (100), not documented as such chunks: its
+    # features stay as built; Whisper has none.
+    assert chunks_padded(transformers.Qwen2_5OmniAudioEncoderConfig(), (128, 32)) == (128, 32)
+    assert chunks_padded(transformers.WhisperConfig(), (80, 3000)) == (80, 3000)
