@@ -279,6 +279,22 @@ def frames_padded(model: torch.nn.Module, config: Any, shape: tuple[int, ...]) -
     return (-(-shape[0] // factor) * factor, *shape[1:])
 
 
+def labels_go_to_a_language_model(model: torch.nn.Module) -> bool:
+    """Whether ``model`` (a classification head) hands its ``labels`` on to the language model it wraps, which
+    takes token labels, not classes: ShieldGemma 2's image classifier passes them to its Gemma 3
+    (``self.model(..., labels=labels)``, a ``ForConditionalGeneration``) and reads its Yes/No logits after."""
+    import inspect
+
+    inner = getattr(model, "model", None)
+    if inner is None or not type(inner).__name__.endswith(("ForConditionalGeneration", "ForCausalLM")):
+        return False
+    try:
+        source = inspect.getsource(type(model).forward)
+    except (OSError, TypeError):
+        return False
+    return "self.model(" in source and "labels=labels" in source
+
+
 def chunks_padded(config: Any, shape: tuple[int, ...]) -> tuple[int, ...]:
     """(bins, frames) features with their frames padded up to whole chunks of ``2 * n_window`` mel frames where the
     config class documents its encoder's chunks so (Qwen3-ASR's: "Each chunk processed by the conv stack has

@@ -12,6 +12,7 @@ from dtypecheck.memory.family_inputs import (
     codebook_decoder_ids,
     codebook_streams,
     cross_attended_images,
+    labels_go_to_a_language_model,
     lagged_series,
     own_image_side,
     own_main_input,
@@ -225,7 +226,10 @@ def hf_inputs(
         # True (GraniteMoeHybrid's, whose defaults are all linear-attention layers) fails the same way.
         kwargs["use_cache"] = False
     if labels and train and "labels" in accepted:
-        label = _labels(config, head, batch, seq, kwargs, ids)
+        if head in CLASSIFIER_HEADS and "input_ids" in kwargs and labels_go_to_a_language_model(model):
+            label = kwargs["input_ids"]  # the wrapped language model's token labels, as it trains on them
+        else:
+            label = _labels(config, head, batch, seq, kwargs, ids)
         if label is not None:
             kwargs["labels"] = label
     codebook_decoder_ids(kwargs, config, ids, lm_head=head in LM_HEADS)

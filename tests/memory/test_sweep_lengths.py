@@ -1,7 +1,8 @@
-"""Models that train at one sequence length only, which the real-size config sweep (issue 28.1) tried at its 16
-tokens: Reformer's axial position embeddings (the length their factors multiply to) and Perceiver's masked-LM
-decoder (its ``max_position_embeddings`` output positions). The sweep estimates them at that length; each is
-checked at tiny size against MemTracker there."""
+"""Models that train at one sequence length only, or on labels of another kind than their head's, which the
+real-size config sweep (issue 28.1) tried at its 16 tokens: Reformer's axial position embeddings (the length their
+factors multiply to), Perceiver's masked-LM decoder (its ``max_position_embeddings`` output positions), Qwen3-ASR's
+chunked audio encoder (positions within a chunk, frames in whole chunks) and ShieldGemma 2's image classifier (the
+token labels of the language model it hands them to). Each is checked at tiny size against MemTracker."""
 
 from __future__ import annotations
 
@@ -131,3 +132,54 @@ def test_frames_are_padded_to_chunks_only_where_the_config_documents_them() -> N
     # features stay as built; Whisper has none.
     assert chunks_padded(transformers.Qwen2_5OmniAudioEncoderConfig(), (128, 32)) == (128, 32)
     assert chunks_padded(transformers.WhisperConfig(), (80, 3000)) == (80, 3000)
+
+
+def _shieldgemma2() -> Any:
+    text = {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 16,
+        "vocab_size": 300,
+        "sliding_window": 8,
+    }
+    vision = {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "image_size": 32,
+        "patch_size": 8,
+    }
+    config = transformers.ShieldGemma2Config(
+        text_config=text, vision_config=vision, mm_tokens_per_image=4, boi_token_index=290, eoi_token_index=291,
+        image_token_index=299, architectures=["ShieldGemma2ForImageClassification"],
+    )  # fmt: skip
+    config.yes_token_index, config.no_token_index = 5, 6  # within the tiny vocabulary (its real ones: 10784, 3771)
+    return config
+
+
+def test_an_image_classifier_that_hands_its_labels_to_its_language_model_trains_on_token_labels(tmp_path: Path) -> None:
+    # Before: one class label, "Expected input batch_size (272) to match target batch_size (1)" in its Gemma 3's
+    # loss. ShieldGemma 2 passes ``labels`` to the Gemma 3 it wraps, which takes the text's token labels.
+    import torch
+
+    from dtypecheck.memory.family_inputs import labels_go_to_a_language_model
+    from dtypecheck.memory.hf_inputs import hf_inputs
+
+    config = _shieldgemma2()
+    with torch.device("meta"):
+        model = transformers.ShieldGemma2ForImageClassification(config)
+        plain = transformers.ViTForImageClassification(
+            transformers.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=32)
+        )
+    assert labels_go_to_a_language_model(model)
+    assert not labels_go_to_a_language_model(plain)
+    built = hf_inputs(model, config, "ImageClassification", 1, 16, train=True, labels=True, real=False)
+    # The text's own tokens (and image placeholders, where the trace counts them first), not one class.
+    assert built["labels"] is built["input_ids"]
+    assert built["labels"].dtype == torch.long
+    assert built["labels"].ndim == 2
+    within_5_percent_of_memtracker(tmp_path, config)
