@@ -154,6 +154,10 @@ def hf_inputs(
         # InstructBLIP's Q-Former reads the instruction too, as its own tokenizer's ids.
         qformer = getattr(config, "qformer_config", None)
         kwargs["qformer_input_ids"] = ids(batch, seq, high=size_of(qformer, "vocab_size", vocab) if qformer else vocab)
+    if "task_inputs" in required and (task := size_of(config, "task_seq_len", 0)):
+        # OneFormer's task prompt ("the task is semantic"), as its processor tokenizes it: ``task_seq_len`` ids of
+        # its text encoder's vocabulary.
+        kwargs["task_inputs"] = ids(batch, task, high=size_of(config, "text_encoder_vocab_size", vocab))
     if "image_embeds_position_mask" in accepted and "input_ids" in kwargs and "pixel_values" in kwargs:
         # Kosmos-2 puts its latent queries' image embeddings at the positions the mask marks: as many as it has
         # queries, before the text, as its processor lays them out.

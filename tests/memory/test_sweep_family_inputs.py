@@ -295,3 +295,15 @@ def test_gemma4s_vision_tower_gets_its_processors_patch_budget_and_positions(tmp
     assert positions[0, 255].tolist() == [15, 15]
     assert positions[0, 256:].eq(-1).all()
     within_5_percent_of_memtracker(tmp_path, config)
+
+
+def test_oneformer_gets_its_task_prompt_as_its_processor_tokenizes_it():
+    # Before: "OneFormerModel.forward() missing 1 required positional argument: 'task_inputs'". Its processor
+    # tokenizes "the task is semantic" to ``task_seq_len`` ids of its text encoder's vocabulary.
+    config = transformers.OneFormerConfig(task_seq_len=12, text_encoder_vocab_size=50)
+    found = _built_inputs(transformers.OneFormerForUniversalSegmentation, config, "UniversalSegmentation")
+    assert tuple(found["task_inputs"].shape) == (1, 12)
+    assert found["task_inputs"].dtype == torch.long
+    assert int(found["task_inputs"].min()) >= 0
+    assert int(found["task_inputs"].max()) < 50
+    assert tuple(found["pixel_values"].shape)[:2] == (1, 3)
