@@ -306,6 +306,23 @@ def chunks_padded(config: Any, shape: tuple[int, ...]) -> tuple[int, ...]:
     return (*shape[:-1], -(-shape[-1] // (2 * window)) * 2 * window)
 
 
+def patches_of_the_batch(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, make: Any) -> None:
+    """Images as one list of flat patches for the whole batch, where the model's forward, or its base model's that
+    a head passes them to, documents them so (NeoMME's "`pixel_values` (`torch.Tensor` of shape `(num_patches, 3 *
+    patch_size ** 2)`)", as its processor cuts them): each image's ``patch_size`` grid, ``channels x
+    patch_size**2`` values a patch. Its placeholders are then counted from the features, one per patch."""
+    from dtypecheck.memory.hf_config import size_of
+
+    pixels = kwargs.get("pixel_values")
+    owners = (model, getattr(model, "base_model", model))
+    documented = any("`(num_patches, 3 * patch_size ** 2)`" in (m.forward.__doc__ or "") for m in owners)
+    patch = size_of(config, "patch_size", 0)
+    if pixels is None or pixels.ndim != 4 or not documented or not patch:
+        return
+    batch, channels, height, width = (int(v) for v in pixels.shape)
+    kwargs["pixel_values"] = make(batch * (height // patch) * (width // patch), channels * patch * patch)
+
+
 def positioned_patches(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, make: Any) -> None:
     """Gemma 4's vision tower's images, whose forward requires ``pixel_position_ids``: as its image processor makes
     them, the image cut into ``patch_size`` patches (flat, ``3 x patch_size**2`` values each) on the largest square

@@ -16,6 +16,7 @@ from dtypecheck.memory.family_inputs import (
     lagged_series,
     own_image_side,
     own_main_input,
+    patches_of_the_batch,
     positioned_patches,
     second_tower_pixels,
 )
@@ -130,6 +131,7 @@ def hf_inputs(
     second_tower_pixels(kwargs, model, config, make)
     cross_attended_images(kwargs, model, make)
     positioned_patches(kwargs, model, config, make)
+    patches_of_the_batch(kwargs, model, config, make)
     image_tokens = None
     if "spatial_shapes" in accepted and "pixel_values" in kwargs:
         _flat_patches(kwargs, config, batch, make)

@@ -307,3 +307,20 @@ def test_oneformer_gets_its_task_prompt_as_its_processor_tokenizes_it():
     assert int(found["task_inputs"].min()) >= 0
     assert int(found["task_inputs"].max()) < 50
     assert tuple(found["pixel_values"].shape)[:2] == (1, 3)
+
+
+def _neomme():
+    return transformers.NeoMMEConfig(
+        vocab_size=64, embedding_rank=8, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, layer_types=["sliding_attention", "full_attention"],
+        sliding_window=8, architectures=["NeoMMEForMaskedLM"],
+    )  # fmt: skip
+
+
+def test_neomme_gets_its_images_as_flat_patches_of_the_whole_batch_and_is_within_5_percent(tmp_path):
+    # Before: (1, 3, 224, 224) pixels, "pixel_values has patch width 224 but the model expects 3072". Its base
+    # model documents ``(num_patches, 3 * patch_size ** 2)`` patches, as its processor cuts them.
+    config = _neomme()
+    found = _built_inputs(transformers.NeoMMEForMaskedLM, config, "MaskedLM")
+    assert tuple(found["pixel_values"].shape) == ((224 // 32) ** 2, 3 * 32 * 32)
+    within_5_percent_of_memtracker(tmp_path, config)
