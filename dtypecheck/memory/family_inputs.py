@@ -307,20 +307,26 @@ def chunks_padded(config: Any, shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def patches_of_the_batch(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, make: Any) -> None:
-    """Images as one list of flat patches for the whole batch, where the model's forward, or its base model's that
-    a head passes them to, documents them so (NeoMME's "`pixel_values` (`torch.Tensor` of shape `(num_patches, 3 *
-    patch_size ** 2)`)", as its processor cuts them): each image's ``patch_size`` grid, ``channels x
-    patch_size**2`` values a patch. Its placeholders are then counted from the features, one per patch."""
+    """Images as flat patches where the model's forward, or its base model's that a head passes them to, documents
+    them so, as their processors cut them: each image's ``patch_size`` grid, ``channels x patch_size**2`` values a
+    patch. NeoMME's are one list for the whole batch ("`pixel_values` (`torch.Tensor` of shape `(num_patches, 3 *
+    patch_size ** 2)`)"), Fuyu's a list per image ("`image_patches` (... `(batch_size, num_total_patches,
+    patch_size_ x patch_size x num_channels)`)", the name its ``pixel_values`` had). Their placeholders are then
+    counted from the features, one per patch."""
     from dtypecheck.memory.hf_config import size_of
 
     pixels = kwargs.get("pixel_values")
     owners = (model, getattr(model, "base_model", model))
-    documented = any("`(num_patches, 3 * patch_size ** 2)`" in (m.forward.__doc__ or "") for m in owners)
+    docs = [m.forward.__doc__ or "" for m in owners]
     patch = size_of(config, "patch_size", 0)
-    if pixels is None or pixels.ndim != 4 or not documented or not patch:
+    if pixels is None or pixels.ndim != 4 or not patch:
         return
     batch, channels, height, width = (int(v) for v in pixels.shape)
-    kwargs["pixel_values"] = make(batch * (height // patch) * (width // patch), channels * patch * patch)
+    grid = (height // patch) * (width // patch)
+    if any("`(num_patches, 3 * patch_size ** 2)`" in doc for doc in docs):
+        kwargs["pixel_values"] = make(batch * grid, channels * patch * patch)
+    elif any("`(batch_size, num_total_patches, patch_size_ x patch_size x num_channels)`" in doc for doc in docs):
+        kwargs["pixel_values"] = make(batch, grid, channels * patch * patch)  # Fuyu's, per image
 
 
 def positioned_patches(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, make: Any) -> None:

@@ -324,3 +324,19 @@ def test_neomme_gets_its_images_as_flat_patches_of_the_whole_batch_and_is_within
     found = _built_inputs(transformers.NeoMMEForMaskedLM, config, "MaskedLM")
     assert tuple(found["pixel_values"].shape) == ((224 // 32) ** 2, 3 * 32 * 32)
     within_5_percent_of_memtracker(tmp_path, config)
+
+
+def _fuyu():
+    return transformers.FuyuConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        image_size=60, patch_size=30, image_token_id=100, architectures=["FuyuForCausalLM"],
+    )  # fmt: skip
+
+
+def test_fuyu_gets_each_images_flat_patches_and_is_within_5_percent(tmp_path):
+    # Before: (1, 3, 300, 300) pixels into its patch projection, "a and b must have same reduction dim, but got
+    # [900, 300] X [2700, ...]". Its forward documents ``(batch_size, num_total_patches, 30 x 30 x 3)``.
+    config = _fuyu()
+    found = _built_inputs(transformers.FuyuForCausalLM, config, "CausalLM")
+    assert tuple(found["pixel_values"].shape) == (1, (60 // 30) ** 2, 3 * 30 * 30)
+    within_5_percent_of_memtracker(tmp_path, config)
