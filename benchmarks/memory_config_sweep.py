@@ -13,6 +13,13 @@ downloaded.
 With ``--results FILE`` every type's row is also appended to FILE (one JSON object a line) as soon as it is known,
 and the types already in FILE are skipped: a sweep cut short (or a process ended by a crash in a model's own code)
 is resumed by running the same command again. ``--render FILE...`` prints the markdown report of such files.
+
+The model types whose towers timm builds (DETR's backbone, ``timm_wrapper``, PE, FastVLM, Gemma 3n's vision) need
+timm, and timm needs torchvision, which the test set-up does not install. They were run with both installed apart,
+on the path of the sweep only (``declare_torchvision_ops`` says why torchvision's ops are declared):
+
+    .venv/bin/python -m pip install --no-deps --target .sweep-deps timm==1.0.29 torchvision==0.28.0
+    HF_HUB_OFFLINE=1 PYTHONPATH=.sweep-deps .venv/bin/python benchmarks/memory_config_sweep.py --only detr,...
 """
 
 from __future__ import annotations
@@ -481,6 +488,42 @@ def render(rows: list[dict[str, Any]], every: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def declare_torchvision_ops() -> bool:
+    """Make an installed torchvision importable whose C++ extension cannot load; whether that was needed.
+
+    The only torchvision wheels this machine's package index holds are CUDA builds, whose ``_C.so`` needs
+    ``libtorch_cuda``: beside the CPU build of torch it does not load, and ``import torchvision`` then fails at
+    ``register_fake("torchvision::nms")`` (the one registration that does not first ask whether the ops exist),
+    and with it timm and every model type built on timm. Declaring ``nms`` and ``qnms`` (schema only, no kernel)
+    lets it import; a model that called them would fail saying the op has no kernel, and none of the sweep's does.
+    A torchvision built for the installed torch (a user's) loads its own ops and is left as it is."""
+    import importlib.util
+
+    if importlib.util.find_spec("torchvision") is None:
+        return False
+    try:
+        import torchvision
+    except RuntimeError as exc:
+        if "torchvision::nms" not in str(exc):
+            raise
+    else:
+        return False
+    import torch
+
+    for name in [name for name in sys.modules if name == "torchvision" or name.startswith("torchvision.")]:
+        del sys.modules[name]
+    library = torch.library.Library("torchvision", "DEF")
+    for op in ("nms", "qnms"):
+        library.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    _DECLARED.append(library)  # kept: a library that is collected takes its ops along
+    import torchvision  # noqa: F401
+
+    return True
+
+
+_DECLARED: list[Any] = []
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="comma list of model types")
@@ -491,6 +534,7 @@ def main() -> None:
     parser.add_argument("--render", type=Path, nargs="+", help="print the markdown report of --results files")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    declare_torchvision_ops()
     import transformers
 
     if args.render:

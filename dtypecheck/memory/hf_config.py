@@ -9,7 +9,15 @@ import functools
 import inspect
 from typing import Any
 
-SUB_CONFIGS = ("vision_config", "audio_config", "encoder_config", "text_config", "encoder", "backbone_config")
+SUB_CONFIGS = (
+    "vision_config",
+    "audio_config",
+    "video_config",
+    "encoder_config",
+    "text_config",
+    "encoder",
+    "backbone_config",
+)
 """Where a config keeps the configs of its towers."""
 
 
@@ -33,6 +41,8 @@ def sizes_of(config: Any, name: str, default: tuple[int, ...]) -> tuple[int, ...
     """A size (or a pair such as ``image_size`` (height, width)) from the config or its sub-configs."""
     for source in _sources(config):
         value = getattr(source, name, None)
+        if value is None and name == "image_size":
+            value = _timm_image_size(source)
         if isinstance(value, bool):
             continue
         if isinstance(value, int) and value > 0:
@@ -44,6 +54,27 @@ def sizes_of(config: Any, name: str, default: tuple[int, ...]) -> tuple[int, ...
             if all(isinstance(v, int) and v > 0 for v in pair):
                 return tuple(int(v) for v in pair)  # type: ignore[arg-type]
     return default
+
+
+def _timm_image_size(config: Any) -> tuple[int, ...] | None:
+    """The image side of a tower that transformers' ``TimmWrapper`` builds with timm (its config names timm's
+    architecture and no ``image_size``): the ``img_size`` its ``model_args`` give, else the input size of the
+    architecture's default pretrained configuration in timm's registry (a ViT's patch grid is fixed at it: PE's
+    ``vit_pe_core_large_patch14_336`` takes only 336-pixel images). None for any other config, or without timm."""
+    architecture = getattr(config, "architecture", None)
+    if getattr(config, "model_type", None) != "timm_wrapper" or not isinstance(architecture, str):
+        return None
+    arguments = getattr(config, "model_args", None)
+    given = arguments.get("img_size") if isinstance(arguments, dict) else None
+    if isinstance(given, int) or (isinstance(given, list | tuple) and len(given) == 2):
+        return (given,) if isinstance(given, int) else tuple(given)
+    try:
+        import timm
+
+        size = timm.models.get_pretrained_cfg(architecture).input_size  # (channels, height, width)
+    except Exception:  # noqa: BLE001  (timm missing or too old, or an architecture its registry lacks)
+        return None
+    return tuple(int(v) for v in size[1:]) if isinstance(size, tuple | list) and len(size) == 3 else None
 
 
 @functools.cache
