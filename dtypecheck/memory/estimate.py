@@ -372,14 +372,14 @@ class TraceCache:
     def _trace_once(self, traceable: Traceable, row: Row, compute: DtypeSpec, amp: bool) -> ActivationProfile:
         import torch
 
-        from dtypecheck.memory.fakes import cast_module, quiet_fake_tensor_log
+        from dtypecheck.memory.fakes import cast_module, fake_module_conversions, quiet_fake_tensor_log
 
         weights_dtype = torch.float32 if amp else compute.torch_dtype()
         assert weights_dtype is not None  # only available dtypes reach the estimate
         traceable.ready()
         cast_module(traceable.module, weights_dtype, traceable.fake_mode)
         try:
-            with quiet_fake_tensor_log(), fixed_host_random():
+            with quiet_fake_tensor_log(), fixed_host_random(), fake_module_conversions():
                 return trace_pass(
                     traceable,
                     train=row.mode == "training",

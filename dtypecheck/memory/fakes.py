@@ -175,3 +175,50 @@ def quiet_fake_tensor_log() -> Iterator[None]:
         yield
     finally:
         logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def fake_module_conversions() -> Iterator[None]:
+    """``Module.to()`` (``.float()``, ``.half()``...) called by a model's own forward on fake parameters: NLLB-MoE's
+    router casts its classifier to its own dtype at every call. Torch swaps each fake parameter for its converted
+    copy in place (``swap_tensors``), which the fake tensors' weak references refuse ("Couldn't swap
+    Linear.weight"); here a parameter that the conversion leaves as it is stays, and one it changes is replaced by
+    the converted fake (a new ``Parameter``, its gradient converted alike), as ``cast_module`` does. Modules that
+    hold no fake tensor are converted by torch as usual."""
+    import torch
+    from torch import nn
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    original = nn.Module._apply
+
+    def holds_fakes(module: nn.Module) -> bool:
+        held = (*module._parameters.values(), *module._buffers.values())
+        return any(isinstance(tensor, FakeTensor) for tensor in held)
+
+    def apply(self: nn.Module, fn: Any, recurse: bool = True) -> nn.Module:
+        if recurse:
+            for child in self.children():
+                child._apply(fn)  # type: ignore[no-untyped-call]
+        if not holds_fakes(self):
+            return original(self, fn, recurse=False)  # type: ignore[no-any-return, no-untyped-call]
+        with torch.no_grad():
+            for key, param in list(self._parameters.items()):
+                if param is None:
+                    continue
+                applied = fn(param)
+                if applied is param:
+                    continue
+                replaced = nn.Parameter(applied, requires_grad=param.requires_grad)
+                if param.grad is not None:
+                    replaced.grad = fn(param.grad)
+                self._parameters[key] = replaced
+            for key, buffer in list(self._buffers.items()):
+                if buffer is not None:
+                    self._buffers[key] = fn(buffer)
+        return self
+
+    nn.Module._apply = apply  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module._apply = original  # type: ignore[method-assign]
