@@ -183,3 +183,29 @@ def test_an_image_classifier_that_hands_its_labels_to_its_language_model_trains_
     assert built["labels"].dtype == torch.long
     assert built["labels"].ndim == 2
     within_5_percent_of_memtracker(tmp_path, config)
+
+
+def test_an_extractors_features_are_padded_to_whole_chunks_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The feature extractor's own (bins, frames) shape takes the same padding as the built one above: 37 frames
+    # (or Whisper-style 2 per source position, where the config names them) up to whole chunks of 2 x 50.
+    import torch
+
+    from dtypecheck.memory import hf_media
+    from dtypecheck.memory.hf_inputs import hf_inputs
+
+    config = _qwen3_asr_encoder()
+    asked: list[int] = []
+
+    def extractor_shape(model_type: Any, samples: int, bins: Any, fused: Any = None) -> Any:
+        asked.append(samples)
+        return ("input_features", (bins, 37))
+
+    monkeypatch.setattr(hf_media, "_feature_shape", extractor_shape)
+    with torch.device("meta"):
+        model = transformers.Qwen3ASREncoder(config)
+    built = hf_inputs(model, config, "Model", 1, 16, train=False, labels=False, real=False)
+    assert asked  # the extractor path was taken
+    positions = getattr(config, "max_source_positions", 0)
+    frames = 2 * positions if positions else 37
+    whole = -(-frames // 100) * 100
+    assert tuple(built["input_features"].shape) == (1, 16, whole)
