@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -116,28 +116,47 @@ def fake_inputs(mode: FakeTensorMode, value: Any) -> Any:
 def cast_module(module: torch.nn.Module, dtype: torch.dtype, mode: FakeTensorMode) -> None:
     """``module.to(dtype)`` for fake parameters (whose weak references forbid ``Module.to``'s tensor swap):
     floating parameters and buffers get new fake tensors in ``dtype``, ties kept."""
+
+    def to_dtype(tensor: torch.Tensor) -> torch.Tensor:
+        if not tensor.is_floating_point() or tensor.dtype == dtype:
+            return tensor
+        with mode:
+            return tensor.detach().to(dtype)
+
+    replace_converted(module.modules(), to_dtype)
+
+
+def replace_converted(modules: Iterable[torch.nn.Module], convert: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """``convert`` each parameter and buffer of ``modules`` (fake ones: torch's in-place swap refuses them) and
+    put what it returns in their place: a tensor it leaves as it is stays, one it changes is replaced by its
+    conversion, a parameter's wrapped as a new ``Parameter`` (its gradient converted alike), each tensor converted
+    once so that ties stay ties."""
+    import torch
     from torch import nn
 
     memo: dict[int, Any] = {}
 
-    def convert(tensor: torch.Tensor) -> torch.Tensor:
-        if not tensor.is_floating_point() or tensor.dtype == dtype:
-            return tensor
+    def replaced(tensor: torch.Tensor) -> torch.Tensor:
         if id(tensor) not in memo:
-            with mode:
-                converted = tensor.detach().to(dtype)
-            if isinstance(tensor, nn.Parameter) or getattr(tensor, "_is_param", False):
-                converted = nn.Parameter(converted, requires_grad=tensor.requires_grad)
+            with torch.no_grad():
+                converted = convert(tensor)
+                if converted is not tensor and (
+                    isinstance(tensor, nn.Parameter) or getattr(tensor, "_is_param", False)
+                ):
+                    grad = tensor.grad
+                    converted = nn.Parameter(converted, requires_grad=tensor.requires_grad)
+                    if grad is not None:
+                        converted.grad = convert(grad)
             memo[id(tensor)] = converted
         return memo[id(tensor)]  # type: ignore[no-any-return]
 
-    for sub in module.modules():
+    for sub in modules:
         for name, param in list(sub._parameters.items()):
             if param is not None:
-                sub._parameters[name] = convert(param)  # type: ignore[assignment]
+                sub._parameters[name] = replaced(param)  # type: ignore[assignment]
         for name, buffer in list(sub._buffers.items()):
             if buffer is not None:
-                sub._buffers[name] = convert(buffer)
+                sub._buffers[name] = replaced(buffer)
 
 
 @contextlib.contextmanager
@@ -182,10 +201,8 @@ def fake_module_conversions() -> Iterator[None]:
     """``Module.to()`` (``.float()``, ``.half()``...) called by a model's own forward on fake parameters: NLLB-MoE's
     router casts its classifier to its own dtype at every call. Torch swaps each fake parameter for its converted
     copy in place (``swap_tensors``), which the fake tensors' weak references refuse ("Couldn't swap
-    Linear.weight"); here a parameter that the conversion leaves as it is stays, and one it changes is replaced by
-    the converted fake (a new ``Parameter``, its gradient converted alike), as ``cast_module`` does. Modules that
-    hold no fake tensor are converted by torch as usual."""
-    import torch
+    Linear.weight"); here the modules that hold fakes are converted as ``cast_module`` converts them
+    (``replace_converted``: ties kept). Modules that hold no fake tensor are converted by torch as usual."""
     from torch import nn
     from torch._subclasses.fake_tensor import FakeTensor
 
@@ -196,25 +213,15 @@ def fake_module_conversions() -> Iterator[None]:
         return any(isinstance(tensor, FakeTensor) for tensor in held)
 
     def apply(self: nn.Module, fn: Any, recurse: bool = True) -> nn.Module:
-        if recurse:
-            for child in self.children():
-                child._apply(fn)  # type: ignore[no-untyped-call]
-        if not holds_fakes(self):
-            return original(self, fn, recurse=False)  # type: ignore[no-any-return, no-untyped-call]
-        with torch.no_grad():
-            for key, param in list(self._parameters.items()):
-                if param is None:
-                    continue
-                applied = fn(param)
-                if applied is param:
-                    continue
-                replaced = nn.Parameter(applied, requires_grad=param.requires_grad)
-                if param.grad is not None:
-                    replaced.grad = fn(param.grad)
-                self._parameters[key] = replaced
-            for key, buffer in list(self._buffers.items()):
-                if buffer is not None:
-                    self._buffers[key] = fn(buffer)
+        modules = list(self.modules()) if recurse else [self]
+        faked = [module for module in modules if holds_fakes(module)]
+        if not faked:
+            return original(self, fn, recurse)  # type: ignore[no-any-return, no-untyped-call]
+        ids = {id(module) for module in faked}
+        for module in modules:
+            if id(module) not in ids:
+                original(module, fn, recurse=False)  # type: ignore[no-untyped-call]
+        replace_converted(faked, fn)
         return self
 
     nn.Module._apply = apply  # type: ignore[method-assign]

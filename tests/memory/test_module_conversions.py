@@ -86,3 +86,15 @@ def test_a_conversion_to_another_dtype_replaces_the_fake_parameters_and_their_gr
         real.double()  # a module without fakes: torch's own conversion, in place
     assert real.weight is weight
     assert real.weight.dtype == torch.float64
+
+
+def test_a_conversion_keeps_tied_fake_parameters_tied():
+    mode = FakeTensorMode()
+    with mode:
+        module = nn.Sequential(nn.Linear(4, 4, bias=False), nn.Linear(4, 4, bias=False))
+    module[1].weight = module[0].weight
+    with fake_module_conversions(), mode:
+        module.double()
+    assert module[0].weight.dtype == torch.float64
+    assert module[1].weight is module[0].weight
+    assert len(list(module.parameters())) == 1
