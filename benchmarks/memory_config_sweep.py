@@ -152,10 +152,12 @@ def coherent(config: Any) -> Any:
     if vision is not None and generates and isinstance(width, int) and "projection_dim" in vars(vision):
         vision.projection_dim = width
     # BLIP-2's and InstructBLIP's defaults name no image placeholder (``image_token_index`` None), which their
-    # forward compares the ids with; released checkpoints add one token past the text vocabulary's last.
+    # forward compares the ids with; released checkpoints add one token past the text vocabulary's last. So do
+    # InstructBLIP Video's, for its video placeholder (``video_token_index``).
     vocab = getattr(text, "vocab_size", None)
-    if "num_query_tokens" in vars(config) and vars(config).get("image_token_index", 0) is None and vocab:
-        config.image_token_index = vocab - 1
+    for name in ("image_token_index", "video_token_index"):
+        if "num_query_tokens" in vars(config) and vars(config).get(name, 0) is None and vocab:
+            setattr(config, name, vocab - 1)
     # HunYuan's and Ministral's defaults leave ``head_dim`` None, which their attention raises to a power; their
     # rotary embedding (and Mixtral's and MiniMax's attention, for the same None) take the width over the heads.
     for holder in (config, text):

@@ -43,6 +43,10 @@ CLASSIFIER_HEADS = ("ImageClassification", "AudioClassification", "SequenceClass
 VISUAL_REGIONS = 36
 """Region features an image gives a region-based VLM (LXMERT): its pretraining's 36 detected boxes an image."""
 
+PROCESSOR_FRAMES = {"instructblipvideo": 4}
+"""Frames a clip has where the config names no ``num_frames`` and the model's processor fixes them: InstructBLIP
+Video's forward takes (batch, frames, C, H, W), and its processor writes ``num_query_tokens * 4`` video tokens."""
+
 
 def hf_inputs(
     model: torch.nn.Module, config: Any, head: str, batch: int, seq: int, *, train: bool, labels: bool, real: bool
@@ -89,7 +93,7 @@ def hf_inputs(
         side = (scaled,) if scaled else sizes_of(config, "image_size", (224,))
         height, width = (side[0], side[-1])
         channels = size_of(config, "num_channels", 3)
-        frames = size_of(config, "num_frames", 0)
+        frames = size_of(config, "num_frames", PROCESSOR_FRAMES.get(str(getattr(config, "model_type", "")), 0))
         if not frames and "pixel_attention_mask" in inner and "spatial_shapes" not in inner:
             # Idefics-style models take each sample's images, (batch, images, C, H, W) beside a mask of their
             # padded pixels (not given: every pixel real): one image a sample. (A mask beside spatial shapes is
@@ -170,9 +174,14 @@ def hf_inputs(
             [torch.ones((batch, queries), dtype=torch.long), torch.zeros_like(text)], dim=1
         )
     if "input_ids" in kwargs and "pixel_values" in kwargs:
+        names = ("image_token_id", "image_token_index")
         if image_tokens is None and isinstance(getattr(config, "num_query_tokens", None), int):
             image_tokens = config.num_query_tokens  # a Q-Former (BLIP-2's) makes this many features an image
-        _image_tokens(kwargs, model, config, image_tokens)
+            if kwargs["pixel_values"].ndim == 5:
+                # ... and InstructBLIP Video's this many a frame, each clip's in its video placeholder's place.
+                image_tokens *= int(kwargs["pixel_values"].shape[1])
+                names = ("video_token_id", "video_token_index")
+        _image_tokens(kwargs, model, config, image_tokens, names)
         if "mm_token_type_ids" in accepted:
             # M-RoPE's positions need each token's kind (0 text, 1 image), as the processor returns beside the ids.
             token = _token_id(config, "image_token_id", "image_token_index")

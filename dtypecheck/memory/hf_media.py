@@ -82,13 +82,19 @@ def _audio(
         kwargs["input_values"] = make(batch, seq * stride)
 
 
-def _image_tokens(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, per_image: int | None) -> None:
-    """Put the model's image placeholder tokens before the text, as many as its vision tower makes features of
-    each image (a VLM checks that they match): ``per_image`` when the grid says, else counted by running
-    ``get_image_features`` once per image shape, outside the trace."""
+def _image_tokens(
+    kwargs: dict[str, Any],
+    model: torch.nn.Module,
+    config: Any,
+    per_image: int | None,
+    names: tuple[str, ...] = ("image_token_id", "image_token_index"),
+) -> None:
+    """Put the model's image placeholder tokens (the config's first of ``names``) before the text, as many as its
+    vision tower makes features of each image (a VLM checks that they match): ``per_image`` when the grid says,
+    else counted by running ``get_image_features`` once per image shape, outside the trace."""
     import torch
 
-    token = _token_id(config, "image_token_id", "image_token_index")
+    token = _token_id(config, *names)
     if token is None:
         return
     ids = kwargs["input_ids"]

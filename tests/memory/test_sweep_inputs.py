@@ -608,6 +608,28 @@ def test_a_qformer_vlm_gets_the_instruction_for_its_qformer_and_a_placeholder_pe
     assert max(abs(m.error) for m in report.measurements) <= 0.05
 
 
+def test_instructblip_video_gets_clips_of_its_processors_4_frames_and_a_placeholder_per_query_and_frame(tmp_path):
+    # Its config names no frame count; its forward unpacks (batch, frames, C, H, W) and its processor writes
+    # num_query_tokens * 4 video placeholders. Before: "not enough values to unpack (expected 5, got 4)".
+    config = transformers.InstructBlipVideoConfig(
+        vision_config=_tiny_tower(),
+        qformer_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                        "vocab_size": 64, "encoder_hidden_size": 32},
+        text_config={"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                     "num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 128},
+        num_query_tokens=3, video_token_index=127,
+    )  # fmt: skip
+    inputs = _inputs(_on_meta(config), config)
+    assert tuple(inputs["pixel_values"].shape) == (1, 4, 3, 32, 32)
+    assert tuple(inputs["input_ids"].shape) == (1, 3 * 4 + 16)
+    assert inputs["input_ids"][0, :12].tolist() == [127] * 12
+    assert 127 not in inputs["input_ids"][0, 12:].tolist()
+    config.to_json_file(str(tmp_path / "config.json"))
+    report = estimate_memory(str(tmp_path), FP32, seq_len=16, measure=True)
+    assert [str(m.mode) for m in report.measurements] == ["inference", "training"]
+    assert max(abs(m.error) for m in report.measurements) <= 0.05, report.measurements
+
+
 def test_kosmos2_gets_its_latent_queries_positions_before_the_text(tmp_path):
     config = transformers.Kosmos2Config(
         vision_config=_tiny_tower(),
