@@ -357,9 +357,13 @@ def _patch_grid(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, bat
     channels = size_of(vision, "in_channels", 0) or size_of(vision, "num_channels", 3)
     side = sizes_of(config, "image_size", (224,))[0]
     cells = max(side // (patch * merge), 1) * merge  # whole merged cells per side
-    if temporal == 1 and size_of(vision, "merge_kernel_size", 0) and _patch_conv2d(model, channels, patch):
-        # Kimi-K2.5's tower (its config names ``merge_kernel_size``) runs a 2-D convolution over each patch as
-        # given, unflattened (HunYuan-VL's, also 2-D, reshapes flat patches itself).
+    # A tower whose config names no frames a patch (no temporal patch size: PaddleOCR-VL's) or names
+    # ``merge_kernel_size`` (Kimi-K2.5's) runs a 2-D convolution over each patch as given, unflattened (HunYuan-VL's,
+    # also 2-D but with a temporal patch size of 1, reshapes flat patches itself).
+    unflattened = size_of(vision, "merge_kernel_size", 0) or not {"temporal_patch_size", "patch_temporal"} & {
+        *vars(vision)
+    }
+    if temporal == 1 and unflattened and _patch_conv2d(model, channels, patch):
         kwargs["pixel_values"] = make(batch * cells * cells, channels, patch, patch)
     elif wrapped is not None:
         # ColQwen2's processor pads each image's patches to the batch's longest, (batch, patches, values), and

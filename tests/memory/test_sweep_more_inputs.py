@@ -248,3 +248,28 @@ def test_the_sweep_pairs_a_wrapped_vlms_merger_with_its_text_width():
     colqwen2 = coherent(transformers.ColQwen2Config())
     vlm = colqwen2.vlm_config
     assert vlm.vision_config.hidden_size == vlm.text_config.hidden_size
+
+
+def test_paddleocr_vl_gets_each_patch_unflattened_for_its_2d_convolution(tmp_path):
+    # Its vision config names no frames a patch (no temporal patch size), and its embedding convolves each patch
+    # as given, (patches, C, 14, 14); before: Qwen-VL's flat (patches, C x 14 x 14) rows, and "not enough values to
+    # unpack (expected 5, got 3)".
+    config = transformers.PaddleOCRVLConfig(
+        text_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                     "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128,
+                     "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3]}},
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                       "image_size": 56, "patch_size": 14, "spatial_merge_size": 2},
+        image_token_id=120, video_token_id=121, vision_start_token_id=122, vision_end_token_id=123,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = transformers.AutoModel.from_config(config)
+    found = _inputs(model, config)
+    # 56 pixels: 4 x 4 patches, merged 2 x 2 into 4 image tokens
+    assert tuple(found["pixel_values"].shape) == (16, 3, 14, 14)
+    assert found["image_grid_thw"].tolist() == [[1, 4, 4]]
+    assert found["input_ids"][0, :4].tolist() == [120] * 4
+    config.to_json_file(str(tmp_path / "config.json"))
+    report = estimate_memory(str(tmp_path), FP32, seq_len=16, measure=True)
+    assert [str(m.mode) for m in report.measurements] == ["inference", "training"]
+    assert max(abs(m.error) for m in report.measurements) <= 0.05, report.measurements
