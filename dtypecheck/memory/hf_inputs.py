@@ -214,6 +214,12 @@ def hf_inputs(
             # (Over the frames: the last axis of (bins, frames) features, the first of (frames, bins).)
             frames = int(features.shape[1] if features.shape[-1] == mel_bins(config) else features.shape[-1])
             kwargs["input_features_mask"] = torch.ones((batch, frames), dtype=torch.long)
+    per_token = size_of(config, "audio_length_per_tok", 0)
+    if per_token and "input_features" in accepted and "input_features" not in kwargs and "input_ids" in kwargs:
+        # A streaming speech model (Voxtral Realtime) adds the audio of each text token to its embedding: the
+        # spectrogram's frames, ``audio_length_per_tok`` a token, (batch, bins, frames), beside the text.
+        frames = int(kwargs["input_ids"].shape[1]) * per_token
+        kwargs["input_features"] = make(batch, mel_bins(config), frames)
     if "latents" in required and not kwargs:
         # A codec's decoder on its own (Mimi's): the continuous latents its encoder makes, (batch, hidden_size,
         # frames), ``seq`` frames of them.

@@ -273,3 +273,25 @@ def test_paddleocr_vl_gets_each_patch_unflattened_for_its_2d_convolution(tmp_pat
     report = estimate_memory(str(tmp_path), FP32, seq_len=16, measure=True)
     assert [str(m.mode) for m in report.measurements] == ["inference", "training"]
     assert max(abs(m.error) for m in report.measurements) <= 0.05, report.measurements
+
+
+def test_voxtral_realtime_gets_the_audio_of_each_text_token_beside_the_text(tmp_path):
+    # Its forward adds each token's audio to the token's embedding: the spectrogram's audio_length_per_tok (8)
+    # frames a token, (batch, bins, frames); before: text alone, and "You must specify exactly one of
+    # input_features or encoder_inputs_embeds".
+    config = transformers.VoxtralRealtimeConfig(
+        audio_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                      "head_dim": 16, "num_mel_bins": 16, "vocab_size": 128},
+        text_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                     "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128},
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = transformers.AutoModel.from_config(config)
+    found = _inputs(model, config)
+    assert tuple(found["input_ids"].shape) == (1, 16)
+    assert tuple(found["input_features"].shape) == (1, 16, 16 * 8)
+    config.to_json_file(str(tmp_path / "config.json"))
+    report = estimate_memory(str(tmp_path), FP32, seq_len=16, measure=True)
+    assert report.model.model_class == "VoxtralRealtimeForConditionalGeneration"
+    assert [str(m.mode) for m in report.measurements] == ["inference", "training"]
+    assert max(abs(m.error) for m in report.measurements) <= 0.05, report.measurements
