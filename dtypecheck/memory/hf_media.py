@@ -58,9 +58,11 @@ def _audio(
         found = None  # Wav2Vec2-BERT's mapped extractor is Wav2Vec2's, whose raw samples its forward does not take
     semantic = getattr(config, "semantic_model_config", None)  # a codec's semantic tower (NeuCodec's)
     stacked = size_of(config, "feature_projection_input_dim", 0) or size_of(semantic, "feature_projection_input_dim", 0)
-    if found is None and stacked and "input_features" in accepted:
+    if stacked and "input_features" in accepted and (found is None or found[0] == "input_features"):
         # A W2v-BERT encoder (Wav2Vec2-BERT, NeuCodec's and XCodec2's semantic tower) takes SeamlessM4T's filter
-        # banks, two 10 ms frames stacked a row: ``seq`` rows of ``feature_projection_input_dim``, 20 ms each.
+        # banks, two 10 ms frames stacked a row: ``seq`` rows of ``feature_projection_input_dim``, 20 ms each
+        # (also where the codec's own extractor runs, with torchaudio installed: it makes the same rows, and no
+        # samples beside them).
         kwargs["input_features"] = make(batch, seq, stacked)
         if "input_features_mask" in accepted:  # every row real (its frames are rows here, not columns)
             kwargs["input_features_mask"] = torch.ones((batch, seq), dtype=torch.long)

@@ -44,6 +44,24 @@ def test_a_codec_gets_its_semantic_towers_filter_banks_beside_its_waveform(tmp_p
     assert max(abs(m.error) for m in report.measurements) <= 0.01, report.measurements
 
 
+def test_a_codec_whose_own_extractor_runs_still_gets_its_waveform_beside_the_filter_banks(monkeypatch):
+    # With torchaudio installed, NeuCodec's extractor runs and gives (frames, 160) features alone: the forward
+    # then missed its waveform ("missing 1 required positional argument: 'input_values'"). The stacked rows and
+    # the samples are given as without it.
+    import torch
+
+    import dtypecheck.memory.hf_media as media
+    from dtypecheck.memory.hf_inputs import hf_inputs
+
+    monkeypatch.setattr(media, "_feature_shape", lambda *args, **kwargs: ("input_features", (8, 160)))
+    config = _neucodec()
+    with torch.device("meta"):
+        model = transformers.AutoModel.from_config(config)
+    found = hf_inputs(model, config, "Model", 1, 16, train=False, labels=False, real=False)
+    assert tuple(found["input_features"].shape) == (1, 16, 160)
+    assert tuple(found["input_values"].shape) == (1, 1, 16 * 320)
+
+
 def test_seggpt_gets_its_prompt_image_and_mask_at_half_the_configs_height(tmp_path):
     # SegGPT's forward stacks the prompt above the input ("missing 2 required positional arguments:
     # 'prompt_pixel_values' and 'prompt_masks'"): each is (1, 3, 32, 32) of the config's 64 x 32.
