@@ -181,7 +181,7 @@ def hf_inputs(
                 # ... and InstructBLIP Video's this many a frame, each clip's in its video placeholder's place.
                 image_tokens *= int(kwargs["pixel_values"].shape[1])
                 names = ("video_token_id", "video_token_index")
-        _image_tokens(kwargs, model, config, image_tokens, names)
+        _image_tokens(kwargs, model, config, image_tokens, names, counted_first="image_grid_thw" in kwargs)
         if "mm_token_type_ids" in accepted:
             # M-RoPE's positions need each token's kind (0 text, 1 image), as the processor returns beside the ids.
             token = _token_id(config, "image_token_id", "image_token_index")
@@ -361,7 +361,8 @@ def _patch_grid(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, bat
     merge = _merge_size(vision)
     temporal = size_of(vision, "temporal_patch_size", 0) or size_of(vision, "patch_temporal", 1)
     channels = size_of(vision, "in_channels", 0) or size_of(vision, "num_channels", 3)
-    side = sizes_of(config, "image_size", (224,))[0]
+    # Where the config names no image size, the smallest its processor makes (HunYuan-VL's ``min_image_size``).
+    side = (sizes_of(config, "image_size", ()) or sizes_of(config, "min_image_size", (224,)))[0]
     cells = max(side // (patch * merge), 1) * merge  # whole merged cells per side
     # A tower whose config names no frames a patch (no temporal patch size: PaddleOCR-VL's) or names
     # ``merge_kernel_size`` (Kimi-K2.5's) runs a 2-D convolution over each patch as given, unflattened (HunYuan-VL's,

@@ -90,10 +90,14 @@ def _image_tokens(
     config: Any,
     per_image: int | None,
     names: tuple[str, ...] = ("image_token_id", "image_token_index"),
+    *,
+    counted_first: bool = False,
 ) -> None:
     """Put the model's image placeholder tokens (the config's first of ``names``) before the text, as many as its
     vision tower makes features of each image (a VLM checks that they match): ``per_image`` when the grid says,
-    else counted by running ``get_image_features`` once per image shape, outside the trace."""
+    else counted by running ``get_image_features`` once per image shape, outside the trace. ``counted_first``:
+    counted even where the grid says, and the grid's count kept only where counting fails (HunYuan-VL's tower
+    adds a token after each row of merged patches and two around the image)."""
     import torch
 
     token = _token_id(config, *names)
@@ -101,18 +105,19 @@ def _image_tokens(
         return
     ids = kwargs["input_ids"]
     batch = int(ids.shape[0])
-    if per_image is None:
+    if per_image is None or counted_first:
         # The model's own, else that of the VLM it wraps (ColPali's ``vlm``).
         owners = (model, *model.children())
         features = next((f for m in owners if (f := getattr(m, "get_image_features", None)) is not None), None)
-        if features is None:
+        if features is None and per_image is None:
             return
-        cache: dict[tuple[int, ...], int] = model.__dict__.setdefault("_dtypecheck_image_tokens", {})
-        key = tuple(kwargs["pixel_values"].shape)
-        if key not in cache:
-            cache[key] = _count_features(model, features, kwargs) // max(batch, 1)
-        per_image = cache[key]
-    if per_image > 0:
+        if features is not None:
+            cache: dict[tuple[int, ...], int] = model.__dict__.setdefault("_dtypecheck_image_tokens", {})
+            key = tuple(kwargs["pixel_values"].shape)
+            if key not in cache:
+                cache[key] = _count_features(model, features, kwargs) // max(batch, 1)
+            per_image = cache[key] or per_image or 0
+    if per_image is not None and per_image > 0:
         if token:  # random text ids may hit the placeholder's: they would be counted as images
             ids = ids.masked_fill(ids == token, 0)
         placeholders = torch.full((batch, per_image), token, dtype=ids.dtype)

@@ -295,3 +295,32 @@ def test_voxtral_realtime_gets_the_audio_of_each_text_token_beside_the_text(tmp_
     assert report.model.model_class == "VoxtralRealtimeForConditionalGeneration"
     assert [str(m.mode) for m in report.measurements] == ["inference", "training"]
     assert max(abs(m.error) for m in report.measurements) <= 0.05, report.measurements
+
+
+def _hunyuan_vl():
+    return transformers.HunYuanVLConfig(
+        text_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                     "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128,
+                     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 2, 2, 2]}},
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                       "num_key_value_heads": 2, "out_hidden_size": 32, "text_hidden_size": 32, "patch_size": 16,
+                       "spatial_merge_size": 2, "min_image_size": 128, "max_image_size": 256},
+        image_token_id=120,
+    )  # fmt: skip
+
+
+def test_hunyuan_vl_gets_its_smallest_image_and_a_placeholder_for_each_row_separator_and_boundary(tmp_path):
+    # Its config names no image size but the processor's smallest (min_image_size 128: 8 x 8 patches of 16 px),
+    # and its tower adds a token after each row of merged patches and one before and after the image: 4 rows of
+    # 4 + 1, + 2 = 22 placeholders, where the grid says 16. Before: the 224-pixel default and the grid's count
+    # ("Image features and image tokens do not match: ... features 58").
+    config = _hunyuan_vl()
+    found = _inputs(transformers.AutoModel.from_config(config), config)  # on CPU: the count runs for real
+    assert tuple(found["pixel_values"].shape) == (64, 3 * 16 * 16)
+    assert found["image_grid_thw"].tolist() == [[1, 8, 8]]
+    assert found["input_ids"][0, :22].tolist() == [120] * 22
+    assert 120 not in found["input_ids"][0, 22:].tolist()
+    config.to_json_file(str(tmp_path / "config.json"))
+    report = estimate_memory(str(tmp_path), FP32, seq_len=16, measure=True)
+    assert [str(m.mode) for m in report.measurements] == ["inference", "training"]
+    assert max(abs(m.error) for m in report.measurements) <= 0.05, report.measurements
