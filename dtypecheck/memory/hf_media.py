@@ -74,6 +74,12 @@ def _audio(
     if found is not None:
         name, shape = found
         kwargs[name if name in ("input_features", "input_values") else main] = make(batch, *shape)
+    elif main == "input_features" and (stacked_frames := size_of(config, "num_stacked_frames", 0)):
+        # A low-frame-rate encoder (Fun-ASR-Nano's) takes each row as that many mel frames stacked, as its
+        # extractor makes them: ``seq`` rows of ``num_mel_bins x num_stacked_frames``, (batch, rows, values).
+        kwargs["input_features"] = make(batch, seq, (bins or 80) * stacked_frames)
+        if "input_features_mask" in accepted:  # every row real
+            kwargs["input_features_mask"] = torch.ones((batch, seq), dtype=torch.long)
     elif main == "input_features":
         frames = 2 * size_of(config, "max_source_positions", seq)
         kwargs["input_features"] = make(batch, *chunks_padded(config, (bins or 80, frames)))

@@ -324,3 +324,22 @@ def test_hunyuan_vl_gets_its_smallest_image_and_a_placeholder_for_each_row_separ
     report = estimate_memory(str(tmp_path), FP32, seq_len=16, measure=True)
     assert [str(m.mode) for m in report.measurements] == ["inference", "training"]
     assert max(abs(m.error) for m in report.measurements) <= 0.05, report.measurements
+
+
+def test_a_low_frame_rate_speech_encoder_gets_rows_of_stacked_mel_frames(tmp_path):
+    # Fun-ASR-Nano's encoder takes each row as num_stacked_frames (7) mel frames of num_mel_bins (16 here)
+    # stacked, (batch, rows, 16 x 7), as its extractor makes them; before: (batch, bins, frames), which its
+    # position embedding's add refused ("Attempting to broadcast a dimension of length 560").
+    config = transformers.FunAsrNanoEncoderConfig(
+        num_mel_bins=16, hidden_size=32, num_attention_heads=2, intermediate_size=64, num_hidden_layers=2,
+        num_stacked_frames=7, num_timestamp_prediction_layers=1,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = transformers.AutoModel.from_config(config)
+    found = _inputs(model, config)
+    assert tuple(found["input_features"].shape) == (1, 16, 16 * 7)
+    assert found["input_features_mask"].tolist() == [[1] * 16]
+    config.to_json_file(str(tmp_path / "config.json"))
+    report = estimate_memory(str(tmp_path), FP32, seq_len=16, measure=True)
+    assert [str(m.mode) for m in report.measurements] == ["inference", "training"]
+    assert max(abs(m.error) for m in report.measurements) <= 0.05, report.measurements
