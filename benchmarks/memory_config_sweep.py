@@ -15,10 +15,15 @@ and the types already in FILE are skipped: a sweep cut short (or a process ended
 is resumed by running the same command again. ``--render FILE...`` prints the markdown report of such files.
 
 The model types whose towers timm builds (DETR's backbone, ``timm_wrapper``, PE, FastVLM, Gemma 3n's vision) need
-timm, and timm needs torchvision, which the test set-up does not install. They were run with both installed apart,
-on the path of the sweep only (``declare_torchvision_ops`` says why torchvision's ops are declared):
+timm, and timm needs torchvision, which the test set-up does not install; Granite Speech 5's feature extractor needs
+torchaudio. They were run with the three installed apart, on the path of the sweep only (``declare_torchvision_ops``
+says why torchvision's ops are declared). torchaudio's wheels here are CUDA builds too (2.11.1, the newest), whose
+C++ library does not load beside CPU torch: it is deleted, and torchaudio runs on torch ops alone (the extractors
+use its mel filter banks, which need nothing else):
 
-    .venv/bin/python -m pip install --no-deps --target .sweep-deps timm==1.0.29 torchvision==0.28.0
+    .venv/bin/python -m pip install --no-deps --target .sweep-deps timm==1.0.29 torchvision==0.28.0 \
+        torchaudio==2.11.1
+    find .sweep-deps/torchaudio/lib -name '*.so' -delete
     HF_HUB_OFFLINE=1 PYTHONPATH=.sweep-deps .venv/bin/python benchmarks/memory_config_sweep.py --only detr,...
 """
 
@@ -449,9 +454,31 @@ REASONS = (
 )
 
 
-def reason_class(result: str) -> str:
+DEFAULTS_AT_FAULT = {
+    "deepseek_v2": "64 routed experts and `num_experts_per_tok` None: the router's `topk` has no k",
+    "edgetam": "its default RepViT backbone's widths are not the 384 its neck takes",
+    "edgetam_vision_model": "its default RepViT backbone's widths are not the 384 its neck takes",
+    "esm": "`pad_token_id` None, which its position ids compare the ids with (`input_ids.ne(padding_idx)`)",
+    "higgs_audio_v2_tokenizer": "its acoustic encoder's hop (320 samples at 24 kHz: 75 frames a second) and its "
+    "semantic tower's (320 at 16 kHz: 50 a second) never give the same number of frames, which its forward joins",
+    "hunyuan_vl": "its text config's `rope_parameters` name no `mrope_section`: its forward needs 3 multimodal axes",
+    "hunyuan_vl_text": "its `rope_parameters` name no `mrope_section`, which its rotary embedding takes the length of",
+    "lw_detr": "no feature levels (`projector_scale_factors` empty, `num_feature_levels` 0): its encoder joins none",
+    "pp_doclayout_v2": "`class_thresholds` None, which its forward makes a tensor of",
+    "qwen3_omni_moe_thinker": "its text model's 28 heads do not divide its width (2048) and `head_dim` is unset: "
+    "the rotary embedding's 74 values meet 73-value heads",
+    "vitmatte": "its backbone (VitDet's defaults) is 768 wide where its decoder takes the 384 of its `hidden_size`",
+}
+"""Types whose forward fails because their default config contradicts itself, each read by hand from the error
+and the config (no input the sweep could build runs it): reported as such, with the contradiction."""
+AT_FAULT = "the default config contradicts itself (read by hand: the row says how)"
+
+
+def reason_class(result: str, model_type: str = "") -> str:
     if result.startswith("ok"):
         return "ok"
+    if model_type in DEFAULTS_AT_FAULT and "cannot trace" in result:
+        return AT_FAULT
     for prefix, name in REASONS[1:]:
         if prefix in result[:400]:
             return name
@@ -465,7 +492,8 @@ def render(rows: list[dict[str, Any]], every: list[str]) -> str:
     seconds = [row["seconds"] for row in tried if row["seconds"] is not None]
     counts: dict[str, int] = {}
     for row in tried:
-        counts[reason_class(row["result"])] = counts.get(reason_class(row["result"]), 0) + 1
+        reason = reason_class(row["result"], row["type"])
+        counts[reason] = counts.get(reason, 0) + 1
     lines = [
         f"**{ok} of {len(tried)} types tried estimated** ({len(every)} types have a model class; "
         f"{len(every) - len(tried)} not reached). CPU seconds per type tried: median "
@@ -486,7 +514,10 @@ def render(rows: list[dict[str, Any]], every: list[str]) -> str:
         else:
             took = "" if found["seconds"] is None else f"{found['seconds']:.1f}"
             wall = "" if found.get("wall") is None else f"{found['wall']:.1f}"
-            lines.append(f"| {name} | {found['result']} | {took} | {wall} |")
+            result = found["result"]
+            if reason_class(result, name) == AT_FAULT:
+                result += f"; the defaults contradict themselves: {DEFAULTS_AT_FAULT[name]}"
+            lines.append(f"| {name} | {result} | {took} | {wall} |")
     return "\n".join(lines) + "\n"
 
 

@@ -203,3 +203,30 @@ def test_a_transformer_backbone_config_estimates_at_its_image_size(tmp_path):
         hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=[64, 48]
     )
     within_5_percent_of_memtracker(tmp_path, config)
+
+
+def test_the_sweep_gives_instructblip_videos_unset_placeholders_the_last_text_id():
+    from benchmarks.memory_config_sweep import coherent
+
+    # Its defaults name no video placeholder (video_token_index None), which its forward compares the ids with:
+    # released checkpoints add one past the text vocabulary's last, as BLIP-2's do for their image placeholder.
+    config = coherent(transformers.InstructBlipVideoConfig())
+    assert config.video_token_index == config.text_config.vocab_size - 1
+    assert "image_token_index" not in vars(config)  # a setting it does not have is not made
+
+
+def test_the_sweep_report_names_the_defaults_that_contradict_themselves_only_where_they_fail():
+    from benchmarks.memory_config_sweep import AT_FAULT, render
+
+    failed = "error: x/config.json: cannot trace an inference pass in float32: aten.cat.default ..."
+    rows = [
+        {"type": "lw_detr", "result": failed, "seconds": 1.0},
+        {"type": "edgetam", "result": "ok (EdgeTamModel, 1 parameters; ...)", "seconds": 1.0},
+        {"type": "blt", "result": failed, "seconds": 1.0},
+    ]
+    report = render(rows, ["blt", "edgetam", "lw_detr"])
+    assert f"| {AT_FAULT} | 1 |" in report
+    assert "| the forward pass fails on the inputs built | 1 |" in report  # blt: not in the table
+    assert "| ok | 1 |" in report  # a listed type that estimates is ok
+    (row,) = [line for line in report.splitlines() if line.startswith("| lw_detr |")]
+    assert "the defaults contradict themselves: no feature levels" in row
