@@ -370,6 +370,15 @@ def _patch_grid(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, bat
     unflattened = size_of(vision, "merge_kernel_size", 0) or not {"temporal_patch_size", "patch_temporal"} & {
         *vars(vision)
     }
+    if _takes_token_pixels(model):
+        # Inkling 2's tower takes each image token's pixels whole, (tokens, patch x merge, patch x merge, channels)
+        # in raster order, and its grid counted in image tokens, as its forward documents them.
+        tokens = cells // merge
+        kwargs["pixel_values"] = make(batch * tokens * tokens, patch * merge, patch * merge, channels)
+        kwargs["image_grid_thw"] = torch.cat(
+            [torch.ones((batch, 1), dtype=torch.long), torch.full((batch, 2), tokens, dtype=torch.long)], dim=1
+        )
+        return tokens * tokens
     if temporal == 1 and unflattened and _patch_conv2d(model, channels, patch):
         kwargs["pixel_values"] = make(batch * cells * cells, channels, patch, patch)
     elif wrapped is not None:
@@ -383,6 +392,22 @@ def _patch_grid(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, bat
         [torch.ones((batch, 1), dtype=torch.long), torch.full((batch, 2), cells, dtype=torch.long)], dim=1
     )
     return cells * cells // (merge * merge)
+
+
+TOKEN_PIXELS = "patch_size * spatial_merge_size, patch_size * spatial_merge_size, num_channels"
+"""How a tower that takes each image token's pixels whole documents its ``pixel_values`` (Inkling 2's)."""
+
+
+def _takes_token_pixels(model: torch.nn.Module) -> bool:
+    """Whether one of the model's modules documents ``pixel_values`` as ``TOKEN_PIXELS``."""
+    seen: set[type] = set()
+    for module in model.modules():
+        kind = type(module)
+        if kind not in seen:
+            seen.add(kind)
+            if TOKEN_PIXELS in (getattr(kind.forward, "__doc__", None) or ""):
+                return True
+    return False
 
 
 def _patch_conv2d(model: torch.nn.Module, channels: int, patch: int) -> bool:

@@ -329,3 +329,18 @@ def test_a_low_frame_rate_speech_encoder_gets_rows_of_stacked_mel_frames(tmp_pat
     assert tuple(found["input_features"].shape) == (1, 16, 16 * 7)
     assert found["input_features_mask"].tolist() == [[1] * 16]
     within_5_percent_of_memtracker(tmp_path, config)
+
+
+def test_a_tower_that_documents_whole_token_pixels_gets_them_and_a_grid_of_tokens(tmp_path):
+    # Inkling 2's tower takes each image token's pixels whole, (tokens, patch x merge, patch x merge, channels), and
+    # its grid counted in image tokens, as its forward documents them; before: Qwen-VL's flat patches, which its
+    # embedding's reshape refused ("shape '[-1, 2, 20, 2, 20, 1200]' is invalid"). 224 pixels: 56 patches of 4 a
+    # side, merged 2 x 2 into 28 x 28 tokens of 8 x 8 pixels.
+    config = transformers.Inkling2VisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, patch_size=4,
+        spatial_merge_size=2, posemb_grid_size=4, projection_hidden_dim=32, text_hidden_size=32,
+    )  # fmt: skip
+    found = _inputs(_on_meta(config), config)
+    assert tuple(found["pixel_values"].shape) == (28 * 28, 8, 8, 3)
+    assert found["image_grid_thw"].tolist() == [[1, 28, 28]]
+    within_5_percent_of_memtracker(tmp_path, config)
