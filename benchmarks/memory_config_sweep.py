@@ -465,8 +465,12 @@ DEFAULTS_AT_FAULT = {
     "hunyuan_vl_text": "its `rope_parameters` name no `mrope_section`, which its rotary embedding takes the length of",
     "lw_detr": "no feature levels (`projector_scale_factors` empty, `num_feature_levels` 0): its encoder joins none",
     "pp_doclayout_v2": "`class_thresholds` None, which its forward makes a tensor of",
+    "pp_ocrv6_small_det": "its neck takes four feature maps (12, 18, 42 and 360 channels); its default backbone "
+    "gives one, of 384 (`out_features` ['stage4'])",
     "qwen3_omni_moe_thinker": "its text model's 28 heads do not divide its width (2048) and `head_dim` is unset: "
     "the rotary embedding's 74 values meet 73-value heads",
+    "uvdoc": "its head's first convolution takes 768 channels; its default backbone gives one 128-channel map "
+    "(`out_features` ['stage6'])",
     "vitmatte": "its backbone (VitDet's defaults) is 768 wide where its decoder takes the 384 of its `hidden_size`",
 }
 """Types whose forward fails because their default config contradicts itself, each read by hand from the error
