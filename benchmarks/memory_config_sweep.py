@@ -163,6 +163,11 @@ def coherent(config: Any) -> Any:
     for name in ("image_token_index", "video_token_index"):
         if "num_query_tokens" in vars(config) and vars(config).get(name, 0) is None and vocab:
             setattr(config, name, vocab - 1)
+    # So do Nemotron-H Omni's (a pixel-shuffled tower: ``downsample_ratio``), whose forward counts the ids of its
+    # image placeholder (``image_token_id`` None in its defaults). MiniCPM-V's, also None, place no image tokens.
+    unset = vars(config).get("image_token_id", 0) is None
+    if vision is not None and "downsample_ratio" in vars(config) and unset and vocab:
+        config.image_token_id = vocab - 1
     # HunYuan's and Ministral's defaults leave ``head_dim`` None, which their attention raises to a power; their
     # rotary embedding (and Mixtral's and MiniMax's attention, for the same None) take the width over the heads.
     for holder in (config, text):

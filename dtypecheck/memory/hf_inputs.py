@@ -141,6 +141,9 @@ def hf_inputs(
         _flat_patches(kwargs, config, batch, make)
     if "image_grid_thw" in accepted and "pixel_values" in kwargs:
         image_tokens = _patch_grid(kwargs, model, config, batch, make)
+    elif "image_grid_hw" in accepted and "pixel_values" in kwargs and "input_ids" in kwargs:
+        # (A RADIO tower on its own takes a batch of one size dense, and the grid only for packed sizes.)
+        image_tokens = _patch_grid_hw(kwargs, config, batch, make)
     elif "grid_thw" in accepted and ("pixel_values" in kwargs or {"hidden_states", "grid_thw"} <= required):
         # A Qwen-VL-style vision tower on its own: the same flat patches (as ``hidden_states`` where its forward
         # names them so) and their ``grid_thw``.
@@ -181,7 +184,8 @@ def hf_inputs(
                 # ... and InstructBLIP Video's this many a frame, each clip's in its video placeholder's place.
                 image_tokens *= int(kwargs["pixel_values"].shape[1])
                 names = ("video_token_id", "video_token_index")
-        _image_tokens(kwargs, model, config, image_tokens, names, counted_first="image_grid_thw" in kwargs)
+        grid = "image_grid_thw" in kwargs or "image_grid_hw" in kwargs
+        _image_tokens(kwargs, model, config, image_tokens, names, counted_first=grid)
         if "mm_token_type_ids" in accepted:
             # M-RoPE's positions need each token's kind (0 text, 1 image), as the processor returns beside the ids.
             token = _token_id(config, "image_token_id", "image_token_index")
@@ -392,6 +396,24 @@ def _patch_grid(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, bat
         [torch.ones((batch, 1), dtype=torch.long), torch.full((batch, 2), cells, dtype=torch.long)], dim=1
     )
     return cells * cells // (merge * merge)
+
+
+def _patch_grid_hw(kwargs: dict[str, Any], config: Any, batch: int, make: Any) -> int:
+    """Nemotron-H Omni's images: one ``image_size`` image a sample as flat patches (``channels x patch_size**2``
+    values each) and ``image_grid_hw`` their (rows, columns), whole cells of its pixel shuffle (``1 /
+    downsample_ratio`` a side). Returns the image tokens each image stands for (its cells)."""
+    import torch
+
+    vision = getattr(config, "vision_config", None) or config
+    patch = size_of(vision, "patch_size", 16)
+    channels = size_of(vision, "num_channels", 3)
+    ratio = getattr(config, "downsample_ratio", None)
+    merge = round(1 / ratio) if isinstance(ratio, float) and 0 < ratio < 1 else 1
+    side = sizes_of(vision, "image_size", (224,))[0]
+    cells = max(side // (patch * merge), 1) * merge
+    kwargs["pixel_values"] = make(batch * cells * cells, channels * patch * patch)
+    kwargs["image_grid_hw"] = torch.full((batch, 2), cells, dtype=torch.long)  # factory-made: the tower reads it
+    return (cells // merge) ** 2
 
 
 TOKEN_PIXELS = "patch_size * spatial_merge_size, patch_size * spatial_merge_size, num_channels"

@@ -230,3 +230,13 @@ def test_the_sweep_report_names_the_defaults_that_contradict_themselves_only_whe
     assert "| ok | 1 |" in report  # a listed type that estimates is ok
     (row,) = [line for line in report.splitlines() if line.startswith("| lw_detr |")]
     assert "the defaults contradict themselves: no feature levels" in row
+
+
+def test_the_sweep_gives_nemotron_h_omnis_unset_image_placeholder_the_last_text_id():
+    from benchmarks.memory_config_sweep import coherent
+
+    # Its defaults leave image_token_id None, which its forward counts the ids of; MiniCPM-V's, also None, stay
+    # None (its forward places no image tokens).
+    config = coherent(transformers.CONFIG_MAPPING["nemotron_h_omni"]())
+    assert config.image_token_id == config.text_config.vocab_size - 1
+    assert coherent(transformers.CONFIG_MAPPING["minicpmv4_6"]()).image_token_id is None

@@ -344,3 +344,26 @@ def test_a_tower_that_documents_whole_token_pixels_gets_them_and_a_grid_of_token
     assert tuple(found["pixel_values"].shape) == (28 * 28, 8, 8, 3)
     assert found["image_grid_thw"].tolist() == [[1, 28, 28]]
     within_5_percent_of_memtracker(tmp_path, config)
+
+
+def test_nemotron_h_omni_gets_flat_patches_and_their_grid_in_whole_pixel_shuffle_cells(tmp_path):
+    # Its RADIO tower takes flat patches and image_grid_hw (rows, columns), and its pixel shuffle (downsample_ratio
+    # 0.5) merges 2 x 2 patches into one image token; before: (batch, C, H, W) pixels and no grid ("'NoneType'
+    # object has no attribute 'prod'"). 32 pixels: 4 x 4 patches of 8, 4 image tokens.
+    config = transformers.CONFIG_MAPPING["nemotron_h_omni"](
+        text_config={"model_type": "nemotron_h", "vocab_size": 128, "hidden_size": 32, "num_attention_heads": 2,
+                     "layers_block_type": ["full_attention", "mlp"], "num_key_value_heads": 2, "head_dim": 16,
+                     "intermediate_size": 64},
+        vision_config={"model_type": "radio", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                       "patch_size": 8, "image_size": 32, "video_temporal_patch_size": 2},
+        vision_hidden_size=32, projector_hidden_size=32, image_token_id=120,
+    )  # fmt: skip
+    found = _inputs(transformers.NemotronH_Omni_Reasoning_V3(config), config)  # on CPU: the count runs for real
+    assert tuple(found["pixel_values"].shape) == (16, 3 * 8 * 8)
+    assert found["image_grid_hw"].tolist() == [[4, 4]]
+    assert found["input_ids"][0, :4].tolist() == [120] * 4
+    assert 120 not in found["input_ids"][0, 4:].tolist()
+    within_5_percent_of_memtracker(tmp_path, config)
+    # Its tower on its own takes a batch of one size dense, as before (the grid is for packed sizes).
+    alone = _inputs(_on_meta(config.vision_config), config.vision_config)
+    assert (tuple(alone["pixel_values"].shape), "image_grid_hw" in alone) == ((1, 3, 32, 32), False)
