@@ -474,6 +474,8 @@ DEFAULTS_AT_FAULT = {
     "gives one, of 384 (`out_features` ['stage4'])",
     "qwen3_omni_moe_thinker": "its text model's 28 heads do not divide its width (2048) and `head_dim` is unset: "
     "the rotary embedding's 74 values meet 73-value heads",
+    "step3p7": "its forward builds a sliding-window mask at every call (though its default layers are all full "
+    "attention), and its defaults leave `sliding_window` None",
     "uvdoc": "its head's first convolution takes 768 channels; its default backbone gives one 128-channel map "
     "(`out_features` ['stage6'])",
     "vitmatte": "its backbone (VitDet's defaults) is 768 wide where its decoder takes the 384 of its `hidden_size`",

@@ -253,6 +253,27 @@ def own_main_input(
     flattened_patches(kwargs, model, config, batch, make)
 
 
+def robot_actions(kwargs: dict[str, Any], config: Any, batch: int, make: Any) -> int | None:
+    """A vision-language-action model's action expert (PI0's) reads, after the VLM's prefix, one token of the
+    robot's state and ``chunk_size`` tokens of its noised actions and their timestep, embedded at its expert's
+    width (``action_embeds``), and a mask of the cameras a sample has (each one real) beside their images,
+    (batch, cameras, C, H, W). Returns the image tokens of a sample's cameras (its PaliGemma's
+    ``num_image_tokens`` each), where it has images."""
+    import torch
+
+    from dtypecheck.memory.hf_config import size_of
+
+    expert = getattr(config, "dit_config", None)
+    kwargs["action_embeds"] = make(batch, size_of(config, "chunk_size", 50) + 1, size_of(expert, "hidden_size", 1))
+    pixels = kwargs.get("pixel_values")
+    if pixels is None or pixels.ndim != 5:
+        return None
+    kwargs["pixel_attention_mask"] = torch.ones(tuple(pixels.shape[:2]), dtype=torch.bool)
+    vlm = getattr(config, "vlm_config", None)
+    per_camera = size_of(getattr(vlm, "text_config", None), "num_image_tokens", 0)
+    return per_camera * int(pixels.shape[1]) or None
+
+
 def codebook_streams(kwargs: dict[str, Any], config: Any, ids: Any) -> None:
     """Kyutai's speech-to-text decoder reads a text stream and ``num_codebooks`` streams of audio codes a step
     (its embedding offsets each stream into one table: ``vocab_size`` text ids, then ``codebook_vocab_size`` per

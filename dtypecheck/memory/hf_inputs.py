@@ -18,6 +18,7 @@ from dtypecheck.memory.family_inputs import (
     own_main_input,
     patches_of_the_batch,
     positioned_patches,
+    robot_actions,
     second_tower_pixels,
 )
 from dtypecheck.memory.hf_config import (
@@ -132,11 +133,11 @@ def hf_inputs(
         vision = getattr(config, "vision_config", None) or config
         cells = max(kwargs["pixel_values"].shape[-1] // size_of(vision, "patch_size", 14), 1)
         kwargs["target_sizes"] = torch.full((batch, 2), cells, dtype=torch.int32)
+    image_tokens = robot_actions(kwargs, config, batch, make) if "action_embeds" in required else None
     second_tower_pixels(kwargs, model, config, make)
     cross_attended_images(kwargs, model, make)
     positioned_patches(kwargs, model, config, make)
     patches_of_the_batch(kwargs, model, config, make)
-    image_tokens = None
     if "spatial_shapes" in accepted and "pixel_values" in kwargs:
         _flat_patches(kwargs, config, batch, make)
     if "image_grid_thw" in accepted and "pixel_values" in kwargs:

@@ -367,3 +367,28 @@ def test_nemotron_h_omni_gets_flat_patches_and_their_grid_in_whole_pixel_shuffle
     # Its tower on its own takes a batch of one size dense, as before (the grid is for packed sizes).
     alone = _inputs(_on_meta(config.vision_config), config.vision_config)
     assert (tuple(alone["pixel_values"].shape), "image_grid_hw" in alone) == ((1, 3, 32, 32), False)
+
+
+def test_a_vision_language_action_model_gets_its_action_tokens_cameras_and_image_placeholders(tmp_path):
+    # PI0's action expert reads the robot's state and chunk_size (4) action tokens at its width (32) after the
+    # VLM's prefix: action_embeds (1, 1 + 4, 32); its cameras' mask (one camera, real) beside the images, and
+    # its PaliGemma's num_image_tokens (16) placeholders a camera. Before: "missing 1 required positional
+    # argument: 'action_embeds'".
+    vlm = {
+        "model_type": "paligemma", "image_token_id": 120, "projection_dim": 32,
+        "text_config": {"model_type": "gemma", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "vocab_size": 128},
+        "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 64,
+                          "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 32, "patch_size": 8,
+                          "projection_dim": 32},
+    }  # fmt: skip
+    config = transformers.PI0Config(
+        vlm_config=vlm, dit_config={**vlm["text_config"]}, chunk_size=4, max_state_dim=8, max_action_dim=8
+    )
+    found = _inputs(_on_meta(config), config)
+    assert tuple(found["action_embeds"].shape) == (1, 1 + 4, 32)
+    assert tuple(found["pixel_values"].shape) == (1, 1, 3, 32, 32)
+    assert found["pixel_attention_mask"].tolist() == [[True]]
+    assert found["input_ids"][0, :16].tolist() == [120] * 16
+    assert 120 not in found["input_ids"][0, 16:].tolist()
+    within_5_percent_of_memtracker(tmp_path, config)
