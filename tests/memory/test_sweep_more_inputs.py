@@ -374,16 +374,16 @@ def test_a_vision_language_action_model_gets_its_action_tokens_cameras_and_image
     # VLM's prefix: action_embeds (1, 1 + 4, 32); its cameras' mask (one camera, real) beside the images, and
     # its PaliGemma's num_image_tokens (16) placeholders a camera. Before: "missing 1 required positional
     # argument: 'action_embeds'".
+    gemma = {"model_type": "gemma", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+             "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "vocab_size": 128}  # fmt: skip
     vlm = {
-        "model_type": "paligemma", "image_token_id": 120, "projection_dim": 32,
-        "text_config": {"model_type": "gemma", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-                        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "vocab_size": 128},
+        "model_type": "paligemma", "image_token_id": 120, "projection_dim": 32, "text_config": gemma,
         "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 64,
                           "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 32, "patch_size": 8,
                           "projection_dim": 32},
     }  # fmt: skip
     config = transformers.PI0Config(
-        vlm_config=vlm, dit_config={**vlm["text_config"]}, chunk_size=4, max_state_dim=8, max_action_dim=8
+        vlm_config=vlm, dit_config=dict(gemma), chunk_size=4, max_state_dim=8, max_action_dim=8
     )
     found = _inputs(_on_meta(config), config)
     assert tuple(found["action_embeds"].shape) == (1, 1 + 4, 32)
