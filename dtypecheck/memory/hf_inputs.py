@@ -369,12 +369,6 @@ def _patch_grid(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, bat
     # Where the config names no image size, the smallest its processor makes (HunYuan-VL's ``min_image_size``).
     side = (sizes_of(config, "image_size", ()) or sizes_of(config, "min_image_size", (224,)))[0]
     cells = max(side // (patch * merge), 1) * merge  # whole merged cells per side
-    # A tower whose config names no frames a patch (no temporal patch size: PaddleOCR-VL's) or names
-    # ``merge_kernel_size`` (Kimi-K2.5's) runs a 2-D convolution over each patch as given, unflattened (HunYuan-VL's,
-    # also 2-D but with a temporal patch size of 1, reshapes flat patches itself).
-    unflattened = size_of(vision, "merge_kernel_size", 0) or not {"temporal_patch_size", "patch_temporal"} & {
-        *vars(vision)
-    }
     if _takes_token_pixels(model):
         # Inkling 2's tower takes each image token's pixels whole, (tokens, patch x merge, patch x merge, channels)
         # in raster order, and its grid counted in image tokens, as its forward documents them.
@@ -384,6 +378,12 @@ def _patch_grid(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, bat
             [torch.ones((batch, 1), dtype=torch.long), torch.full((batch, 2), tokens, dtype=torch.long)], dim=1
         )
         return tokens * tokens
+    # A tower whose config names no frames a patch (no temporal patch size: PaddleOCR-VL's) or names
+    # ``merge_kernel_size`` (Kimi-K2.5's) runs a 2-D convolution over each patch as given, unflattened (HunYuan-VL's,
+    # also 2-D but with a temporal patch size of 1, reshapes flat patches itself).
+    unflattened = size_of(vision, "merge_kernel_size", 0) or not {"temporal_patch_size", "patch_temporal"} & {
+        *vars(vision)
+    }
     if temporal == 1 and unflattened and _patch_conv2d(model, channels, patch):
         kwargs["pixel_values"] = make(batch * cells * cells, channels, patch, patch)
     elif wrapped is not None:
