@@ -158,16 +158,16 @@ def coherent(config: Any) -> Any:
         vision.projection_dim = width
     # BLIP-2's and InstructBLIP's defaults name no image placeholder (``image_token_index`` None), which their
     # forward compares the ids with; released checkpoints add one token past the text vocabulary's last. So do
-    # InstructBLIP Video's, for its video placeholder (``video_token_index``).
+    # InstructBLIP Video's, for its video placeholder (``video_token_index``), and Nemotron-H Omni's (a
+    # pixel-shuffled tower: ``downsample_ratio``) for its ``image_token_id``. MiniCPM-V's, also None, place no
+    # image tokens.
     vocab = getattr(text, "vocab_size", None)
-    for name in ("image_token_index", "video_token_index"):
-        if "num_query_tokens" in vars(config) and vars(config).get(name, 0) is None and vocab:
+    placeholders = ["image_token_index", "video_token_index"] if "num_query_tokens" in vars(config) else []
+    if vision is not None and "downsample_ratio" in vars(config):
+        placeholders.append("image_token_id")
+    for name in placeholders:
+        if vars(config).get(name, 0) is None and vocab:
             setattr(config, name, vocab - 1)
-    # So do Nemotron-H Omni's (a pixel-shuffled tower: ``downsample_ratio``), whose forward counts the ids of its
-    # image placeholder (``image_token_id`` None in its defaults). MiniCPM-V's, also None, place no image tokens.
-    unset = vars(config).get("image_token_id", 0) is None
-    if vision is not None and "downsample_ratio" in vars(config) and unset and vocab:
-        config.image_token_id = vocab - 1
     # HunYuan's and Ministral's defaults leave ``head_dim`` None, which their attention raises to a power; their
     # rotary embedding (and Mixtral's and MiniMax's attention, for the same None) take the width over the heads.
     for holder in (config, text):

@@ -357,7 +357,6 @@ def _patch_grid(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, bat
     """Qwen-VL's images: ``pixel_values`` as the flat patches of one ``image_size`` image per sample (each
     ``channels x temporal_patch_size x patch_size**2`` values) and ``image_grid_thw`` their (1, rows, columns).
     Returns the image tokens each image stands for (its patches over the merged cells)."""
-    import torch
 
     # A retriever's wrapped VLM holds the tower's config (ColQwen2's ``vlm_config``).
     wrapped = getattr(config, "vlm_config", None)
@@ -368,15 +367,13 @@ def _patch_grid(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, bat
     channels = size_of(vision, "in_channels", 0) or size_of(vision, "num_channels", 3)
     # Where the config names no image size, the smallest its processor makes (HunYuan-VL's ``min_image_size``).
     side = (sizes_of(config, "image_size", ()) or sizes_of(config, "min_image_size", (224,)))[0]
-    cells = max(side // (patch * merge), 1) * merge  # whole merged cells per side
+    cells = _whole_cells(side, patch, merge)
     if _takes_token_pixels(model):
         # Inkling 2's tower takes each image token's pixels whole, (tokens, patch x merge, patch x merge, channels)
         # in raster order, and its grid counted in image tokens, as its forward documents them.
         tokens = cells // merge
         kwargs["pixel_values"] = make(batch * tokens * tokens, patch * merge, patch * merge, channels)
-        kwargs["image_grid_thw"] = torch.cat(
-            [torch.ones((batch, 1), dtype=torch.long), torch.full((batch, 2), tokens, dtype=torch.long)], dim=1
-        )
+        kwargs["image_grid_thw"] = _one_frame_grid(batch, tokens)
         return tokens * tokens
     # A tower whose config names no frames a patch (no temporal patch size: PaddleOCR-VL's) or names
     # ``merge_kernel_size`` (Kimi-K2.5's) runs a 2-D convolution over each patch as given, unflattened (HunYuan-VL's,
@@ -392,11 +389,21 @@ def _patch_grid(kwargs: dict[str, Any], model: torch.nn.Module, config: Any, bat
         kwargs["pixel_values"] = make(batch, cells * cells, channels * temporal * patch * patch)
     else:
         kwargs["pixel_values"] = make(batch * cells * cells, channels * temporal * patch * patch)
-    # Made of factory ops, whose values the trace knows (the vision tower reads them).
-    kwargs["image_grid_thw"] = torch.cat(
-        [torch.ones((batch, 1), dtype=torch.long), torch.full((batch, 2), cells, dtype=torch.long)], dim=1
-    )
+    kwargs["image_grid_thw"] = _one_frame_grid(batch, cells)
     return cells * cells // (merge * merge)
+
+
+def _whole_cells(side: int, patch: int, merge: int) -> int:
+    """Patches a side of a ``side``-pixel image, in whole ``merge x merge`` cells (at least one cell)."""
+    return max(side // (patch * merge), 1) * merge
+
+
+def _one_frame_grid(batch: int, side: int) -> Any:
+    """Each sample's (1, ``side``, ``side``) grid, made of factory ops, whose values the trace knows (the vision
+    tower reads them)."""
+    import torch
+
+    return torch.cat([torch.ones((batch, 1), dtype=torch.long), torch.full((batch, 2), side, dtype=torch.long)], dim=1)
 
 
 def _patch_grid_hw(kwargs: dict[str, Any], config: Any, batch: int, make: Any) -> int:
@@ -410,8 +417,7 @@ def _patch_grid_hw(kwargs: dict[str, Any], config: Any, batch: int, make: Any) -
     channels = size_of(vision, "num_channels", 3)
     ratio = getattr(config, "downsample_ratio", None)
     merge = round(1 / ratio) if isinstance(ratio, float) and 0 < ratio < 1 else 1
-    side = sizes_of(vision, "image_size", (224,))[0]
-    cells = max(side // (patch * merge), 1) * merge
+    cells = _whole_cells(sizes_of(vision, "image_size", (224,))[0], patch, merge)
     kwargs["pixel_values"] = make(batch * cells * cells, channels * patch * patch)
     kwargs["image_grid_hw"] = torch.full((batch, 2), cells, dtype=torch.long)  # factory-made: the tower reads it
     return (cells // merge) ** 2

@@ -37,7 +37,6 @@ def _audio(
     # A speech model's own audio tower keeps its bins (Nemotron 3.5's ``asr_config``).
     bins = mel_bins(config) or None
     model_type = _extractor_type(type(config))
-    import torch
     from torch.utils._python_dispatch import _disable_current_modes
 
     # The extractor's own torch ops (Whisper's STFT) are not the model's: run it outside the fake mode and the
@@ -63,9 +62,7 @@ def _audio(
         # banks, two 10 ms frames stacked a row: ``seq`` rows of ``feature_projection_input_dim``, 20 ms each
         # (also where the codec's own extractor runs, with torchaudio installed: it makes the same rows, and no
         # samples beside them).
-        kwargs["input_features"] = make(batch, seq, stacked)
-        if "input_features_mask" in accepted:  # every row real (its frames are rows here, not columns)
-            kwargs["input_features_mask"] = torch.ones((batch, seq), dtype=torch.long)
+        _stacked_rows(kwargs, make, (batch, seq, stacked), accepted)
         if "input_values" in accepted:
             # A codec takes the same audio's samples beside them, one mono channel: (batch, 1, samples), as its
             # extractor pads them (``seq`` strides of 320).
@@ -77,9 +74,7 @@ def _audio(
     elif main == "input_features" and (stacked_frames := size_of(config, "num_stacked_frames", 0)):
         # A low-frame-rate encoder (Fun-ASR-Nano's) takes each row as that many mel frames stacked, as its
         # extractor makes them: ``seq`` rows of ``num_mel_bins x num_stacked_frames``, (batch, rows, values).
-        kwargs["input_features"] = make(batch, seq, (bins or 80) * stacked_frames)
-        if "input_features_mask" in accepted:  # every row real
-            kwargs["input_features_mask"] = torch.ones((batch, seq), dtype=torch.long)
+        _stacked_rows(kwargs, make, (batch, seq, (bins or 80) * stacked_frames), accepted)
     elif main == "input_features":
         frames = 2 * size_of(config, "max_source_positions", seq)
         kwargs["input_features"] = make(batch, *chunks_padded(config, (bins or 80, frames)))
@@ -88,6 +83,16 @@ def _audio(
         kwargs["input_values"] = make(batch, channels, seq * stride)
     else:
         kwargs["input_values"] = make(batch, seq * stride)
+
+
+def _stacked_rows(kwargs: dict[str, Any], make: Any, shape: tuple[int, int, int], accepted: set[str]) -> None:
+    """Features of stacked frames, (batch, rows, values), and where the forward takes one, the mask of their rows:
+    every row real (the frames are rows here, not columns)."""
+    import torch
+
+    kwargs["input_features"] = make(*shape)
+    if "input_features_mask" in accepted:
+        kwargs["input_features_mask"] = torch.ones(shape[:2], dtype=torch.long)
 
 
 def _image_tokens(
