@@ -8,7 +8,6 @@ constant). What became of a producer's value (``taint.py``) decides whether it f
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -45,10 +44,7 @@ def _materialise(checks: list[Checked]) -> None:
     for group in by_dtype.values():
         values = torch.stack([t for c in group for t in (c.lo, c.hi) if t is not None]).tolist()
         for i, checked in enumerate(group):
-            lo, hi = values[2 * i], values[2 * i + 1]
-            checked.has_nan = math.isnan(lo) or math.isnan(hi)
-            checked.has_inf = lo == float("-inf") or hi == float("inf")
-            checked.absmax = float("nan") if checked.has_nan else max(-lo, hi)
+            checked.settle(values[2 * i], values[2 * i + 1])
     smalls = [c for c in checks if c.small is not None]
     if smalls:
         for checked, count in zip(smalls, torch.stack([c.small for c in smalls]).tolist(), strict=True):  # type: ignore[misc]

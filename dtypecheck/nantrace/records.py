@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from typing import TYPE_CHECKING, Any
 
 from dtypecheck.nantrace.frames import FrameKey
@@ -57,17 +58,35 @@ class Checked:
 
     __slots__ = ("absmax", "has_inf", "has_nan", "hi", "lo", "small", "small_count", "tensor", "version")
 
-    def __init__(self, tensor: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, small: torch.Tensor | None) -> None:
+    def __init__(
+        self, tensor: torch.Tensor, lo: torch.Tensor | None, hi: torch.Tensor | None, small: torch.Tensor | None
+    ) -> None:
         self.tensor = tensor
         self.version: int = version_of(tensor)
         self.lo: torch.Tensor | None = lo
         self.hi: torch.Tensor | None = hi
+        """None once read (``settle``), or read at once (``read``)."""
         self.small: torch.Tensor | None = small
         """Half precision only: how many values are below the smallest normal (zeros included)."""
         self.absmax = 0.0
         self.has_nan = False
         self.has_inf = False
         self.small_count = 0
+
+    @classmethod
+    def read(cls, tensor: torch.Tensor, lo: float, hi: float, small: int) -> Checked:
+        """A check whose extremes and small count were read on the host already (the C++ check of a CPU tensor)."""
+        checked = cls(tensor, None, None, None)
+        checked.settle(lo, hi)
+        checked.small_count = small
+        return checked
+
+    def settle(self, lo: float, hi: float) -> None:
+        """The flags and magnitude from the tensor's extremes (NaN in both where it holds one, as ``aminmax``)."""
+        self.has_nan = math.isnan(lo) or math.isnan(hi)
+        self.has_inf = lo == -math.inf or hi == math.inf
+        # abs(): an all-zero tensor's extremes may be 0.0 or -0.0, depending on the kernel's order of reading.
+        self.absmax = math.nan if self.has_nan else abs(max(-lo, hi))
 
     @property
     def nonfinite(self) -> bool:

@@ -12,12 +12,14 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
+from dtypecheck.nantrace import native as native_checks
 from dtypecheck.nantrace import tracer as tracer_module
 from dtypecheck.nantrace.judge import Judge
 from dtypecheck.nantrace.report import NanTraceReport
@@ -166,6 +168,7 @@ def test_checks_never_record_an_autograd_graph(monkeypatch: pytest.MonkeyPatch) 
 
     def spying_init(self: Tracer, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
+        self._extrema = None  # torch's ops, which could record a graph (the C++ check reads memory only)
         reduce = self._aminmax
 
         def aminmax(tensor: torch.Tensor) -> Any:
@@ -204,29 +207,44 @@ def test_tracing_needs_neither_dynamo_nor_its_wrappers() -> None:
     assert done.stdout.split() == ["clean", "False", "False"]
 
 
-def _counting_aminmax(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Patch every new tracer's reduction to count its calls (one list entry per call: the tensor's numel)."""
+def _counting_aminmax(monkeypatch: pytest.MonkeyPatch, *, native: bool = False) -> list[int]:
+    """Patch every new tracer's reduction to count its calls (one list entry per call: the tensor's numel): torch's
+    ``aminmax``, or with ``native`` the C++ check of a CPU tensor (which must then be there)."""
     calls: list[int] = []
     original = tracer_module.Tracer.__init__
 
     def counting_init(self: Tracer, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         reduce = self._aminmax
+        read = self._extrema
+        assert (read is not None) is native
 
         def aminmax(tensor: torch.Tensor) -> Any:
             calls.append(tensor.numel())
             return reduce(tensor)
 
+        def extrema(tensor: torch.Tensor, tiny: float) -> Any:
+            calls.append(tensor.numel())
+            assert read is not None
+            return read(tensor, tiny)
+
         self._aminmax = aminmax  # type: ignore[assignment]
+        self._extrema = extrema if native else None
 
     monkeypatch.setattr(tracer_module.Tracer, "__init__", counting_init)
     return calls
 
 
-def test_a_chain_of_in_place_ops_checks_each_link_once(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("native", [False, True], ids=["torch", "native"])
+def test_a_chain_of_in_place_ops_checks_each_link_once(
+    monkeypatch: pytest.MonkeyPatch, native: bool, native_module: ModuleType
+) -> None:
     """Each in-place op reads what the one before wrote: that op's check (its version counter taken as autograd
-    left it) says what the next one reads, so the chain costs one reduction per op, not two."""
-    calls = _counting_aminmax(monkeypatch)
+    left it) says what the next one reads, so the chain costs one reduction per op, not two. The same with torch's
+    reductions and with the C++ check of a CPU tensor."""
+    if not native:
+        monkeypatch.setattr(native_checks, "load", lambda **_: None)
+    calls = _counting_aminmax(monkeypatch, native=native)
     x = torch.ones(5)
     with Tracer() as tracer:
         y = x * 2.0  # 1 check (x is not checked: made before tracing and not overwritten)

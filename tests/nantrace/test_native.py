@@ -1,16 +1,20 @@
-"""Watch mode's C++ checks (``dtypecheck.nantrace.native``) and the pure-Python checks they stand in for.
+"""nan-trace's C++ checks (``dtypecheck.nantrace.native``) and the pure-Python checks they stand in for.
 
 Both answer "is every value finite" for a list of tensors; each is checked against numpy's ``isfinite`` on the same
-values, and watch mode's reports are compared field by field with the C++ checks on and off.
+values, and watch mode's reports are compared field by field with the C++ checks on and off. The full trace's check
+of one output (its extremes, its count below the smallest normal) is checked against numpy, and full reports are
+compared with it on and off.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import math
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -25,19 +29,6 @@ from tests.nantrace._scripts import NanTrace
 from tests.nantrace.test_watch import EMA, MODES
 
 FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-
-
-@pytest.fixture(scope="module")
-def module() -> Iterator[ModuleType]:
-    """The compiled module, built now if this machine has not built it yet (cached for the next run)."""
-    if not native.compiler_available():
-        pytest.skip("no C++ compiler or ninja on this machine: only the pure-Python checks can run")
-    native.build()
-    native._load_once.cache_clear()  # a lookup before the build found nothing
-    loaded = native.load(build_in_background=False)
-    assert loaded is not None
-    yield loaded
-    native._load_once.cache_clear()
 
 
 def _planted(dtype: torch.dtype, seed: int) -> list[torch.Tensor]:
@@ -60,7 +51,9 @@ def _python_answer(tensors: list[torch.Tensor]) -> bool:
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
 @pytest.mark.parametrize("bad", [None, float("nan"), float("inf"), float("-inf")], ids=str)
-def test_both_checks_answer_as_numpy_for_every_position(module: ModuleType, dtype: torch.dtype, bad: Any) -> None:
+def test_both_checks_answer_as_numpy_for_every_position(
+    native_module: ModuleType, dtype: torch.dtype, bad: Any
+) -> None:
     tensors = _planted(dtype, seed=3)
     assert _numpy_finite(tensors)
     versions = [t._version for t in tensors]
@@ -71,27 +64,126 @@ def test_both_checks_answer_as_numpy_for_every_position(module: ModuleType, dtyp
             planted[which][index] = bad
         expected = _numpy_finite(planted)
         assert expected is (bad is None)
-        assert module.all_finite(planted) == int(expected)
+        assert native_module.all_finite(planted) == int(expected)
         assert _python_answer(planted) is expected
         assert state.read_flags([state.all_finite(planted)]) is expected
     assert [t._version for t in tensors] == versions  # nothing written
 
 
-def test_what_the_module_cannot_read_is_left_to_torch(module: ModuleType) -> None:
+def test_what_the_module_cannot_read_is_left_to_torch(native_module: ModuleType) -> None:
     transposed = torch.randn(8, 4).t()
     transposed[1, 2] = float("nan")
-    assert module.all_finite([torch.randn(3), transposed]) == -1
+    assert native_module.all_finite([torch.randn(3), transposed]) == -1
     assert state.read_flags([state.all_finite([torch.randn(3), transposed])]) is False
-    assert module.all_finite([torch.empty(3, device="meta")]) == -1
-    assert module.all_finite([torch._efficientzerotensor(4)]) == -1  # no buffer behind it to read
+    assert native_module.all_finite([torch.empty(3, device="meta")]) == -1
+    assert native_module.all_finite([torch._efficientzerotensor(4)]) == -1  # no buffer behind it to read
     # Integers and bools are finite; an empty list has nothing non-finite.
-    assert module.all_finite([torch.arange(5), torch.ones(2, dtype=torch.bool)]) == 1
-    assert module.all_finite([]) == 1
+    assert native_module.all_finite([torch.arange(5), torch.ones(2, dtype=torch.bool)]) == 1
+    assert native_module.all_finite([]) == 1
     e5m2 = getattr(torch, "float8_e5m2", None)
     if e5m2 is not None:
         values = torch.tensor([1.0, float("inf")]).to(e5m2)
-        assert module.all_finite([values]) == -1
+        assert native_module.all_finite([values]) == -1
         assert state.read_flags([state.all_finite([values])]) is False
+
+
+SMALLEST_NORMAL = {torch.float16: 2.0**-14, torch.bfloat16: 2.0**-126}
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("bad", [None, float("nan"), float("inf"), float("-inf")], ids=str)
+def test_the_full_traces_check_reads_each_output_as_numpy_does(
+    native_module: ModuleType, dtype: torch.dtype, bad: Any
+) -> None:
+    """``extrema`` (``Tracer._check`` of a CPU output): the lowest and highest value, NaN in both where one is NaN
+    (as ``aminmax``), and in half precision how many magnitudes are below the smallest normal (zeros included)."""
+    tiny = SMALLEST_NORMAL.get(dtype, 0.0)
+    for tensor in _planted(dtype, seed=5):
+        if tensor.numel() == 0:
+            assert native_module.extrema(tensor, tiny) is None
+            continue
+        if bad is not None:
+            tensor[tensor.numel() // 2] = bad
+        values = tensor.to(torch.float64).numpy()
+        lo, hi, small = native_module.extrema(tensor, tiny)
+        if np.isnan(values).any():
+            assert math.isnan(lo)
+            assert math.isnan(hi)
+        else:
+            assert (lo, hi) == (values.min(), values.max())
+        assert small == int((np.abs(values) < tiny).sum())
+
+
+def test_what_the_full_traces_check_cannot_read_is_left_to_torch(native_module: ModuleType) -> None:
+    freed = torch.randn(16)
+    freed.untyped_storage().resize_(0)  # as FSDP frees an unsharded parameter: reading it would crash
+    unread = [
+        torch.randn(8, 4).t(),
+        torch.empty(3, device="meta"),
+        torch._efficientzerotensor(4),
+        torch.arange(5),
+        torch.ones(2, dtype=torch.bool),
+        freed,
+    ]
+    e5m2 = getattr(torch, "float8_e5m2", None)
+    if e5m2 is not None:
+        unread.append(torch.tensor([1.0, float("inf")]).to(e5m2))
+    assert [native_module.extrema(t, 0.0) for t in unread] == [None] * len(unread)
+
+
+def test_an_all_zero_output_has_a_magnitude_of_plus_zero() -> None:
+    """Zeros of either sign as extremes (``aminmax`` returns whichever it read first): the magnitude is +0.0, as
+    the C++ check's; ``max(-lo, hi)`` alone gave -0.0 for (0.0, 0.0)."""
+    from dtypecheck.nantrace.records import Checked
+
+    for lo, hi in ((0.0, 0.0), (-0.0, -0.0), (-0.0, 0.0), (0.0, -0.0)):
+        checked = Checked.read(torch.zeros(2), lo, hi, 0)
+        assert (checked.absmax, math.copysign(1.0, checked.absmax)) == (0.0, 1.0)
+        assert (checked.has_nan, checked.has_inf) == (False, False)
+    assert math.isnan(Checked.read(torch.zeros(2), math.nan, math.nan, 0).absmax)
+    assert Checked.read(torch.zeros(2), -math.inf, 1.0, 0).has_inf
+
+
+def _fp16_training() -> None:
+    """Adam in float16 whose inputs grow 100x a step: near-limit outputs, then an overflow, in forward, backward
+    and the update."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 1)).half()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for step in range(4):
+        loss = model(torch.randn(4, 8).half() * 100.0**step).float().pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def _small_and_zero_values() -> None:
+    """bfloat16 values below its smallest normal, outputs of all zeros (of either sign), and log(0)."""
+    tiny = torch.full((16,), 1e-39, dtype=torch.bfloat16) * 0.5
+    signed = torch.zeros(4) * -1.0
+    (torch.log(signed.abs()) + tiny.float().sum()).sum()
+
+
+@pytest.mark.parametrize("program", [_fp16_training, _small_and_zero_values], ids=lambda p: p.__name__)
+def test_a_full_trace_reports_the_same_with_the_cpu_check_as_with_torchs(
+    native_module: ModuleType, monkeypatch: pytest.MonkeyPatch, program: Any
+) -> None:
+    """Every field of the report (events, warnings, history, counts, magnitudes), collecting every event."""
+    from dtypecheck.nantrace.tracer import TraceOptions, Tracer
+
+    documents = []
+    for use_native in (True, False):
+        with monkeypatch.context() as patch:
+            if not use_native:
+                patch.setattr(native, "load", lambda **_: None)
+            with Tracer(TraceOptions(keep_going=True)) as tracer:
+                assert (tracer._extrema is not None) is use_native
+                program()
+            report = tracer.report()
+        assert report.status == "nonfinite"
+        assert report.warnings or report.events
+        documents.append(json.dumps(dataclasses.asdict(report), sort_keys=True, default=str))
+    assert documents[0] == documents[1]
 
 
 def test_mixed_dtypes_in_the_python_check_keep_every_value() -> None:
@@ -103,21 +195,21 @@ def test_mixed_dtypes_in_the_python_check_keep_every_value() -> None:
     assert _python_answer([half, brain]) is False
 
 
-def test_a_group_copies_exactly_or_nothing(module: ModuleType) -> None:
+def test_a_group_copies_exactly_or_nothing(native_module: ModuleType) -> None:
     sources = [torch.randn(5, 3), torch.randn(7).to(torch.bfloat16), torch.tensor(2.5, dtype=torch.float64)]
     sources[0][1, 1] = float("nan")
     buffers = [torch.empty_like(s) for s in sources]
-    assert module.Group(buffers).copy_from(module.Group(sources)) is True
+    assert native_module.Group(buffers).copy_from(native_module.Group(sources)) is True
     for buffer, source in zip(buffers, sources, strict=True):
         assert buffer.reshape(-1).view(torch.uint8).equal(source.reshape(-1).view(torch.uint8))  # bit for bit, NaN too
     wrong = [torch.zeros(5, 3), torch.zeros(6, dtype=torch.bfloat16), torch.zeros((), dtype=torch.float64)]
-    assert module.Group(wrong).copy_from(module.Group(sources)) is False
+    assert native_module.Group(wrong).copy_from(native_module.Group(sources)) is False
     assert all(not w.any() for w in wrong)  # nothing copied
 
 
-def test_a_group_reads_what_it_holds_as_it_is_at_each_call(module: ModuleType) -> None:
+def test_a_group_reads_what_it_holds_as_it_is_at_each_call(native_module: ModuleType) -> None:
     params = [torch.nn.Parameter(t) for t in (torch.randn(4), torch.randn(2, 3), torch.ones(1))]
-    group = module.Group(params)
+    group = native_module.Group(params)
     assert group.grads_finite() == 1  # no gradient yet: nothing to check
     params[0].grad, params[1].grad = torch.randn(4), torch.randn(2, 3)
     assert _numpy_finite([params[0].grad, params[1].grad])
@@ -129,16 +221,16 @@ def test_a_group_reads_what_it_holds_as_it_is_at_each_call(module: ModuleType) -
     params[1].grad = torch.randn(3, 2).t()  # one it cannot read (not contiguous): left to torch
     assert group.grads_finite() == -1
     params[1].grad = None
-    held = module.Group([p.detach() for p in params])
+    held = native_module.Group([p.detach() for p in params])
     assert held.finite() == 1
     with torch.no_grad():
         params[2][0] = float("nan")
     assert held.finite() == 0
     buffers = [torch.empty_like(p) for p in params]
-    assert module.Group(buffers).copy_from(held) is True
+    assert native_module.Group(buffers).copy_from(held) is True
     for buffer, source in zip(buffers, params, strict=True):
         assert buffer.reshape(-1).view(torch.uint8).equal(source.detach().reshape(-1).view(torch.uint8))
-    assert module.Group(buffers[:2]).copy_from(held) is False  # not the same layout: nothing copied
+    assert native_module.Group(buffers[:2]).copy_from(held) is False  # not the same layout: nothing copied
 
 
 def _reports(nantrace: NanTrace, monkeypatch: pytest.MonkeyPatch, path: Path, *argv: str) -> list[dict[str, Any]]:
@@ -161,7 +253,7 @@ def _reports(nantrace: NanTrace, monkeypatch: pytest.MonkeyPatch, path: Path, *a
     ids=["loss", "gradients", "update", "held", "clean"],
 )
 def test_watch_reports_are_the_same_with_and_without_the_cpp_checks(
-    module: ModuleType, nantrace: NanTrace, monkeypatch: pytest.MonkeyPatch, script: str, argv: tuple[str, ...]
+    native_module: ModuleType, nantrace: NanTrace, monkeypatch: pytest.MonkeyPatch, script: str, argv: tuple[str, ...]
 ) -> None:
     path, _ = nantrace.write("run.py", script)
     with_cpp, without = _reports(nantrace, monkeypatch, path, *argv)

@@ -1,13 +1,16 @@
-"""Watch mode's per-step checks in C++: one call checks every tensor of a list, one call snapshots them.
+"""nan-trace's checks in C++: watch mode's per-step checks (one call checks every tensor of a list, one call
+snapshots them) and the full trace's check of each op's CPU output (``extrema``).
 
 On CPU each torch op costs ~1 us of dispatch, and a step's checks touch ~200 small tensors (gradients, parameters,
 optimizer states): done one op per tensor they cost as much as a fifth of a 2 ms step. ``checks.cpp`` reads the
 contiguous CPU tensors' bits in a plain loop instead (a value is non-finite exactly when its exponent bits are all
-ones), and copies a snapshot with ``memcpy``; it writes nothing the user owns (no version counter moves).
+ones), and copies a snapshot with ``memcpy``; it writes nothing the user owns (no version counter moves). The full
+trace reads each floating CPU output's extremes (and in half precision its count below the smallest normal) in one
+pass, where ``aminmax`` and two more ops were dispatched from Python for each.
 
 It is compiled with ``torch.utils.cpp_extension`` (g++ and ninja) once per machine, source and torch version, into
 ``$XDG_CACHE_HOME/dtypecheck/native/<key>/`` (``~/.cache`` by default): by ``make .venv`` or
-``python -m dtypecheck.nantrace.native``, or, the first time watch mode runs without it, by a build started in the
+``python -m dtypecheck.nantrace.native``, or, the first time nan-trace runs without it, by a build started in the
 background (the run itself uses the pure-Python checks; the next one finds the module). Without a compiler, or with
 ``DTYPECHECK_NATIVE=0``, the pure-Python checks run, with the same results (tests run both).
 """

@@ -1,4 +1,4 @@
-"""``python -m dtypecheck.nantrace.native``: build watch mode's C++ checks now (``make .venv`` runs it)."""
+"""``python -m dtypecheck.nantrace.native``: build nan-trace's C++ checks now (``make .venv`` runs it)."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ def main() -> int:
         library = build()
     except Exception as exc:  # noqa: BLE001  (any build failure leaves the pure-Python checks, said in one line)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"note: watch mode's C++ checks did not build ({first}): it uses its pure-Python checks", file=sys.stderr)
+        print(f"note: nan-trace's C++ checks did not build ({first}): it uses its pure-Python checks", file=sys.stderr)
         return 0
     if not quiet:
-        print(f"watch mode's C++ checks: {library} ({time.perf_counter() - start:.0f} s)", file=sys.stderr)
+        print(f"nan-trace's C++ checks: {library} ({time.perf_counter() - start:.0f} s)", file=sys.stderr)
     return 0
 
 

@@ -4,7 +4,9 @@
 #include <c10/util/BFloat16.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <cstring>
 #include <vector>
 
@@ -55,6 +57,44 @@ int all_finite(const std::vector<at::Tensor>& tensors) {
     if (!finite) return 0;
   }
   return 1;
+}
+
+// The full trace's check of one op output (``Tracer._check``), where ``torch.aminmax`` and, in half precision, a
+// count below the smallest normal were three ops dispatched from Python: (lowest, highest, count) as Python floats
+// and an int, read in one pass; None for a tensor this module does not read (the caller uses torch). As
+// ``aminmax``: a NaN anywhere makes both extremes NaN. ``count`` counts values whose magnitude is below ``tiny``
+// (zeros included, NaN not), or is 0 when ``tiny`` is 0. The storage must hold every element: FSDP frees a
+// parameter's storage without touching its tensor.
+template <typename T>
+pybind11::tuple scan_extrema(const T* p, int64_t n, double tiny) {
+  double lo = static_cast<double>(p[0]);
+  double hi = lo;
+  bool nan = false;
+  int64_t small = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = static_cast<double>(p[i]);
+    nan |= v != v;
+    lo = v < lo ? v : lo;
+    hi = v > hi ? v : hi;
+    small += std::fabs(v) < tiny;
+  }
+  if (nan) lo = hi = std::numeric_limits<double>::quiet_NaN();
+  return pybind11::make_tuple(lo, hi, small);
+}
+
+pybind11::object extrema(const at::Tensor& t, double tiny) {
+  if (!readable(t) || t.numel() == 0) return pybind11::none();
+  const auto& storage = t.storage();
+  const size_t needed = static_cast<size_t>(t.storage_offset() + t.numel()) * t.itemsize();
+  if (storage.nbytes() < needed) return pybind11::none();
+  const int64_t n = t.numel();
+  switch (t.scalar_type()) {
+    case at::kFloat: return scan_extrema(t.const_data_ptr<float>(), n, tiny);
+    case at::kDouble: return scan_extrema(t.const_data_ptr<double>(), n, tiny);
+    case at::kHalf: return scan_extrema(t.const_data_ptr<at::Half>(), n, tiny);
+    case at::kBFloat16: return scan_extrema(t.const_data_ptr<at::BFloat16>(), n, tiny);
+    default: return pybind11::none();
+  }
 }
 
 // Below this many bytes in all, a snapshot is copied through the cache (``memcpy``): it sits in the caches beside
@@ -142,6 +182,7 @@ struct Group {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("all_finite", &all_finite);
+  m.def("extrema", &extrema);
   pybind11::class_<Group>(m, "Group")
       .def(pybind11::init<std::vector<at::Tensor>>())
       .def("finite", &Group::finite)
