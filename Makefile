@@ -34,9 +34,10 @@ $(BYTECODE): $(STAMP)
 
 bytecode: $(BYTECODE)
 
-# Watch mode's C++ checks, built once into the user's cache (~25 s; a note, and the Python path, without g++). The
-# tests run both paths, so `unit` needs it; `make test` builds it beside ruff, mypy and the docs build. The stamp
-# keeps a later `make unit` from asking again (6 s) until the set-up or the C++ source changes.
+# nan-trace's C++ checks (watch mode's, and the full trace's per-output check), built once into the user's cache
+# (~25 s; a note, and the Python path, without g++). The tests run both paths, so `unit` needs it; `make test` builds
+# it beside ruff, mypy and the docs build. The stamp keeps a later `make unit` from asking again (6 s) until the
+# set-up or the C++ source changes.
 NATIVE := $(VENV)/.native
 $(NATIVE): $(STAMP) $(wildcard dtypecheck/nantrace/native/*.cpp)
 	$(BIN)/python -m dtypecheck.nantrace.native

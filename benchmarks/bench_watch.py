@@ -21,6 +21,12 @@ of the blocks' ratios: a process per run varies by up to 1.7x on a shared machin
 
     .venv/bin/python benchmarks/bench_watch.py blocks --repeats 60 --small-steps 50
 
+``blocks --full`` times the full trace the same way; with ``DTYPECHECK_NATIVE=0`` it checks each op's outputs
+with torch's ops instead of the C++ check (the pure-Python path):
+
+    DTYPECHECK_NATIVE=0 .venv/bin/python benchmarks/bench_watch.py blocks --full --repeats 5 --small-steps 20
+    .venv/bin/python benchmarks/bench_watch.py blocks --full --repeats 5 --small-steps 20
+
 ``overhead --compare SRC`` also times watch mode (and with ``--full`` the full trace) with another dtypecheck
 checkout first on the path (the commit before a change), alternating with this one: before and after side by side
 on the same cores. ``--loop-only`` times only the small model's loop (issue 30.5's figures):
@@ -223,8 +229,9 @@ def memory(folder: Path) -> None:
     )
 
 
-def blocks(repeats: int, steps: int, threads: int | None) -> None:
-    """Watched against plain blocks of ``steps`` steps of ``SMALL``'s model, alternating in this process."""
+def blocks(repeats: int, steps: int, threads: int | None, *, full: bool = False) -> None:
+    """Watched (``full``: fully traced) against plain blocks of ``steps`` steps of ``SMALL``'s model, alternating
+    in this process."""
     import time
 
     import torch
@@ -253,10 +260,11 @@ def blocks(repeats: int, steps: int, threads: int | None) -> None:
     ratios = []
     for _ in range(repeats):
         plain = block()
-        with dtypecheck.trace(model, watch=True):
+        with dtypecheck.trace(model, watch=not full):
             watched = block()
         ratios.append(watched / plain)
-    print(f"{repeats} blocks of {steps} steps, watched / plain: median {statistics.median(ratios):.3f}x")
+    what = "traced" if full else "watched"
+    print(f"{repeats} blocks of {steps} steps, {what} / plain: median {statistics.median(ratios):.3f}x")
 
 
 def main() -> None:
@@ -265,7 +273,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--small-steps", type=int, default=300)
     parser.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for every run")
-    parser.add_argument("--full", action="store_true", help="overhead: also time a full trace")
+    parser.add_argument(
+        "--full", action="store_true", help="overhead: also time a full trace; blocks: instead of watch"
+    )
     parser.add_argument("--compare", metavar="SRC", default=None, help="overhead --full: also trace with checkout SRC")
     parser.add_argument("--no-loop", action="store_true", help="overhead: skip the loop-only measurement")
     parser.add_argument("--loop-only", action="store_true", help="overhead: only the small model's loop (issue 30.5)")
@@ -284,7 +294,7 @@ def main() -> None:
                 whole=not args.loop_only,
             )
         elif args.what == "blocks":
-            blocks(args.repeats, args.small_steps, args.threads)
+            blocks(args.repeats, args.small_steps, args.threads, full=args.full)
         elif args.what == "late":
             late(folder)
         else:
