@@ -117,6 +117,10 @@ def test_the_full_traces_check_reads_each_output_as_numpy_does(
 def test_what_the_full_traces_check_cannot_read_is_left_to_torch(native_module: ModuleType) -> None:
     freed = torch.randn(16)
     freed.untyped_storage().resize_(0)  # as FSDP frees an unsharded parameter: reading it would crash
+    shrunk = torch.randn(16)
+    shrunk.untyped_storage().resize_(8)  # 2 of its 16 values left: the rest would be read past the storage's end
+    assert native_module.all_finite([shrunk]) == -1
+    assert native_module.Group([torch.empty(16)]).copy_from(native_module.Group([shrunk])) is False
     unread = [
         torch.randn(8, 4).t(),
         torch.empty(3, device="meta"),
@@ -124,6 +128,7 @@ def test_what_the_full_traces_check_cannot_read_is_left_to_torch(native_module: 
         torch.arange(5),
         torch.ones(2, dtype=torch.bool),
         freed,
+        shrunk,
     ]
     e5m2 = getattr(torch, "float8_e5m2", None)
     if e5m2 is not None:

@@ -16,13 +16,18 @@
 
 namespace {
 
-// Whether a CPU tensor is one this module reads directly: dense, contiguous, plain storage (no subclass).
-// Zero tensors (autograd's unmaterialised zeros) and nested tensors have no plain buffer to read.
+// Whether a CPU tensor is one this module reads directly: dense, contiguous, plain storage (no subclass) that holds
+// every element. Zero tensors (autograd's unmaterialised zeros) and nested tensors have no plain buffer to read; FSDP
+// frees a parameter's storage (resize to 0) without touching its tensor, and a storage shrunk under a tensor would
+// be read past its end.
 bool readable(const at::Tensor& t) {
   if (!t.defined() || !t.device().is_cpu() || t.layout() != c10::kStrided || t.is_nested()) return false;
   const auto keys = t.key_set();
   if (keys.has(c10::DispatchKey::Python) || keys.has(c10::DispatchKey::ZeroTensor) || !t.has_storage()) return false;
-  return t.is_contiguous() && (t.numel() == 0 || t.const_data_ptr() != nullptr);
+  if (!t.is_contiguous()) return false;
+  if (t.numel() == 0) return true;
+  const size_t needed = static_cast<size_t>(t.storage_offset() + t.numel()) * t.itemsize();
+  return t.const_data_ptr() != nullptr && t.storage().nbytes() >= needed;
 }
 
 template <typename Bits>
@@ -63,8 +68,7 @@ int all_finite(const std::vector<at::Tensor>& tensors) {
 // count below the smallest normal were three ops dispatched from Python: (lowest, highest, count) as Python floats
 // and an int, read in one pass; None for a tensor this module does not read (the caller uses torch). As
 // ``aminmax``: a NaN anywhere makes both extremes NaN. ``count`` counts values whose magnitude is below ``tiny``
-// (zeros included, NaN not), or is 0 when ``tiny`` is 0. The storage must hold every element: FSDP frees a
-// parameter's storage without touching its tensor.
+// (zeros included, NaN not), or is 0 when ``tiny`` is 0.
 template <typename T>
 pybind11::tuple scan_extrema(const T* p, int64_t n, double tiny) {
   double lo = static_cast<double>(p[0]);
@@ -84,9 +88,6 @@ pybind11::tuple scan_extrema(const T* p, int64_t n, double tiny) {
 
 pybind11::object extrema(const at::Tensor& t, double tiny) {
   if (!readable(t) || t.numel() == 0) return pybind11::none();
-  const auto& storage = t.storage();
-  const size_t needed = static_cast<size_t>(t.storage_offset() + t.numel()) * t.itemsize();
-  if (storage.nbytes() < needed) return pybind11::none();
   const int64_t n = t.numel();
   switch (t.scalar_type()) {
     case at::kFloat: return scan_extrema(t.const_data_ptr<float>(), n, tiny);
