@@ -50,6 +50,8 @@ class AutocastInside:
         import torch
 
         self.maybe = False
+        self.on_change: Any = None
+        """Told when ``maybe`` turns on (the C++ per-op path then leaves every op to the Python mode)."""
         self._snapshot = getattr(torch._C, "_RestorePythonTLSSnapshot", None)
         self._set_excluded = getattr(torch._C, "_SetExcludeDispatchKeyGuard", None)
         self._is_excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
@@ -66,6 +68,8 @@ class AutocastInside:
         def set_autocast_enabled(*args: Any) -> None:
             if args and args[-1] is True:
                 self.maybe = True
+                if self.on_change is not None:
+                    self.on_change()
             original(*args)
 
         torch.set_autocast_enabled = set_autocast_enabled  # type: ignore[assignment]

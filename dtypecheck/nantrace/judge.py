@@ -153,17 +153,28 @@ class Judge:
         return len(self.taint.producers) - 1 if last.phase == "backward" and last.step == record.step else None
 
     # -- the flush ---------------------------------------------------------------------------------------------
-    def judge_window(self, window: list[OpRecord]) -> None:
+    def judge_window(
+        self, window: list[OpRecord], native: Callable[[int, int, int], list[tuple[Any, ...]]] | None = None
+    ) -> None:
+        """``native``: the history lines of the window's ops that the C++ path ran and found clean
+        (``entries(after, before, last)``: those between two op indices, only the last ``last``), put into the
+        history in op order between the records judged here."""
         _materialise([c for r in window for c in (*r.pre, *r.checked)])
+        after = -1
         for record in window:
             # What ran after the first failure is not "before the failure": stop judging unless keep-going.
             if not self.stopped:
+                if native is not None:
+                    self.history.extend(native(after, record.index, self.history.maxlen or 0))
+                    after = record.index
                 self._tag_forward_node(record)
                 if record.checked:
                     self._judge(record)
                 elif self.taint.storages and record.result is not None:
                     self._pass_on(record)
             record.release()
+        if native is not None and not self.stopped:
+            self.history.extend(native(after, -1, self.history.maxlen or 0))
 
     @property
     def stopped(self) -> bool:

@@ -36,6 +36,8 @@ class ModuleStack:
         self._stack: list[tuple[nn.Module, str]] = []
         self._child_names: dict[tuple[int, int], str] = {}
         self._handles: list[RemovableHandle] = []
+        self.on_change: Callable[[str | None], None] | None = None
+        """Told the module on top (``current``) when it changes: the C++ per-op path keeps it."""
         self._roots: dict[int, nn.Module] = {}
         """Outermost modules seen running, to name the parameter an optimizer op updates. Held until tracing
         ends: a script's model dies with its globals before the last read-back."""
@@ -79,6 +81,8 @@ class ModuleStack:
             if self._on_root is not None:
                 self._on_root(module)
         self._stack.append((module, self._path_of(module)))
+        if self.on_change is not None:
+            self.on_change(self.current)
 
     def _exit(self, module: nn.Module, args: Any, output: Any) -> None:
         if self._on_raise is not None:
@@ -91,6 +95,8 @@ class ModuleStack:
             top, _ = self._stack.pop()
             if top is module:
                 break
+        if self.on_change is not None:
+            self.on_change(self.current)
 
     def owner_of(self, tensor: torch.Tensor) -> str | None:
         """The path of the module whose parameter or buffer ``tensor`` is (or views), else None.

@@ -67,11 +67,15 @@ def _dispatch_mode_class() -> type[TorchDispatchMode]:
         def __torch_dispatch__(
             self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
         ) -> Any:
+            tracer = self.tracer
             try:
-                return self.tracer.dispatch(func, args, kwargs or {})
+                return tracer.dispatch(func, args, kwargs or {})
             except RuntimeError as exc:  # zero cost until an op raises (Python >= 3.11)
-                self.tracer.op_raised(func, args, kwargs or {}, exc)
+                tracer.op_raised(func, args, kwargs or {}, exc)
                 raise
+            finally:
+                if tracer._native is not None:
+                    tracer._native.stale()  # what the C++ path reads of the tracer may have changed
 
     return CheckMode
 
@@ -139,6 +143,13 @@ class Tracer:
         self._is_grad_enabled = torch.is_grad_enabled
         self.autocast = AutocastInside()
         self._mode: Any = None
+        self._native: Any = None
+        """The C++ per-op path (``native/dispatch.cpp``) while it takes this tracer's ops, else None."""
+        self._fast_held = 0
+        self._dirty = False
+        """A record of this window holds a non-finite value or one not read yet: until it is judged (and what it
+        made followed), the C++ path leaves every op to the Python mode."""
+        """Bytes the C++ path's share of the window counts (read at each op the Python mode takes)."""
         self._restore: list[tuple[Any, str, Any]] = []
         self._report: NanTraceReport | None = None
         self.raised: RaisedException | None = None
@@ -155,12 +166,58 @@ class Tracer:
         self.training.install()
         self.workers.install()
         self._mode = _dispatch_mode_class()(self)
+        self._attach_native()
         self._mode.__enter__()
         return self
+
+    def _attach_native(self) -> None:
+        """Let the C++ path take the ops it can vouch for (``native/dispatch.cpp``): not while another tracer
+        holds it, nor under a torch it was not built for."""
+        hook = native.load_dispatch()
+        options = self.options
+        if hook is None or not hook.attach(
+            self._mode, self, options.warn_frac, options.window, options.held_bytes, _CPU_HELD
+        ):
+            return
+        self._native = hook
+        for func, info in self._infos.items():
+            self._teach(func, info)
+        self.modules.on_change = hook.module
+        self.autocast.on_change = hook.stale
+
+    def _detach_native(self) -> None:
+        if self._native is not None:
+            self._native.detach()
+            self._native = None
+            self.modules.on_change = None
+            self.autocast.on_change = None
+
+    def _teach(self, func: Any, info: OpInfo) -> None:
+        """Tell the C++ path what ``ops.classify`` says of ``func`` (the schema positions of what it writes)."""
+        try:
+            names = [argument.name for argument in func._schema.arguments]
+            read_mutated = [w if isinstance(w, int) else names.index(w) for w in info.read_mutated]
+            written = [w if isinstance(w, int) else names.index(w) for w in info.written]
+            self._native.learn(func, _KIND_CODES[info.kind], info.creates, read_mutated, written, info.name)
+        except (AttributeError, RuntimeError, ValueError):  # not a dispatcher op: the Python mode keeps it
+            return
+
+    def _native_state(self) -> tuple[bool, bool, str | None, int, int, int]:
+        """What the C++ path needs of this side (it asks after ``stale``): whether it may take ops at all (not
+        while stopped, while autocast may be on, while a non-finite value is followed, or while an in-place op's
+        versions are unsettled), the phase, the module, and this side's share of the window."""
+        fast = not (self.stopped or self.autocast.maybe or self.judge.taint.storages or self._unsettled or self._dirty)
+        return fast, self._in_backward, self.modules.current, len(self._window), self._held, self._held_cpu
+
+    def _native_flush(self) -> None:
+        """The C++ path filled the window: judge it (as ``dispatch`` does, before the op that filled it)."""
+        self.flush()
 
     def __exit__(self, exc_type: object, exc: BaseException | None, traceback: object) -> None:
         try:
             self._mode.__exit__(None, None, None)
+            if self._native is not None:
+                self.ops = self._native.count()
             self._winding_up = False  # the traced code ended: what it ran is judged below, as in any run
             if not _ended_normally(exc):
                 assert exc is not None
@@ -175,6 +232,7 @@ class Tracer:
                 if not self.judge.stopped:  # no failure found in the flush (a stop there set self.stopped)
                     self.judge.settle(final=True)
         finally:
+            self._detach_native()
             self.workers.remove()
             self.training.remove()
             self.modules.remove()
@@ -185,28 +243,37 @@ class Tracer:
 
     # -- the cheap pass ----------------------------------------------------------------------------------------
     def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        self.ops += 1
+        hook = self._native
+        adopted = None
+        if hook is None:
+            self.ops += 1
+        else:
+            # The C++ path counts every op; one it ran already and hands over to be judged comes with its output.
+            adopted = hook.take()
+            self.ops = hook.claim()
         if self.stopped:
-            return self.autocast.run(func, args, kwargs) if self.autocast.maybe else func(*args, **kwargs)
+            return self._run(func, args, kwargs) if adopted is None else adopted[0]
         if self._unsettled:
             self._settle_versions()
         info = self._infos.get(func)
         if info is None:
             info = self._infos[func] = classify(func)
+            if hook is not None:
+                self._teach(func, info)
         node = self._current_node()
         backward = node is not None
         if backward != self._in_backward:
             self._phase_changed(backward)
         if info.kind is OpKind.SCALAR or info.kind is OpKind.UNINITIALISED:
             if info.creates:
-                return self._made_unchecked(func, info, args, kwargs)
-            return self.autocast.run(func, args, kwargs) if self.autocast.maybe else func(*args, **kwargs)
+                return self._made_unchecked(func, info, args, kwargs, adopted)
+            return self._run(func, args, kwargs) if adopted is None else adopted[0]
         module = self.modules.current
         grad_enabled = self._is_grad_enabled()
         if info.kind is OpKind.PASS and (backward or not grad_enabled):
             if info.creates:
-                return self._made_unchecked(func, info, args, kwargs)
-            return self.autocast.run(func, args, kwargs) if self.autocast.maybe else func(*args, **kwargs)
+                return self._made_unchecked(func, info, args, kwargs, adopted)
+            return self._run(func, args, kwargs) if adopted is None else adopted[0]
         origin = node.metadata.get(NODE_KEY) if node is not None else None
         # In backward the walk finds the user's .backward() call, or their own autograd.Function.backward; the
         # judge prefers the forward line recorded on the node (NODE_KEY, tagged when the forward was flushed,
@@ -216,9 +283,10 @@ class Tracer:
         record.args, record.kwargs = args, kwargs
         check = info.kind is OpKind.CHECK
         held, held_cpu = self._held, self._held_cpu
+        fast_window, self._fast_held, fast_held_cpu = hook.counters() if hook is not None else _NO_SHARE
         if check:
-            self._before(record, info, args, kwargs)
-        out = self.autocast.run(func, args, kwargs) if self.autocast.maybe else func(*args, **kwargs)
+            self._before(record, info, args, kwargs, None if adopted is None else adopted[1])
+        out = self._run(func, args, kwargs) if adopted is None else adopted[0]
         result = out if isinstance(out, self._tensor) else next(iter_tensors(out), None)
         record.result = result
         if result is not None and (info.creates or result.dtype is not self.flow.dominant):
@@ -227,9 +295,14 @@ class Tracer:
             self.flow.after_op(func, info, (args, kwargs), result, walked, where)
         if check:
             self._after(record, out, result)
+            if hook is not None and not self._dirty:
+                self._dirty = any(c.lo is not None or c.nonfinite for c in (*record.pre, *record.checked))
         window = self._window
-        if window and (
-            len(window) >= self.options.window or self._held >= self.options.held_bytes or self._held_cpu >= _CPU_HELD
+        size = len(window) + fast_window
+        if size and (
+            size >= self.options.window
+            or self._held + self._fast_held >= self.options.held_bytes
+            or self._held_cpu + fast_held_cpu >= _CPU_HELD
         ):
             # Judge the ops before this one, not this one: its output gets the grad_fn whose node must carry this
             # line into backward only once dispatch returns (judged now, its backward ops would be given the
@@ -256,8 +329,10 @@ class Tracer:
             checked.version = version_of(checked.tensor)
         self._unsettled = []
 
-    def _made_unchecked(self, func: Any, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        out = self._run(func, args, kwargs)
+    def _made_unchecked(
+        self, func: Any, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any], adopted: Any = None
+    ) -> Any:
+        out = self._run(func, args, kwargs) if adopted is None else adopted[0]
         self.flow.created_outside(info, out)
         return out
 
@@ -266,16 +341,28 @@ class Tracer:
         self.raises.op_raised(self._infos.get(func) or classify(func), func, args, kwargs, exc)
 
     # -- the checks --------------------------------------------------------------------------------------------
-    def _before(self, record: OpRecord, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _before(
+        self,
+        record: OpRecord,
+        info: OpInfo,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        adopted: list[Any] | None = None,
+    ) -> None:
+        """``adopted``: the op ran in C++ already, which checked (and copied) its in-place targets before."""
         # Run before every checked op: written for speed (locals, no helper calls in the common case).
         written: set[int] = set()
         if info.written:
             for where in info.written:
                 for tensor in iter_tensors(mutated_argument(args, kwargs, where)):
                     written.add(id(tensor))
+            pres = iter(adopted) if adopted is not None else None
             for where in info.read_mutated:
                 for tensor in iter_tensors(mutated_argument(args, kwargs, where)):
-                    self._before_overwrite(record, tensor)
+                    if pres is None:
+                        self._before_overwrite(record, tensor)
+                    else:
+                        self._adopt_pre(record, tensor, next(pres, None))
         inputs = record.inputs
         tensor_type = self._tensor
         for value in (*args, *kwargs.values()) if kwargs else args:
@@ -304,9 +391,22 @@ class Tracer:
             # optimizer step (no grad, outside every module): copying each parameter and state before each
             # update was a tenth of a transformer step's tracing time, for a cause only (null there).
             keep = record.grad_enabled or record.module is not None
-            if keep and self._held + tensor.nbytes <= self.options.held_bytes:
+            if keep and self._held + self._fast_held + tensor.nbytes <= self.options.held_bytes:
                 record.clones[id(tensor)] = tensor.detach().clone()
                 self._held += tensor.nbytes
+
+    def _adopt_pre(self, record: OpRecord, tensor: torch.Tensor, found: tuple[Any, ...] | None) -> None:
+        """``_before_overwrite`` for an op the C++ path ran: its check of ``tensor`` before the op, and copy."""
+        if found is None:
+            return
+        lo, hi, small, version, clone = found
+        checked = Checked.read(plain(tensor), lo, hi, small)
+        checked.version = version
+        record.pre.append(checked)
+        keep = record.grad_enabled or record.module is not None
+        if keep and clone is not None and self._held + self._fast_held + tensor.nbytes <= self.options.held_bytes:
+            record.clones[id(tensor)] = clone
+            self._held += tensor.nbytes
 
     def _after(self, record: OpRecord, out: Any, result: torch.Tensor | None) -> None:
         if result is not None and result is out:  # one tensor returned: the common case, without the list
@@ -375,7 +475,13 @@ class Tracer:
         window, self._window = self._window, []
         self._recent.clear()
         self._held = self._held_cpu = 0
-        if window:
+        self._dirty = False
+        hook = self._native
+        if hook is not None:
+            # The C++ path's ops of this window are judged already (clean); their history lines go in in op order.
+            self.judge.judge_window(window, hook.entries)
+            hook.flushed()
+        elif window:
             self.judge.judge_window(window)
 
     @property
@@ -404,6 +510,8 @@ class Tracer:
 
     def _stop(self) -> None:
         self.stopped = True
+        if self._native is not None:
+            self._native.stale()
         if self.options.stop_run:
             raise StopTracing
 
@@ -438,6 +546,8 @@ class Tracer:
             self.judge.fail(self.judge.producer_index(first), "scale_collapse")
         else:
             self.stopped = self.options.stop_run or self.stopped
+            if self._native is not None:
+                self._native.stale()
             if self.options.stop_run and not self.options.keep_going:
                 raise StopTracing
 
@@ -541,6 +651,11 @@ def raised_exception(exc: BaseException, frames: FrameFinder) -> RaisedException
             key = (tb.tb_frame.f_code, tb.tb_lineno)
         tb = tb.tb_next
     return RaisedException(type=name, message=message, location=location_of(key))
+
+
+_NO_SHARE = (0, 0, 0)
+_KIND_CODES = {OpKind.CHECK: 0, OpKind.PASS: 1, OpKind.UNINITIALISED: 2, OpKind.SCALAR: 3}
+"""``OpKind`` as ``native/dispatch.cpp`` numbers it."""
 
 
 def _tiny(name: str) -> float:

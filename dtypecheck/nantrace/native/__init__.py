@@ -31,6 +31,10 @@ from types import ModuleType
 
 _NAME = "_dtypecheck_native"
 _SOURCE = Path(__file__).with_name("checks.cpp")
+_DISPATCH_NAME = "_dtypecheck_dispatch"
+_DISPATCH_SOURCE = Path(__file__).with_name("dispatch.cpp")
+"""The full trace's per-op path (``dispatch.cpp``), built apart: it implements torch's interpreter interface, which
+changes between torch versions, and a torch it does not compile against must not cost watch mode its checks."""
 
 
 def enabled() -> bool:
@@ -38,24 +42,51 @@ def enabled() -> bool:
     return os.environ.get("DTYPECHECK_NATIVE", "1") != "0"
 
 
-def build_folder() -> Path:
+def dispatch_enabled() -> bool:
+    """``DTYPECHECK_NATIVE_DISPATCH=0`` keeps the full trace's ops in its Python dispatch mode (the C++ checks of
+    their outputs stay on unless ``DTYPECHECK_NATIVE=0``)."""
+    return enabled() and os.environ.get("DTYPECHECK_NATIVE_DISPATCH", "1") != "0"
+
+
+def build_folder(source: Path = _SOURCE) -> Path:
     """Where the module for this source, torch and Python is built (one folder per combination)."""
     import torch
 
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    key = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
+    key = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
     python = f"py{sys.version_info.major}{sys.version_info.minor}"
-    return cache / "dtypecheck" / "native" / f"{python}-torch{torch.__version__}-{key}"
+    prefix = "" if source == _SOURCE else f"{source.stem}-"
+    return cache / "dtypecheck" / "native" / f"{prefix}{python}-torch{torch.__version__}-{key}"
 
 
-def _library(folder: Path) -> Path:
-    return folder / f"{_NAME}.so"  # cpp_extension's name for it, whatever Python's suffix
+def _library(folder: Path, name: str = _NAME) -> Path:
+    return folder / f"{name}.so"  # cpp_extension's name for it, whatever Python's suffix
 
 
 def load(*, build_in_background: bool = True) -> ModuleType | None:
     """The compiled module, or None (off, not built yet, or unbuildable); the first call without one starts its
     build in the background (unless ``build_in_background`` is false). Asked for at every check: remembered."""
     return _load_once(build_in_background)
+
+
+def load_dispatch() -> ModuleType | None:
+    """The full trace's per-op path in C++, or None (off, not built, or not buildable against this torch: the
+    Python dispatch mode then takes every op). Built with the checks (``build``), never on its own."""
+    return _load_dispatch_once() if dispatch_enabled() else None
+
+
+@functools.cache
+def _load_dispatch_once() -> ModuleType | None:
+    try:
+        folder = build_folder(_DISPATCH_SOURCE)
+        library = _library(folder, _DISPATCH_NAME)
+        if library.exists():
+            return _import(library, _DISPATCH_NAME)
+        if not (folder / "failed").exists():
+            _start_background_build(folder)
+    except (OSError, ImportError):
+        pass
+    return None
 
 
 @functools.cache
@@ -74,10 +105,10 @@ def _load_once(build_in_background: bool) -> ModuleType | None:
     return None
 
 
-def _import(library: Path) -> ModuleType:
+def _import(library: Path, name: str = _NAME) -> ModuleType:
     import torch  # noqa: F401  (its libraries must be loaded before the module's are resolved)
 
-    spec = importlib.util.spec_from_file_location(_NAME, library)
+    spec = importlib.util.spec_from_file_location(name, library)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load {library}")
     module = importlib.util.module_from_spec(spec)
@@ -111,12 +142,31 @@ def compiler_available() -> bool:
 
 
 def build(*, wait_s: float = 600) -> Path:
-    """Compile the module into its folder (a no-op when it is there); its path. One build at a time per folder
-    (the ``building`` marker, also the background build's): a second caller waits for the first's result."""
+    """Compile the checks into their folder (a no-op when they are there), then the full trace's per-op path,
+    whose failure (a torch it does not fit) is remembered in its folder and leaves the checks; the checks' path.
+    One build at a time per folder (the ``building`` marker, also the background build's): a second caller waits
+    for the first's result."""
+    library = _build_one(_SOURCE, _NAME, wait_s)
+    folder = build_folder(_DISPATCH_SOURCE)
+    if not (folder / "failed").exists():
+        try:
+            _build_one(_DISPATCH_SOURCE, _DISPATCH_NAME, wait_s)
+        except Exception as exc:  # noqa: BLE001  (whatever the compiler said: the Python path stays)
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "failed").write_text(str(exc)[-4000:], encoding="utf-8")
+    return library
+
+
+def dispatch_built() -> bool:
+    """Whether the full trace's per-op path is built for this torch."""
+    return _library(build_folder(_DISPATCH_SOURCE), _DISPATCH_NAME).exists()
+
+
+def _build_one(source: Path, name: str, wait_s: float) -> Path:
     from torch.utils.cpp_extension import load as compile_extension
 
-    folder = build_folder()
-    library = _library(folder)
+    folder = build_folder(source)
+    library = _library(folder, name)
     folder.mkdir(parents=True, exist_ok=True)
     marker = folder / "building"
     deadline = time.monotonic() + wait_s
@@ -135,8 +185,8 @@ def build(*, wait_s: float = 600) -> Path:
         try:
             if not library.exists():  # built between our look and the marker
                 work.mkdir(exist_ok=True)
-                compile_extension(_NAME, [str(_SOURCE)], build_directory=str(work), extra_cflags=["-O3"])
-                _library(work).replace(library)  # atomic: a reader never sees half a library
+                compile_extension(name, [str(source)], build_directory=str(work), extra_cflags=["-O3"])
+                _library(work, name).replace(library)  # atomic: a reader never sees half a library
         finally:
             shutil.rmtree(work, ignore_errors=True)
             marker.unlink(missing_ok=True)

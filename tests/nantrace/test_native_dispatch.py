@@ -1,0 +1,315 @@
+"""The full trace's per-op path in C++ (``native/dispatch.cpp``, issue 30.5) reports what the Python mode reports.
+
+Every program below is traced twice through the CLI, with the C++ path (the default) and with
+``DTYPECHECK_NATIVE_DISPATCH=0`` (the Python dispatch mode takes every op), and the two JSON reports are compared
+whole. Two fields are left out, ``ops`` and the events' ``op_index``: the Python mode keeps each op's output alive
+until its window is judged, so autograd's ``AccumulateGrad`` copies a gradient it would otherwise take over
+(``new_empty_strided`` and ``copy_``, more ops); the C++ path keeps nothing and runs the plain run's ops, which
+``test_it_counts_the_ops_the_plain_run_runs`` checks against a mode that only counts.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+
+import dtypecheck
+from dtypecheck.nantrace import native
+from tests.nantrace._scripts import NanTrace
+
+SMALL_MODEL = """
+import torch
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 16)
+        self.norm = torch.nn.LayerNorm(16)
+
+    def forward(self, x):
+        return x + torch.nn.functional.gelu(self.norm(self.fc(x)))
+
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(*(Block() for _ in range(3)), torch.nn.Linear(16, 1))
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+for step in range(1, 9):
+    x = torch.randn(4, 16)
+    if step == BAD:
+        x = x * SCALE
+    loss = model(x).pow(2).mean()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+PROGRAMS: dict[str, str] = {
+    # A clean run: nothing to report but the counts.
+    "clean": SMALL_MODEL.replace("BAD", "0").replace("SCALE", "1.0"),
+    # An input of 1e38 at step 6: near overflow, then inf in the forward, after five clean steps.
+    "late overflow": SMALL_MODEL.replace("BAD", "6").replace("SCALE", "1e38"),
+    # An input of 1e18 at step 4: the square of the loss overflows in backward and reaches the update.
+    "backward overflow": SMALL_MODEL.replace("BAD", "4").replace("SCALE", "1e18"),
+    # torch.where masks a log of negatives (a note each step); the norm of zeros divides 0 by 0 in backward.
+    "masked": """
+import torch
+
+
+class Normalised(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.direction = torch.nn.Parameter(torch.zeros(4))
+        self.fc = torch.nn.Linear(4, 1)
+
+    def forward(self, x):
+        penalty = self.direction.norm()
+        safe = torch.where(x > 0, torch.log(x), torch.zeros_like(x))
+        return self.fc(safe).mean() + penalty
+
+
+torch.manual_seed(0)
+model = Normalised()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    loss = model(torch.randn(8, 4))
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+""",
+    # An in-place chain whose third link overflows, after a near overflow.
+    "in-place chain": """
+import torch
+
+x = torch.full((4,), 1e18)
+y = x * 1e10
+y.add_(1.0)
+y.mul_(1e20)
+y.sub_(1.0)
+print((y * 2).sum())
+""",
+    # The optimizer writes inf into a parameter (no module, no grad: the owner is named).
+    "update overflow": """
+import torch
+
+weight = torch.nn.Parameter(torch.tensor([3e38, 2e38, 1.0]))
+optimizer = torch.optim.SGD([weight], lr=3e38)
+for step in range(3):
+    weight.grad = torch.full((3,), -1.0)
+    optimizer.step()
+""",
+    # float16 Adam with an eps too small for float16: 0 / 0 in the update.
+    "fp16 adam": """
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 8).half()
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, eps=1e-8)
+for step in range(4):
+    x = torch.randn(16, 8).half()
+    loss = model(x).float().pow(2).mean()
+    loss.backward()
+    with torch.no_grad():
+        model.weight.grad[0].zero_()
+    optimizer.step()
+    optimizer.zero_grad()
+""",
+    # bfloat16 values that float32 keeps but bfloat16 flushes, and a log of zero, after clean bfloat16 steps.
+    "bf16 underflow": """
+import torch
+
+x = torch.full((64,), 1e-20, dtype=torch.bfloat16)
+for step in range(3):
+    y = (x * 1e20 + 1.0).sqrt()
+tiny = x * x
+print(tiny.sum())
+z = torch.log(torch.zeros(4, dtype=torch.bfloat16))
+print(z)
+""",
+    # A float64 constant promotes a float32 program, then a NaN in the data is read, after clean steps.
+    "promotion and data": """
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 4)
+clean = torch.ones(1, 4)
+for step in range(3):
+    (model(clean) * 2.0).sum().backward()
+scale = torch.tensor([2.0], dtype=torch.float64)
+promoted = model(clean) * scale
+data = torch.tensor([[1.0, float("nan"), 2.0, 3.0]])
+model(data).sum().backward()
+""",
+    # A dtype mismatch kills the run: explained, not a traceback.
+    "dtype error": """
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 4)
+x = torch.randn(2, 4, dtype=torch.float64)
+model(torch.randn(2, 4)).sum().backward()
+model(x)
+""",
+}
+
+
+@pytest.fixture(scope="module")
+def dispatch_module(native_module: ModuleType) -> ModuleType:
+    """The compiled per-op path (``native_module`` built both)."""
+    native._load_dispatch_once.cache_clear()
+    loaded = native.load_dispatch()
+    assert loaded is not None, "native/dispatch.cpp did not build against this torch"
+    return loaded
+
+
+def _without_op_counts(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_op_counts(v) for k, v in value.items() if k not in ("ops", "op_index")}
+    if isinstance(value, list):
+        return [_without_op_counts(v) for v in value]
+    return value
+
+
+def _trace(
+    nantrace: NanTrace, monkeypatch: pytest.MonkeyPatch, name: str, dispatch: bool, *options: str
+) -> tuple[int, Any]:
+    monkeypatch.setenv("DTYPECHECK_NATIVE_DISPATCH", "1" if dispatch else "0")
+    script, _ = nantrace.write(name.replace(" ", "_") + ".py", PROGRAMS[name])
+    code, doc, _ = nantrace.json(*options, str(script))
+    return code, doc
+
+
+CASES = [(name, ()) for name in sorted(PROGRAMS)] + [
+    (name, ("--keep-going",)) for name in ("backward overflow", "fp16 adam", "late overflow", "masked")
+]
+"""Each program as the CLI runs it (stopping at the first failure), and those with several producers also with
+``--keep-going`` (every producer followed to the end)."""
+
+
+@pytest.mark.parametrize(("name", "options"), CASES, ids=[" ".join((n, *o)) for n, o in CASES])
+def test_the_c_path_reports_what_the_python_mode_reports(
+    name: str,
+    options: tuple[str, ...],
+    nantrace: NanTrace,
+    monkeypatch: pytest.MonkeyPatch,
+    dispatch_module: ModuleType,
+) -> None:
+    python_code, python_doc = _trace(nantrace, monkeypatch, name, False, *options)
+    code, doc = _trace(nantrace, monkeypatch, name, True, *options)
+    ran, _, _ = dispatch_module.stats()
+    assert ran > 0  # the C++ path took ops: the comparison is not the Python mode against itself
+    assert code == python_code
+    assert _without_op_counts(doc) == _without_op_counts(python_doc)
+    expected = {"clean": "clean", "masked": "clean", "dtype error": "error"}.get(name, "nonfinite")
+    assert doc["status"] == expected
+
+
+def test_programs_cover_every_kind_of_finding(nantrace: NanTrace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The corpus above is only worth comparing if it makes each thing the judge reports: checked here on the
+    Python mode's reports (what the C++ path must then match)."""
+    kinds: set[str] = set()
+    for name in PROGRAMS:
+        _, doc = _trace(nantrace, monkeypatch, name, dispatch=False)
+        kinds |= {e["kind"] for e in doc["events"]} | {w["kind"] for w in doc["warnings"]}
+        kinds |= {f"handled {e['consequence']}" for e in doc["handled"]}
+        kinds |= {"promotion"} if doc["promotions"] else set()
+        kinds |= {"dtype_mismatch"} if doc["dtype_error"] else set()
+        kinds |= {"history"} if any(e["history"] for e in doc["events"]) else set()
+    assert kinds >= {
+        "nan",
+        "inf",
+        "near_overflow",
+        "underflow",
+        "handled masked",
+        "promotion",
+        "dtype_mismatch",
+        "history",
+    }
+
+
+def test_it_counts_the_ops_the_plain_run_runs(dispatch_module: ModuleType) -> None:
+    """A mode that only counts keeps nothing alive, so autograd runs the plain run's ops under it: the C++ path's
+    count is that count (two steps of a small model: forward, backward and AdamW's update). The inputs and the
+    loss's gradient are made before tracing: a tensor made under tracing is remembered by the dtype watch, whose
+    look at it is an op of its own (``detach``) in both of the tracer's paths."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Counting(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops = 0
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            self.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    inputs = [torch.randn(4, 8) for _ in range(2)]
+    one = torch.ones(())
+
+    def steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        for x in inputs:
+            model(x).pow(2).mean().backward(one)
+            optimizer.step()
+            optimizer.zero_grad()
+
+    def fresh() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 1))
+        return model, torch.optim.AdamW(model.parameters())
+
+    model, optimizer = fresh()
+    counting = Counting()
+    with counting:
+        steps(model, optimizer)
+    model, optimizer = fresh()
+    with dtypecheck.trace(model) as traced:
+        steps(model, optimizer)
+    assert traced.report.status == "clean"
+    assert dispatch_module.stats()[0] > 0
+    assert traced.report.ops == counting.ops
+
+
+def test_autocast_and_a_nested_tracer_leave_the_ops_to_the_python_mode(dispatch_module: ModuleType) -> None:
+    """Autocast's fall-through rule (autocast.py) lives in Python: once autocast may be on, no op runs in C++. A
+    tracer inside another gets the Python mode (the hook marks one mode at a time)."""
+    model = torch.nn.Linear(4, 4)
+    with dtypecheck.trace(model) as traced, torch.autocast("cpu", dtype=torch.bfloat16):
+        model(torch.randn(2, 4)).float().sum().backward()
+    assert traced.report.status == "clean"
+    assert dispatch_module.stats()[0] == 0
+    with dtypecheck.trace(model) as outer, dtypecheck.trace(model) as inner:
+        torch.log(model(torch.randn(2, 4)) - 100.0)
+    for traced in (inner, outer):  # the outer mode is given what the inner one runs
+        first = traced.report.first
+        assert first is not None
+        assert (first.kind, first.op) == ("nan", "aten.log.default")
+    assert outer.report.ops >= inner.report.ops > 0
+
+
+def test_a_failed_build_leaves_the_checks_and_the_python_mode(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, native_module: ModuleType
+) -> None:
+    """A torch whose interpreter interface differs does not compile dispatch.cpp: the failure is remembered in its
+    folder (not retried at every run), the checks are still built, and no per-op path is loaded."""
+    built = native.build_folder()
+    monkeypatch.setattr(
+        native, "build_folder", lambda source=native._SOURCE: built if source == native._SOURCE else tmp_path
+    )
+
+    def failing(source: Any, name: str, wait_s: float) -> Any:
+        if source == native._DISPATCH_SOURCE:
+            raise RuntimeError("Error building extension '_dtypecheck_dispatch': no member named 'vtable_'")
+        return native._library(built)
+
+    monkeypatch.setattr(native, "_build_one", failing)
+    assert native.build() == native._library(built)
+    assert "no member named 'vtable_'" in (tmp_path / "failed").read_text(encoding="utf-8")
+    assert not native.dispatch_built()
+    native._load_dispatch_once.cache_clear()
+    try:
+        assert native.load_dispatch() is None
+    finally:
+        native._load_dispatch_once.cache_clear()
