@@ -39,7 +39,7 @@ bytecode: $(BYTECODE)
 # it beside ruff, mypy and the docs build. The stamp keeps a later `make unit` from asking again (6 s) until the
 # set-up or the C++ source changes.
 NATIVE := $(VENV)/.native
-$(NATIVE): $(STAMP) $(wildcard dtypecheck/nantrace/native/*.cpp)
+$(NATIVE): $(STAMP) $(wildcard dtypecheck/nantrace/native/*.cpp dtypecheck/nantrace/native/*.h)
 	$(BIN)/python -m dtypecheck.nantrace.native
 	touch $(NATIVE)
 

@@ -27,6 +27,16 @@ with torch's ops instead of the C++ check (the pure-Python path):
     DTYPECHECK_NATIVE=0 .venv/bin/python benchmarks/bench_watch.py blocks --full --repeats 5 --small-steps 20
     .venv/bin/python benchmarks/bench_watch.py blocks --full --repeats 5 --small-steps 20
 
+With ``DTYPECHECK_NATIVE_DISPATCH=0`` every op of the full trace goes through its Python dispatch mode, where by
+default the C++ per-op path (``native/dispatch.cpp``) takes the ops it can; issue 30.5's figure is the loop alone,
+on one thread (a second OpenMP thread spins while the tracer works, and its CPU seconds count):
+
+    .venv/bin/python benchmarks/bench_watch.py overhead --loop-only --full --repeats 7 --threads 1
+    DTYPECHECK_NATIVE_DISPATCH=0 .venv/bin/python benchmarks/bench_watch.py overhead --loop-only --full --threads 1
+
+Each ``--loop-only`` line also gives the median of the runs' own ratios (each run against the plain run just before
+it), steadier than a ratio of medians when the machine's speed drifts.
+
 ``overhead --compare SRC`` also times watch mode (and with ``--full`` the full trace) with another dtypecheck
 checkout first on the path (the commit before a change), alternating with this one: before and after side by side
 on the same cores. ``--loop-only`` times only the small model's loop (issue 30.5's figures):
@@ -171,12 +181,20 @@ def overhead(
         + (f", traced with {compare} {other_loop}" if other_loop else "")
     )
     _ratio(f"small model, {small_steps} steps (loop only)", plain_loop, watched_loop, "watched")
+    _paired(plain_loop, watched_loop, "watched")
     if other_watched:
         _ratio(f"small model, {small_steps} steps (loop only)", plain_loop, other_watched, f"watched with {compare}")
     if traced_loop:
         _ratio(f"small model, {small_steps} steps (loop only)", plain_loop, traced_loop, "fully traced")
+        _paired(plain_loop, traced_loop, "fully traced")
     if other_loop:
         _ratio(f"small model, {small_steps} steps (loop only)", plain_loop, other_loop, f"fully traced with {compare}")
+
+
+def _paired(plain: list[float], other: list[float], label: str) -> None:
+    ratios = [o / p for p, o in zip(plain, other, strict=True)]
+    spread = f"{min(ratios):.2f}x-{max(ratios):.2f}x"
+    print(f"  {label}: median of {len(ratios)} paired runs {statistics.median(ratios):.3f}x ({spread})")
 
 
 def _report(command: list[str]) -> dict[str, object]:

@@ -8,7 +8,7 @@ casts) and at ops whose output is not in the dominant dtype; a float32 program p
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -110,6 +110,8 @@ class DtypeFlow:
         self.dominant: torch.dtype | None = None
         self.confirmed = False
         """The dominant dtype came from a model's parameters (not just from the first float op)."""
+        self.on_change: Callable[[torch.dtype | None, bool], None] | None = None
+        """Told (dominant, confirmed) when a model's parameters set them (the C++ per-op path keeps them)."""
         self._float64 = torch.float64
         self._lower = frozenset(getattr(torch, n) for n in lower_names)
         self._origins: dict[int, tuple[weakref.ref[torch.UntypedStorage], FrameKey | None, str]] = {}
@@ -126,6 +128,8 @@ class DtypeFlow:
         dtype = majority_float_dtype(module)
         if dtype is not None:
             self.dominant, self.confirmed = dtype, True
+            if self.on_change is not None:
+                self.on_change(dtype, True)
 
     # -- origins -----------------------------------------------------------------------------------------------
     def _remember(self, tensor: torch.Tensor, frame: FrameKey | None, op: str) -> None:

@@ -33,6 +33,9 @@ class TracerHooks(Protocol):
     def judge_now(self) -> None:
         """Judge the ops still waiting in the window, never stopping the traced code (a DataLoader worker)."""
 
+    def landmark_runs_ops(self) -> bool:
+        """Whether judging at a landmark may run torch ops (which must then not be traced)."""
+
     def stop_if_failed(self) -> None:
         """End the traced code (``StopTracing``) when the judge has failed and the run stops at the first."""
 

@@ -80,9 +80,10 @@ class ModuleStack:
             self._roots.setdefault(id(module), module)
             if self._on_root is not None:
                 self._on_root(module)
-        self._stack.append((module, self._path_of(module)))
+        path = self._path_of(module)
+        self._stack.append((module, path))
         if self.on_change is not None:
-            self.on_change(self.current)
+            self.on_change(path)
 
     def _exit(self, module: nn.Module, args: Any, output: Any) -> None:
         if self._on_raise is not None:
@@ -91,12 +92,13 @@ class ModuleStack:
             if raised is not None and self._stack and self._stack[-1][0] is module:
                 self._on_raise(module, self._stack[-1][1], args, raised)
         # Pop down to this module: a forward that raised skips nothing (always_call), but be robust anyway.
-        while self._stack:
-            top, _ = self._stack.pop()
+        stack = self._stack
+        while stack:
+            top, _ = stack.pop()
             if top is module:
                 break
         if self.on_change is not None:
-            self.on_change(self.current)
+            self.on_change(stack[-1][1] if stack else None)
 
     def owner_of(self, tensor: torch.Tensor) -> str | None:
         """The path of the module whose parameter or buffer ``tensor`` is (or views), else None.

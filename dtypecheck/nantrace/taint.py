@@ -48,6 +48,8 @@ class Taint:
     # -- storages ----------------------------------------------------------------------------------------------
     def known(self, tensor: torch.Tensor) -> tuple[bool, bool, int | None] | None:
         """(has NaN, has inf, origin) of the memory ``tensor`` views, when a traced op left it non-finite."""
+        if not self.storages:  # a clean run: the optimizer step asks this of every parameter and state
+            return None
         try:
             entry = self.storages.get(int(plain(tensor).untyped_storage().data_ptr()))
         except (RuntimeError, NotImplementedError):  # no storage of its own (a jagged nested tensor): unchecked

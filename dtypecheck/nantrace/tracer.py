@@ -4,6 +4,9 @@ Per op it takes an on-device ``aminmax`` of each floating output (one NaN-propag
 the largest magnitude), a frame walk for the user's line, and the module on top of the stack; nothing is read back
 until a window of ops is full, the phase changes (forward -> backward), or tracing ends. Only then are the ops
 judged, and only the one that fired is re-run in detail.
+
+Where the C++ per-op path is built (``native/dispatch.cpp``), the mode's ops are offered to it first: it runs and
+books the clean ones without Python and hands this class everything it must judge, so that the reports are the same.
 """
 
 from __future__ import annotations
@@ -184,6 +187,7 @@ class Tracer:
             self._teach(func, info)
         self.modules.on_change = hook.module
         self.autocast.on_change = hook.stale
+        self.flow.on_change = hook.dominant
 
     def _detach_native(self) -> None:
         if self._native is not None:
@@ -191,6 +195,7 @@ class Tracer:
             self._native = None
             self.modules.on_change = None
             self.autocast.on_change = None
+            self.flow.on_change = None
 
     def _teach(self, func: Any, info: OpInfo) -> None:
         """Tell the C++ path what ``ops.classify`` says of ``func`` (the schema positions of what it writes)."""
@@ -202,12 +207,24 @@ class Tracer:
         except (AttributeError, RuntimeError, ValueError):  # not a dispatcher op: the Python mode keeps it
             return
 
-    def _native_state(self) -> tuple[bool, bool, str | None, int, int, int]:
+    def _native_state(self) -> tuple[bool, bool, str | None, int, int, int, Any, bool]:
         """What the C++ path needs of this side (it asks after ``stale``): whether it may take ops at all (not
-        while stopped, while autocast may be on, while a non-finite value is followed, or while an in-place op's
-        versions are unsettled), the phase, the module, and this side's share of the window."""
+        while stopped, while autocast may be on, while a non-finite value is followed or a window holds one, or
+        while an in-place op's versions are unsettled), the phase, the module, this side's share of the window,
+        and the program's dominant dtype (and whether a model's parameters confirmed it)."""
         fast = not (self.stopped or self.autocast.maybe or self.judge.taint.storages or self._unsettled or self._dirty)
-        return fast, self._in_backward, self.modules.current, len(self._window), self._held, self._held_cpu
+        window = len(self._window)
+        flow = self.flow
+        return (
+            fast,
+            self._in_backward,
+            self.modules.current,
+            window,
+            self._held,
+            self._held_cpu,
+            flow.dominant,
+            flow.confirmed,
+        )
 
     def _native_flush(self) -> None:
         """The C++ path filled the window: judge it (as ``dispatch`` does, before the op that filled it)."""
@@ -483,6 +500,14 @@ class Tracer:
             hook.flushed()
         elif window:
             self.judge.judge_window(window)
+
+    def landmark_runs_ops(self) -> bool:
+        """Whether judging at a landmark (``TrainingWatch``) may run torch ops, which must then not be traced: a
+        window of Python records to read back or re-run, or non-finite values being followed. Without either (the
+        C++ path judged the window's ops as they ran) it runs none, and turning the modes off and on around it
+        (``untraced``) was a few per cent of a small model's traced step."""
+        judge = self.judge
+        return bool(self._window or judge.taint.storages or judge.taint.producers)
 
     @property
     def found_nonfinite(self) -> bool:

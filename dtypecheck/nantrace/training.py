@@ -139,7 +139,7 @@ class TrainingWatch:
     def before_backward(self, tensors: Any) -> None:
         tracer = self.tracer
         if not tracer.stopped:
-            with untraced():
+            with untraced() if tracer.landmark_runs_ops() else contextlib.nullcontext():
                 tracer.flush()
                 for loss in iter_tensors(tensors) if self.backward_from_loss else ():
                     tracer.judge.reached_loss(loss, defer=self.scaler_active)
@@ -161,9 +161,12 @@ class TrainingWatch:
         self.optimizer_seen = True
         if not tracer.stopped:
             judge = tracer.judge
-            with untraced():
+            with untraced() if tracer.landmark_runs_ops() else contextlib.nullcontext():
                 tracer.flush()
-                for group in optimizer.param_groups:
+                # Nothing non-finite is being followed (a clean run): no parameter or state can hold a producer's
+                # value, and asking each of them was a tenth of a small model's traced step.
+                groups = optimizer.param_groups if judge.taint.storages else ()
+                for group in groups:
                     for parameter in group["params"]:
                         judge.reached(parameter, "parameter")
                         for value in optimizer.state.get(parameter, {}).values():

@@ -19,6 +19,7 @@ import torch
 import dtypecheck
 from dtypecheck.nantrace import native
 from tests.nantrace._scripts import NanTrace
+from tests.nantrace.test_consequences import MASKED
 
 SMALL_MODEL = """
 import torch
@@ -55,31 +56,7 @@ PROGRAMS: dict[str, str] = {
     # An input of 1e18 at step 4: the square of the loss overflows in backward and reaches the update.
     "backward overflow": SMALL_MODEL.replace("BAD", "4").replace("SCALE", "1e18"),
     # torch.where masks a log of negatives (a note each step); the norm of zeros divides 0 by 0 in backward.
-    "masked": """
-import torch
-
-
-class Normalised(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.direction = torch.nn.Parameter(torch.zeros(4))
-        self.fc = torch.nn.Linear(4, 1)
-
-    def forward(self, x):
-        penalty = self.direction.norm()
-        safe = torch.where(x > 0, torch.log(x), torch.zeros_like(x))
-        return self.fc(safe).mean() + penalty
-
-
-torch.manual_seed(0)
-model = Normalised()
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-for step in range(3):
-    loss = model(torch.randn(8, 4))
-    loss.backward()
-    optimizer.step()
-    optimizer.zero_grad()
-""",
+    "masked": MASKED,
     # An in-place chain whose third link overflows, after a near overflow.
     "in-place chain": """
 import torch

@@ -8,6 +8,9 @@ ones), and copies a snapshot with ``memcpy``; it writes nothing the user owns (n
 trace reads each floating CPU output's extremes (and in half precision its count below the smallest normal) in one
 pass, where ``aminmax`` and two more ops were dispatched from Python for each.
 
+``dispatch.cpp`` is the full trace's per-op path: the tracer's dispatch mode's ops are offered to it first, and the
+ones it can vouch for run and are booked without Python (``load_dispatch``; the tracer's ``_attach_native``).
+
 It is compiled with ``torch.utils.cpp_extension`` (g++ and ninja) once per machine, source and torch version, into
 ``$XDG_CACHE_HOME/dtypecheck/native/<key>/`` (``~/.cache`` by default): by ``make .venv`` or
 ``python -m dtypecheck.nantrace.native``, or, the first time nan-trace runs without it, by a build started in the
@@ -53,7 +56,10 @@ def build_folder(source: Path = _SOURCE) -> Path:
     import torch
 
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    key = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
+    digest = hashlib.sha256(source.read_bytes())
+    for header in sorted(source.parent.glob("*.h")):  # what the sources include
+        digest.update(header.read_bytes())
+    key = digest.hexdigest()[:12]
     python = f"py{sys.version_info.major}{sys.version_info.minor}"
     prefix = "" if source == _SOURCE else f"{source.stem}-"
     return cache / "dtypecheck" / "native" / f"{prefix}{python}-torch{torch.__version__}-{key}"

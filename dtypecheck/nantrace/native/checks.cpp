@@ -4,6 +4,8 @@
 #include <c10/util/BFloat16.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "tensors.h"
+
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -16,19 +18,7 @@
 
 namespace {
 
-// Whether a CPU tensor is one this module reads directly: dense, contiguous, plain storage (no subclass) that holds
-// every element. Zero tensors (autograd's unmaterialised zeros) and nested tensors have no plain buffer to read; FSDP
-// frees a parameter's storage (resize to 0) without touching its tensor, and a storage shrunk under a tensor would
-// be read past its end.
-bool readable(const at::Tensor& t) {
-  if (!t.defined() || !t.device().is_cpu() || t.layout() != c10::kStrided || t.is_nested()) return false;
-  const auto keys = t.key_set();
-  if (keys.has(c10::DispatchKey::Python) || keys.has(c10::DispatchKey::ZeroTensor) || !t.has_storage()) return false;
-  if (!t.is_contiguous()) return false;
-  if (t.numel() == 0) return true;
-  const size_t needed = static_cast<size_t>(t.storage_offset() + t.numel()) * t.itemsize();
-  return t.const_data_ptr() != nullptr && t.storage().nbytes() >= needed;
-}
+using dtypecheck::readable;
 
 template <typename Bits>
 bool bits_finite(const void* data, int64_t n, Bits exponent) {
@@ -64,38 +54,14 @@ int all_finite(const std::vector<at::Tensor>& tensors) {
   return 1;
 }
 
-// The full trace's check of one op output (``Tracer._check``), where ``torch.aminmax`` and, in half precision, a
-// count below the smallest normal were three ops dispatched from Python: (lowest, highest, count) as Python floats
-// and an int, read in one pass; None for a tensor this module does not read (the caller uses torch). As
-// ``aminmax``: a NaN anywhere makes both extremes NaN. ``count`` counts values whose magnitude is below ``tiny``
-// (zeros included, NaN not), or is 0 when ``tiny`` is 0.
-template <typename T>
-pybind11::tuple scan_extrema(const T* p, int64_t n, double tiny) {
-  double lo = static_cast<double>(p[0]);
-  double hi = lo;
-  bool nan = false;
-  int64_t small = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double v = static_cast<double>(p[i]);
-    nan |= v != v;
-    lo = v < lo ? v : lo;
-    hi = v > hi ? v : hi;
-    small += std::fabs(v) < tiny;
-  }
-  if (nan) lo = hi = std::numeric_limits<double>::quiet_NaN();
-  return pybind11::make_tuple(lo, hi, small);
-}
-
+// The full trace's check of one op output (``Tracer._check``) where the per-op path does not take the op: (lowest,
+// highest, count) as Python floats and an int, read in one pass (``tensors.h``); None for a tensor this module does
+// not read (the caller uses torch). As ``aminmax``: a NaN anywhere makes both extremes NaN. ``count`` counts values
+// whose magnitude is below ``tiny`` (zeros included, NaN not), or is 0 when ``tiny`` is 0.
 pybind11::object extrema(const at::Tensor& t, double tiny) {
-  if (!readable(t) || t.numel() == 0) return pybind11::none();
-  const int64_t n = t.numel();
-  switch (t.scalar_type()) {
-    case at::kFloat: return scan_extrema(t.const_data_ptr<float>(), n, tiny);
-    case at::kDouble: return scan_extrema(t.const_data_ptr<double>(), n, tiny);
-    case at::kHalf: return scan_extrema(t.const_data_ptr<at::Half>(), n, tiny);
-    case at::kBFloat16: return scan_extrema(t.const_data_ptr<at::BFloat16>(), n, tiny);
-    default: return pybind11::none();
-  }
+  dtypecheck::Extremes e;
+  if (!readable(t) || t.numel() == 0 || !dtypecheck::extremes_of(t, tiny, &e)) return pybind11::none();
+  return pybind11::make_tuple(e.lo, e.hi, e.small);
 }
 
 // Below this many bytes in all, a snapshot is copied through the cache (``memcpy``): it sits in the caches beside

@@ -26,6 +26,7 @@
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
+#include <c10/util/SmallVector.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/PyInterpreter.h>
 #include <torch/csrc/autograd/function.h>
@@ -33,6 +34,8 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/utils/torch_dispatch_mode.h>
+
+#include "tensors.h"
 
 #include <atomic>
 #include <cmath>
@@ -78,11 +81,6 @@ struct Pre {
   at::Tensor clone;
 };
 
-struct Extremes {
-  double lo, hi;
-  int64_t small;
-};
-
 struct State {
   PyObject* marker = nullptr;  // the mode object (held)
   PyObject* tracer = nullptr;  // held
@@ -93,13 +91,15 @@ struct State {
   PyObject* confirmed_name = nullptr;
   std::unordered_map<const c10::FunctionSchema*, OpMeta> metas;
   std::unordered_map<PyObject*, int> frame_kinds;  // code object (held) -> FrameKind
-  std::unordered_map<PyObject*, std::unordered_map<int, PyObject*>> frame_keys;  // code -> line -> (code, line)
+  std::unordered_map<PyObject*, std::unordered_map<int, PyObject*>> frame_keys;  // code -> lasti -> (code, line)
   double warn_frac = 0.5;
   int64_t window = 512, held_limit = 0, cpu_held_limit = 0;
   // The tracer's side, read by ``sync`` whenever it said it may have changed (``stale``).
   std::atomic<bool> stale{true};
   bool fast = false, in_backward = false;
   PyObject* module = nullptr;  // held: modules.current
+  PyObject* dominant = nullptr;  // held: flow.dominant (a torch.dtype or None)
+  bool confirmed = false;        // flow.confirmed
   int64_t py_window = 0, py_held = 0, py_held_cpu = 0;
   // This side's share of the window.
   int64_t count = 0, fast_window = 0, fast_held = 0, fast_held_cpu = 0;
@@ -118,7 +118,16 @@ struct State {
   int64_t ran = 0, forwarded = 0, adoptions = 0;
 };
 
-State* S = new State;  // never freed: the interpreter may be gone when static destructors run
+State* S = new State;
+
+// How an op taken here runs: as inside ``__torch_dispatch__`` (the mode's keys off, so that neither the op nor
+// what its kernel calls comes back to a mode), by excluding the two Python keys, which costs a bit set where
+// popping the mode off its stack and back cost ~5% of a small-op step (``shallow_copy_and_detach`` looks at the
+// same exclusion). Python code (the tracer's callbacks) runs with the mode popped instead: it may ask for it.
+struct BelowModes {
+  c10::impl::ExcludeDispatchKeyGuard keys{
+      c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot})};
+};  // never freed: the interpreter may be gone when static destructors run
 
 void clear_entries() {
   for (auto& e : S->entries) {
@@ -138,32 +147,8 @@ bool checkable(const at::Tensor& t) {
          !t.is_meta();
 }
 
-// checks.cpp's ``readable``: dense, contiguous CPU memory of a plain tensor whose storage holds every element.
-bool readable(const at::Tensor& t) {
-  if (!t.device().is_cpu() || t.is_nested()) return false;
-  const auto keys = t.key_set();
-  if (keys.has(c10::DispatchKey::Python) || keys.has(c10::DispatchKey::ZeroTensor) || !t.has_storage()) return false;
-  if (!t.is_contiguous()) return false;
-  const size_t needed = static_cast<size_t>(t.storage_offset() + t.numel()) * t.itemsize();
-  return t.const_data_ptr() != nullptr && t.storage().nbytes() >= needed;
-}
-
-template <typename T>
-Extremes scan(const T* p, int64_t n, double tiny) {
-  double lo = static_cast<double>(p[0]);
-  double hi = lo;
-  bool nan = false;
-  int64_t small = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double v = static_cast<double>(p[i]);
-    nan |= v != v;
-    lo = v < lo ? v : lo;
-    hi = v > hi ? v : hi;
-    small += std::fabs(v) < tiny;
-  }
-  if (nan) lo = hi = std::numeric_limits<double>::quiet_NaN();
-  return {lo, hi, small};
-}
+using dtypecheck::Extremes;
+using dtypecheck::readable;
 
 // The smallest normal of the half-precision formats (their small count); 0 elsewhere.
 double tiny_of(at::ScalarType s) {
@@ -182,16 +167,7 @@ double max_of(at::ScalarType s) {
 }
 
 bool extremes(const at::Tensor& t, Extremes* out) {
-  if (!readable(t)) return false;
-  const int64_t n = t.numel();
-  const double tiny = tiny_of(t.scalar_type());
-  switch (t.scalar_type()) {
-    case at::kFloat: *out = scan(t.const_data_ptr<float>(), n, tiny); return true;
-    case at::kDouble: *out = scan(t.const_data_ptr<double>(), n, tiny); return true;
-    case at::kHalf: *out = scan(t.const_data_ptr<at::Half>(), n, tiny); return true;
-    case at::kBFloat16: *out = scan(t.const_data_ptr<at::BFloat16>(), n, tiny); return true;
-    default: return false;
-  }
+  return readable(t) && dtypecheck::extremes_of(t, tiny_of(t.scalar_type()), out);
 }
 
 bool finite(const Extremes& e) {
@@ -226,29 +202,49 @@ py::object call_tracer(const char* method) {
   return py::reinterpret_steal<py::object>(result);
 }
 
+// Replace what ``slot`` holds with ``value`` (a new reference taken, the old one dropped).
+void hold(PyObject*& slot, PyObject* value) {
+  Py_INCREF(value);
+  Py_XDECREF(slot);
+  slot = value;
+}
+
 void sync() {
   py::object state = call_tracer("_native_state");
   py::tuple t = state.cast<py::tuple>();
   S->fast = t[0].cast<bool>();
   S->in_backward = t[1].cast<bool>();
-  PyObject* module = t[2].ptr();
-  Py_INCREF(module);
-  Py_XDECREF(S->module);
-  S->module = module;
+  hold(S->module, t[2].ptr());
   S->py_window = t[3].cast<int64_t>();
   S->py_held = t[4].cast<int64_t>();
   S->py_held_cpu = t[5].cast<int64_t>();
+  hold(S->dominant, t[6].ptr());
+  S->confirmed = t[7].cast<bool>();
   S->stale = false;
 }
 
-// The FrameKey tuple for (code, line), one object per pair.
-PyObject* frame_key(PyObject* code, int line) {
-  auto& lines = S->frame_keys[code];
-  auto found = lines.find(line);
-  if (found != lines.end()) return found->second;
-  PyObject* key = Py_BuildValue("(Oi)", code, line);
-  if (key == nullptr) throw py::error_already_set();
-  lines.emplace(line, key);
+// The FrameKey tuple (code, line) of a frame, one object per pair; found by the frame's last instruction, whose line
+// costs a walk of the code's line table to work out (a few per cent of a traced step, done once per instruction).
+PyObject* frame_key(PyObject* code, PyFrameObject* frame) {
+  auto& at = S->frame_keys[code];
+  const int lasti = PyFrame_GetLasti(frame);
+  auto found = at.find(lasti);
+  if (found != at.end()) return found->second;
+  const int line = PyFrame_GetLineNumber(frame);
+  PyObject* key = nullptr;
+  for (const auto& [other, known] : at) {  // another instruction of the same line: the same key
+    if (PyLong_AsLong(PyTuple_GET_ITEM(known, 1)) == line) {
+      key = known;
+      break;
+    }
+  }
+  if (key == nullptr) {
+    key = Py_BuildValue("(Oi)", code, line);
+    if (key == nullptr) throw py::error_already_set();
+  } else {
+    Py_INCREF(key);
+  }
+  at.emplace(lasti, key);
   return key;
 }
 
@@ -285,7 +281,7 @@ PyObject* user_frame() {
     }
     PyObject* key = nullptr;
     if (kind == kUser) {
-      key = frame_key(c, PyFrame_GetLineNumber(frame));
+      key = frame_key(c, frame);
       Py_INCREF(key);
     } else if (kind == kRunner) {
       key = Py_None;
@@ -317,17 +313,8 @@ torch::autograd::Node* grad_fn_of(const at::Tensor& t, bool grad_enabled) {
 // or, for an op that makes a tensor, any floating one until the dominant dtype is confirmed (created_outside).
 bool off_dtype(const at::Tensor& result, bool creates) {
   if (!result.defined() || !at::isFloatingType(result.scalar_type())) return false;
-  PyObject* dominant = PyObject_GetAttr(S->flow, S->dominant_name);
-  if (dominant == nullptr) throw py::error_already_set();
-  const bool off = dominant != reinterpret_cast<PyObject*>(torch::getTHPDtype(result.scalar_type()));
-  Py_DECREF(dominant);
-  if (off || !creates) return off;
-  PyObject* confirmed = PyObject_GetAttr(S->flow, S->confirmed_name);
-  if (confirmed == nullptr) throw py::error_already_set();
-  const int truth = PyObject_IsTrue(confirmed);
-  Py_DECREF(confirmed);
-  if (truth < 0) throw py::error_already_set();
-  return truth == 0;
+  if (S->dominant != reinterpret_cast<PyObject*>(torch::getTHPDtype(result.scalar_type()))) return true;
+  return creates && !S->confirmed;
 }
 
 at::Tensor first_tensor(const torch::jit::Stack& stack, size_t nret) {
@@ -356,13 +343,8 @@ void settle_pending() {
   S->pending = at::Tensor();
 }
 
-void run(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  torch::torch_dispatch_mode::StashTorchDispatchModeGuard popped;
-  py::gil_scoped_release unlocked;
-  op.callBoxed(stack);
-}
-
-void put_back(torch::jit::Stack* stack, size_t base, const std::vector<c10::IValue>& args) {
+template <typename Args>
+void put_back(torch::jit::Stack* stack, size_t base, const Args& args) {
   stack->resize(base);
   for (const auto& v : args) stack->push_back(v);
 }
@@ -373,25 +355,31 @@ bool forward() {
   return false;
 }
 
-// true: the op was run and booked here; false: the Python mode takes it (with ``S->adopting`` set when it ran here
-// already and the stack holds its arguments again).
-bool take_op(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+// Forward an op to the Python mode before running it here: the last forward record's node is tagged first (the
+// Python mode may read it).
+bool forward_now() {
   py::gil_scoped_acquire gil;
-  if (S->marker == nullptr) return false;
-  if (S->adopting) {  // never taken (cannot happen): not handed to the wrong op
-    S->adopting = false;
-    S->adopted.clear();
-    S->adopted_pre.clear();
-  }
-  ++S->count;
   settle_pending();
-  if (S->stale) sync();
-  if (!S->fast) return forward();
+  return forward();
+}
+
+// true: the op was run and booked here; false: the Python mode takes it (with ``S->adopting`` set when it ran here
+// already and the stack holds its arguments again). The op runs before the GIL is taken, as in the plain run; what
+// needs Python (its line, its node, the history) is done after it, in one hold of the GIL.
+bool take_op(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (S->stale.load()) {
+    py::gil_scoped_acquire gil;
+    if (S->marker == nullptr) return false;
+    sync();
+  }
+  if (S->marker == nullptr) return false;
+  ++S->count;
+  if (!S->fast) return forward_now();
   const auto found = S->metas.find(&op.schema());
-  if (found == S->metas.end()) return forward();
+  if (found == S->metas.end()) return forward_now();
   const OpMeta& meta = found->second;
   const size_t nargs = op.schema().arguments().size();
-  if (stack->size() < nargs) return forward();
+  if (stack->size() < nargs) return forward_now();
   const size_t base = stack->size() - nargs;
   bool plain = true;
   for (size_t i = base; i < stack->size() && plain; ++i) {
@@ -399,102 +387,72 @@ bool take_op(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       plain &= t.device().is_cpu() && !t.key_set().has(c10::DispatchKey::Python) && !t.is_nested();
     });
   }
-  if (!plain) return forward();
+  if (!plain) return forward_now();
   const c10::intrusive_ptr<torch::autograd::Node> node = torch::autograd::get_current_node();
   const bool backward = node.defined();
-  if (backward != S->in_backward) return forward();
+  if (backward != S->in_backward) return forward_now();
   const bool grad_enabled = at::GradMode::is_enabled();
-  std::vector<c10::IValue> args(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
-  if (meta.kind == kScalar || meta.kind == kUninitialised || (meta.kind == kPass && (backward || !grad_enabled))) {
-    try {
-      run(op, stack);
-    } catch (const std::exception&) {
-      put_back(stack, base, args);  // the Python mode runs it again, and sees it raise (the dtype-error watch)
-      return forward();
-    }
-    if (meta.creates && off_dtype(first_tensor(*stack, op.schema().returns().size()), true)) {
-      // DtypeFlow.created_outside remembers where it was made.
-      S->adopted.assign(stack->end() - static_cast<std::ptrdiff_t>(op.schema().returns().size()), stack->end());
-      S->adopted_pre.clear();
-      S->adopting = true;
-      put_back(stack, base, args);
-      ++S->adoptions;
-      S->offered = true;
-      return false;
-    }
-    ++S->ran;
-    return true;
-  }
-  // A record: its line and module as Tracer.dispatch takes them and the flush settles them.
-  PyObject* module = S->module;
-  py::object frame;
-  if (backward) {
-    PyObject* origin = PyDict_GetItemWithError(metadata_dict(node.get()), S->node_key);
-    if (origin == nullptr && PyErr_Occurred()) throw py::error_already_set();
-    if (origin != nullptr && PyTuple_Check(origin) && PyTuple_GET_SIZE(origin) == 2) {
-      frame = py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(origin, 0));
-      module = PyTuple_GET_ITEM(origin, 1);
-    }
-  }
-  if (!frame) {
-    PyObject* key = user_frame();
-    if (key == nullptr) return forward();  // a stand-in's local names it: Python's walk
-    frame = py::reinterpret_steal<py::object>(key);
-  }
+  const bool record =
+      !(meta.kind == kScalar || meta.kind == kUninitialised || (meta.kind == kPass && (backward || !grad_enabled)));
+  // Tracer._before_overwrite: an in-place target is checked (and, where the op may be re-run, copied) before.
+  const bool keep = grad_enabled || S->module != Py_None;  // the module is read again under the GIL below
   const int64_t held_before = S->py_held + S->fast_held;
   int64_t held = 0, held_cpu = 0;
   std::vector<Pre> pres;
-  for (size_t position : meta.read_mutated) {
+  if (record && !meta.read_mutated.empty()) {
     bool refused = false;
-    each_tensor(args[position], [&](const at::Tensor& t) {
-      Pre pre;
-      if (refused || !checkable(t)) {
+    for (size_t position : meta.read_mutated) {
+      each_tensor((*stack)[base + position], [&](const at::Tensor& t) {
+        Pre pre;
+        if (refused || !checkable(t)) {
+          pres.push_back(std::move(pre));
+          return;
+        }
+        Extremes e;
+        if (t.is_inference() || !extremes(t, &e) || !finite(e)) {
+          refused = true;  // Python checks it with torch, or follows what it holds
+          return;
+        }
+        pre.checked = true;
+        pre.lo = e.lo;
+        pre.hi = e.hi;
+        pre.small = e.small;
+        pre.version = static_cast<int64_t>(t.unsafeGetTensorImpl()->version_counter().current_version());
+        const int64_t bytes = static_cast<int64_t>(t.nbytes());
+        if (keep && held_before + held + bytes <= S->held_limit) {
+          BelowModes below;
+          pre.clone = t.detach().clone();
+          held += bytes;
+        }
         pres.push_back(std::move(pre));
-        return;
-      }
-      Extremes e;
-      if (t.is_inference() || !extremes(t, &e) || !finite(e)) {
-        refused = true;  // Python checks it with torch, or follows what it holds
-        return;
-      }
-      pre.checked = true;
-      pre.lo = e.lo;
-      pre.hi = e.hi;
-      pre.small = e.small;
-      pre.version = static_cast<int64_t>(t.unsafeGetTensorImpl()->version_counter().current_version());
-      const bool keep = grad_enabled || module != Py_None;
-      const int64_t bytes = static_cast<int64_t>(t.nbytes());
-      if (keep && held_before + held + bytes <= S->held_limit) {
-        torch::torch_dispatch_mode::StashTorchDispatchModeGuard popped;
-        pre.clone = t.detach().clone();
-        held += bytes;
-      }
-      pres.push_back(std::move(pre));
-    });
-    if (refused) return forward();
+      });
+    }
+    if (refused) return forward_now();
   }
+  c10::SmallVector<c10::IValue, 8> args(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
   try {
-    run(op, stack);
+    BelowModes below;
+    op.callBoxed(stack);
   } catch (const std::exception&) {
-    put_back(stack, base, args);
-    return forward();
+    put_back(stack, base, args);  // the Python mode runs it again, and sees it raise (the dtype-error watch)
+    return forward_now();
   }
   const size_t nret = op.schema().returns().size();
   const size_t out_base = stack->size() - nret;
   at::Tensor result;
-  std::vector<at::Tensor> outputs;
+  c10::SmallVector<at::Tensor, 4> outputs;
   for (size_t i = out_base; i < stack->size(); ++i) {
     each_tensor((*stack)[i], [&](const at::Tensor& t) {
       if (!result.defined()) result = t;
       outputs.push_back(t);
     });
   }
-  if (outputs.empty()) {  // judge.written_tensors: what an op returning nothing wrote
-    for (size_t position : meta.written) each_tensor(args[position], [&](const at::Tensor& t) { outputs.push_back(t); });
-  }
   bool adopt = false;
-  std::vector<std::pair<at::Tensor, Extremes>> checks;
-  if (meta.kind == kCheck) {
+  c10::SmallVector<std::pair<at::Tensor, Extremes>, 4> checks;
+  if (record && meta.kind == kCheck) {
+    if (outputs.empty()) {  // judge.written_tensors: what an op returning nothing wrote
+      for (size_t position : meta.written) each_tensor(args[position], [&](const at::Tensor& t) { outputs.push_back(t); });
+    }
     for (const auto& t : outputs) {
       if (!checkable(t)) continue;
       Extremes e;
@@ -510,7 +468,35 @@ bool take_op(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       checks.emplace_back(t, e);
     }
   }
-  if (!adopt) adopt = off_dtype(result, meta.creates);
+  py::gil_scoped_acquire gil;
+  settle_pending();
+  if (S->marker == nullptr || S->stale) {
+    // The tracer changed while the op ran (another thread): the Python mode takes it over.
+    adopt = true;
+  }
+  // DtypeFlow.after_op (a record's first output) and created_outside (an op that makes a tensor).
+  if (!adopt && (record || meta.creates)) adopt = off_dtype(result, meta.creates);
+  py::object frame;
+  PyObject* module = S->module;
+  if (!adopt && record) {
+    // Its line and module as Tracer.dispatch takes them and the flush settles them.
+    if (backward) {
+      PyObject* origin = PyDict_GetItemWithError(metadata_dict(node.get()), S->node_key);
+      if (origin == nullptr && PyErr_Occurred()) throw py::error_already_set();
+      if (origin != nullptr && PyTuple_Check(origin) && PyTuple_GET_SIZE(origin) == 2) {
+        frame = py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(origin, 0));
+        module = PyTuple_GET_ITEM(origin, 1);
+      }
+    }
+    if (!frame) {
+      PyObject* key = user_frame();
+      if (key == nullptr) {
+        adopt = true;  // a stand-in's local names it: Python's walk
+      } else {
+        frame = py::reinterpret_steal<py::object>(key);
+      }
+    }
+  }
   if (adopt) {
     S->adopted.assign(stack->begin() + static_cast<std::ptrdiff_t>(out_base), stack->end());
     S->adopted_pre = std::move(pres);
@@ -519,6 +505,10 @@ bool take_op(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     ++S->adoptions;
     S->offered = true;
     return false;
+  }
+  if (!record) {
+    ++S->ran;
+    return true;
   }
   for (const auto& [t, e] : checks) {
     const int64_t bytes = static_cast<int64_t>(t.nbytes());
@@ -533,7 +523,7 @@ bool take_op(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
                         S->py_held_cpu + S->fast_held_cpu >= S->cpu_held_limit)) {
     call_tracer("_native_flush");  // resets both sides (``flushed``); may stop the run (StopTracing)
     if (S->stale) sync();
-    S->fast_held = held;  // this op's bytes open the next window
+    S->fast_held = held;
     S->fast_held_cpu = held_cpu;
   }
   ++S->fast_window;
@@ -553,6 +543,13 @@ bool take_op(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   return true;
 }
 
+// Whether the mode on top of this thread's stack is the one ``attach`` marked.
+bool marked_on_top() {
+  if (S->marker == nullptr) return false;
+  const auto n = c10::impl::TorchDispatchModeTLS::stack_len();
+  return n > 0 && c10::impl::TorchDispatchModeTLS::get_stack_at(n - 1)->ptr(getPyInterpreter()) == S->marker;
+}
+
 // torch's own interpreter entry, forwarded everywhere; ``dispatch`` offers the marked mode's ops to ``take_op``.
 struct Wrapped final : c10::impl::PyInterpreterVTable {
   const c10::impl::PyInterpreterVTable* base;
@@ -563,15 +560,19 @@ struct Wrapped final : c10::impl::PyInterpreterVTable {
   void decref(PyObject* o) const override { base->decref(o); }
   bool try_incref(const c10::impl::PyObjectSlot& s) const override { return base->try_incref(s); }
   size_t refcnt(PyObject* o) const override { return base->refcnt(o); }
-  c10::intrusive_ptr<c10::TensorImpl> detach(const c10::TensorImpl* s) const override { return base->detach(s); }
-  void dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) const override {
-    if (S->marker != nullptr) {
-      const auto n = c10::impl::TorchDispatchModeTLS::stack_len();
-      if (n > 0 && c10::impl::TorchDispatchModeTLS::get_stack_at(n - 1)->ptr(getPyInterpreter()) == S->marker &&
-          take_op(op, stack)) {
-        return;
-      }
+  // A tensor detached while a mode is on (``shallow_copy_and_detach``: what factories and ``make_variable`` do)
+  // is detached by the mode on top with ``aten.detach``: for the marked mode, that op is offered to take_op too.
+  c10::intrusive_ptr<c10::TensorImpl> detach(const c10::TensorImpl* s) const override {
+    if (marked_on_top() && !s->key_set().has(c10::DispatchKey::Python)) {
+      static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::detach", "");
+      torch::jit::Stack stack;
+      stack.emplace_back(at::Tensor(c10::intrusive_ptr<c10::TensorImpl>::reclaim_copy(const_cast<c10::TensorImpl*>(s))));
+      if (take_op(op, &stack)) return stack.back().toTensor().getIntrusivePtr();
     }
+    return base->detach(s);
+  }
+  void dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) const override {
+    if (marked_on_top() && take_op(op, stack)) return;
     base->dispatch(op, stack);
   }
   void reportErrorCallback(PyObject* c, c10::DispatchKey k) const override { base->reportErrorCallback(c, k); }
@@ -683,6 +684,7 @@ void detach() {
   Py_CLEAR(S->flow);
   Py_CLEAR(S->kind_of);
   Py_CLEAR(S->module);
+  Py_CLEAR(S->dominant);
   clear_entries();
   S->adopting = false;
   S->adopted.clear();
@@ -716,12 +718,14 @@ void learn(py::object func, int kind, bool creates, std::vector<size_t> read_mut
 
 void stale() { S->stale = true; }
 
-// The module on top of the tracer's stack changed (ModuleStack.on_change).
-void set_module(py::object module) {
-  PyObject* held = module.release().ptr();
-  Py_XDECREF(S->module);
-  S->module = held;
+// The program's dominant dtype changed (DtypeFlow.on_change: a model started running).
+void set_dominant(py::object dominant, bool confirmed) {
+  hold(S->dominant, dominant.ptr());
+  S->confirmed = confirmed;
 }
+
+// The module on top of the tracer's stack changed (ModuleStack.on_change).
+void set_module(py::object module) { hold(S->module, module.ptr()); }
 
 int64_t count() { return S->count; }
 
@@ -810,6 +814,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("learn", &learn);
   m.def("stale", &stale);
   m.def("module", &set_module);
+  m.def("dominant", &set_dominant);
   m.def("count", &count);
   m.def("claim", &claim);
   m.def("counters", &counters);
