@@ -18,7 +18,7 @@ import torch
 
 import dtypecheck
 from dtypecheck.nantrace import native
-from tests.nantrace._scripts import NanTrace
+from tests.nantrace._scripts import NanTrace, line_of
 from tests.nantrace.test_consequences import MASKED
 
 SMALL_MODEL = """
@@ -290,3 +290,40 @@ def test_a_failed_build_leaves_the_checks_and_the_python_mode(
         assert native.load_dispatch() is None
     finally:
         native._load_dispatch_once.cache_clear()
+
+
+LIBRARY_CALLS = """
+import torch
+import torch.nn.functional as F
+
+torch.manual_seed(0)
+x = torch.randn(4, 8)
+for step in range(3):
+    a = F.layer_norm(x, (8,))  # first call
+    b = F.layer_norm(x * 2.0, (8,))  # second call
+c = F.layer_norm(x, (8,))  # third call
+print(torch.log(c - 10.0))  # the NaN
+"""
+
+
+def test_each_op_is_named_at_the_line_that_called_the_library(
+    nantrace: NanTrace, monkeypatch: pytest.MonkeyPatch, dispatch_module: ModuleType
+) -> None:
+    """Ops issued from one library frame share a walk to the user's line (the C++ path keeps it for that frame);
+    each new call of the same library function, from another line, is walked again. The history before the NaN
+    names each layer_norm at its own line, as the Python mode does."""
+    monkeypatch.setenv("DTYPECHECK_NATIVE_DISPATCH", "1")
+    script, text = nantrace.write("library_calls.py", LIBRARY_CALLS)
+    code, doc, _ = nantrace.json(str(script))
+    assert code == 1
+    assert dispatch_module.stats()[0] > 0
+    lines = {name: line_of(text, name) for name in ("first call", "second call", "third call", "the NaN")}
+    history = [(h["op"], h["location"]["line"]) for h in doc["first"]["history"]]
+    norms = [line for op, line in history if op == "aten.native_layer_norm.default"]
+    # Three outputs each (the result, the mean, the reciprocal deviation): the last loop's two calls, then the third.
+    calls = ("first call", "second call", "third call")
+    assert norms[-9:] == [lines[name] for name in calls for _ in range(3)]
+    assert doc["first"]["location"]["line"] == lines["the NaN"]
+    monkeypatch.setenv("DTYPECHECK_NATIVE_DISPATCH", "0")
+    _, python_doc, _ = nantrace.json(str(script))
+    assert _without_op_counts(doc) == _without_op_counts(python_doc)

@@ -187,6 +187,8 @@ NOT_PLANTED = {
     ("test_conformance", "HARNESS"): "the clean conformance corpus (tracing must not change it)",
     ("test_consequences", "AMP_LOOP"): "GradScaler's skipped steps: notes, clean (watch mode's: test_watch SCALER)",
     ("test_consequences", "MASKED"): "a NaN torch masks (a note, clean)",
+    ("test_native_dispatch", "LIBRARY_CALLS"): "the full trace's two paths name library calls' lines alike; no "
+    "module, backward or optimizer for watch mode to check",
     ("test_native_dispatch", "SMALL_MODEL"): "a template: its programs compare the full trace's C++ path with its "
     "Python mode (watch is compared on test_watch's own copies of the late-NaN model)",
     ("test_dtypes", "DEFAULT_CHANGES"): "default dtype changes, no NaN",

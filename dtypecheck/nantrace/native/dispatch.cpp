@@ -91,6 +91,8 @@ struct State {
   PyObject* confirmed_name = nullptr;
   std::unordered_map<const c10::FunctionSchema*, OpMeta> metas;
   std::unordered_map<PyObject*, int> frame_kinds;  // code object (held) -> FrameKind
+  PyFrameObject* walked_top = nullptr;  // held: the innermost frame of the last walk that may be reused (user_frame)
+  PyObject* walked = nullptr;           // held: that walk's answer
   std::unordered_map<PyObject*, std::unordered_map<int, PyObject*>> frame_keys;  // code -> lasti -> (code, line)
   double warn_frac = 0.5;
   int64_t window = 512, held_limit = 0, cpu_held_limit = 0;
@@ -250,8 +252,41 @@ PyObject* frame_key(PyObject* code, PyFrameObject* frame) {
 
 // FrameFinder.user_frame, from the innermost Python frame: the FrameKey (a new reference; None for the runner's
 // own frames or no user frame), or nullptr where only Python can say (a stand-in's local).
+PyObject* walk(PyFrameObject* frame);
+
+void forget_walk() {
+  Py_CLEAR(S->walked_top);
+  Py_CLEAR(S->walked);
+}
+
+// The walk's answer for the innermost frame when that frame is torch's or the library's own (an optimizer's loop
+// issues hundreds of ops from one frame): while it runs, its callers, and so the user's line, cannot change. The
+// frame is held, so that its address is never another activation's; a generator's frame is not kept (each resume
+// may come from another caller).
 PyObject* user_frame() {
-  PyFrameObject* frame = PyEval_GetFrame();
+  PyFrameObject* top = PyEval_GetFrame();
+  if (top != nullptr && top == S->walked_top) {
+    Py_INCREF(S->walked);
+    return S->walked;
+  }
+  PyObject* key = walk(top);
+  if (key == nullptr || top == nullptr) return key;
+  PyCodeObject* code = PyFrame_GetCode(top);
+  const bool generator = code->co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR);
+  const auto kind = S->frame_kinds.find(reinterpret_cast<PyObject*>(code));
+  const bool internal = kind != S->frame_kinds.end() && kind->second == kInternal;
+  Py_DECREF(code);
+  if (internal && !generator) {
+    forget_walk();
+    Py_INCREF(top);
+    S->walked_top = top;
+    Py_INCREF(key);
+    S->walked = key;
+  }
+  return key;
+}
+
+PyObject* walk(PyFrameObject* frame) {
   Py_XINCREF(frame);
   while (frame != nullptr) {
     PyCodeObject* code = PyFrame_GetCode(frame);
@@ -679,6 +714,7 @@ bool attach(py::object mode, py::object tracer, double warn_frac, int64_t window
 void detach() {
   if (S->marker == nullptr) return;
   settle_pending();
+  forget_walk();
   Py_CLEAR(S->marker);
   Py_CLEAR(S->tracer);
   Py_CLEAR(S->flow);
@@ -743,6 +779,7 @@ py::tuple counters() { return py::make_tuple(S->fast_window, S->fast_held, S->fa
 // The window was judged: this side's share starts again (its history entries were merged).
 void flushed() {
   settle_pending();
+  forget_walk();  // a frame held past its return keeps its locals: not longer than a window
   S->fast_window = S->fast_held = S->fast_held_cpu = 0;
   clear_entries();
   S->stale = true;
