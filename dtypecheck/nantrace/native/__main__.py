@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 
-from dtypecheck.nantrace.native import build, compiler_available
+from dtypecheck.nantrace.native import build, compiler_available, dispatch_built
 
 
 def main() -> int:
@@ -22,6 +22,12 @@ def main() -> int:
         return 0
     if not quiet:
         print(f"nan-trace's C++ checks: {library} ({time.perf_counter() - start:.0f} s)", file=sys.stderr)
+        if not dispatch_built():
+            print(
+                "note: the full trace's C++ per-op path did not build against this torch: its Python mode takes "
+                "every op",
+                file=sys.stderr,
+            )
     return 0
 
 
