@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from dtypecheck.nantrace import native
 from dtypecheck.nantrace.autocast import AutocastInside
+from dtypecheck.nantrace.checks import max_of
 from dtypecheck.nantrace.defaults import DefaultDtypeWatch, dtype_name
 from dtypecheck.nantrace.dtypeflow import DtypeFlow
 from dtypecheck.nantrace.eager import run_compile_eagerly
@@ -149,10 +150,10 @@ class Tracer:
         self._native: Any = None
         """The C++ per-op path (``native/dispatch.cpp``) while it takes this tracer's ops, else None."""
         self._fast_held = 0
+        """Bytes the C++ path's share of the window counts (read at each op the Python mode takes)."""
         self._dirty = False
         """A record of this window holds a non-finite value or one not read yet: until it is judged (and what it
         made followed), the C++ path leaves every op to the Python mode."""
-        """Bytes the C++ path's share of the window counts (read at each op the Python mode takes)."""
         self._restore: list[tuple[Any, str, Any]] = []
         self._report: NanTraceReport | None = None
         self.raised: RaisedException | None = None
@@ -178,8 +179,9 @@ class Tracer:
         holds it, nor under a torch it was not built for."""
         hook = native.load_dispatch()
         options = self.options
+        limits = [(dtype, self._half.get(dtype, 0.0), max_of(dtype)) for dtype in self._checked_dtypes]
         if hook is None or not hook.attach(
-            self._mode, self, options.warn_frac, options.window, options.held_bytes, _CPU_HELD
+            self._mode, self, NODE_KEY, options.warn_frac, options.window, options.held_bytes, _CPU_HELD, limits
         ):
             return
         self._native = hook
@@ -225,10 +227,6 @@ class Tracer:
             flow.dominant,
             flow.confirmed,
         )
-
-    def _native_flush(self) -> None:
-        """The C++ path filled the window: judge it (as ``dispatch`` does, before the op that filled it)."""
-        self.flush()
 
     def __exit__(self, exc_type: object, exc: BaseException | None, traceback: object) -> None:
         try:
@@ -403,14 +401,20 @@ class Tracer:
             checked = self._check(tensor)
         if checked is not None:
             record.pre.append(checked)
-            # The op is about to overwrite what it reads: keep a copy for the detailed re-run, unless
-            # that would hold too much (a fused optimizer updating every state at once). Not in the
-            # optimizer step (no grad, outside every module): copying each parameter and state before each
-            # update was a tenth of a transformer step's tracing time, for a cause only (null there).
-            keep = record.grad_enabled or record.module is not None
-            if keep and self._held + self._fast_held + tensor.nbytes <= self.options.held_bytes:
+            # The op is about to overwrite what it reads: keep a copy for the detailed re-run.
+            if self._room_for_copy(record, tensor):
                 record.clones[id(tensor)] = tensor.detach().clone()
-                self._held += tensor.nbytes
+
+    def _room_for_copy(self, record: OpRecord, tensor: torch.Tensor) -> bool:
+        """Whether a copy of ``tensor`` as the op found it is kept for the detailed re-run (its bytes then count
+        in the window): not where it would hold too much (a fused optimizer updating every state at once), nor in
+        the optimizer step (no grad, outside every module): copying each parameter and state before each update
+        was a tenth of a transformer step's tracing time, for a cause only (null there)."""
+        keep = record.grad_enabled or record.module is not None
+        if keep and self._held + self._fast_held + tensor.nbytes <= self.options.held_bytes:
+            self._held += tensor.nbytes
+            return True
+        return False
 
     def _adopt_pre(self, record: OpRecord, tensor: torch.Tensor, found: tuple[Any, ...] | None) -> None:
         """``_before_overwrite`` for an op the C++ path ran: its check of ``tensor`` before the op, and copy."""
@@ -420,10 +424,8 @@ class Tracer:
         checked = Checked.read(plain(tensor), lo, hi, small)
         checked.version = version
         record.pre.append(checked)
-        keep = record.grad_enabled or record.module is not None
-        if keep and clone is not None and self._held + self._fast_held + tensor.nbytes <= self.options.held_bytes:
+        if clone is not None and self._room_for_copy(record, tensor):
             record.clones[id(tensor)] = clone
-            self._held += tensor.nbytes
 
     def _after(self, record: OpRecord, out: Any, result: torch.Tensor | None) -> None:
         if result is not None and result is out:  # one tensor returned: the common case, without the list

@@ -27,6 +27,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <c10/util/SmallVector.h>
+#include <torch/csrc/Dtype.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/PyInterpreter.h>
 #include <torch/csrc/autograd/function.h>
@@ -37,10 +38,11 @@
 
 #include "tensors.h"
 
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <limits>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -84,11 +86,12 @@ struct Pre {
 struct State {
   PyObject* marker = nullptr;  // the mode object (held)
   PyObject* tracer = nullptr;  // held
-  PyObject* flow = nullptr;    // tracer.flow (held): its ``dominant`` is read where the Python path compares it
-  PyObject* kind_of = nullptr; // tracer.frames._kind (held)
-  PyObject* node_key = nullptr;
-  PyObject* dominant_name = nullptr;
-  PyObject* confirmed_name = nullptr;
+  PyObject* kind_of = nullptr;   // tracer.frames._kind (held)
+  PyObject* node_key = nullptr;  // judge.NODE_KEY (held)
+  // By scalar type, from dtypecheck.dtypes (``attach``): the smallest normal of the half-precision formats (their
+  // small count; 0 elsewhere) and the largest finite value (near_overflow's limit).
+  std::array<double, static_cast<size_t>(at::ScalarType::NumOptions)> tiny{};
+  std::array<double, static_cast<size_t>(at::ScalarType::NumOptions)> max{};
   std::unordered_map<const c10::FunctionSchema*, OpMeta> metas;
   std::unordered_map<PyObject*, int> frame_kinds;  // code object (held) -> FrameKind
   PyFrameObject* walked_top = nullptr;  // held: the innermost frame of the last walk that may be reused (user_frame)
@@ -152,21 +155,9 @@ bool checkable(const at::Tensor& t) {
 using dtypecheck::Extremes;
 using dtypecheck::readable;
 
-// The smallest normal of the half-precision formats (their small count); 0 elsewhere.
-double tiny_of(at::ScalarType s) {
-  if (s == at::kHalf) return 6.103515625e-05;
-  if (s == at::kBFloat16) return 1.1754943508222875e-38;
-  return 0.0;
-}
+double tiny_of(at::ScalarType s) { return S->tiny[static_cast<size_t>(s)]; }
 
-double max_of(at::ScalarType s) {
-  switch (s) {
-    case at::kHalf: return 65504.0;
-    case at::kBFloat16: return 3.3895313892515355e+38;
-    case at::kFloat: return static_cast<double>(std::numeric_limits<float>::max());
-    default: return std::numeric_limits<double>::max();
-  }
-}
+double max_of(at::ScalarType s) { return S->max[static_cast<size_t>(s)]; }
 
 bool extremes(const at::Tensor& t, Extremes* out) {
   return readable(t) && dtypecheck::extremes_of(t, tiny_of(t.scalar_type()), out);
@@ -352,16 +343,6 @@ bool off_dtype(const at::Tensor& result, bool creates) {
   return creates && !S->confirmed;
 }
 
-at::Tensor first_tensor(const torch::jit::Stack& stack, size_t nret) {
-  at::Tensor first;
-  for (size_t i = stack.size() - nret; i < stack.size() && !first.defined(); ++i) {
-    each_tensor(stack[i], [&](const at::Tensor& t) {
-      if (!first.defined()) first = t;
-    });
-  }
-  return first;
-}
-
 // judge._tag_forward_node for the last forward record run here: its node carries (frame, module) into backward;
 // its lines' phase is "forward" when it ran inside a module or made a node, else "other".
 void settle_pending() {
@@ -384,18 +365,14 @@ void put_back(torch::jit::Stack* stack, size_t base, const Args& args) {
   for (const auto& v : args) stack->push_back(v);
 }
 
-bool forward() {
-  ++S->forwarded;
-  S->offered = true;
-  return false;
-}
-
 // Forward an op to the Python mode before running it here: the last forward record's node is tagged first (the
 // Python mode may read it).
 bool forward_now() {
   py::gil_scoped_acquire gil;
   settle_pending();
-  return forward();
+  ++S->forwarded;
+  S->offered = true;
+  return false;
 }
 
 // true: the op was run and booked here; false: the Python mode takes it (with ``S->adopting`` set when it ran here
@@ -556,7 +533,7 @@ bool take_op(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const int64_t in_window = S->py_window + S->fast_window;
   if (in_window > 0 && (in_window >= S->window || S->py_held + S->fast_held >= S->held_limit ||
                         S->py_held_cpu + S->fast_held_cpu >= S->cpu_held_limit)) {
-    call_tracer("_native_flush");  // resets both sides (``flushed``); may stop the run (StopTracing)
+    call_tracer("flush");  // resets both sides (``flushed``); may stop the run (StopTracing)
     if (S->stale) sync();
     S->fast_held = held;
     S->fast_held_cpu = held_cpu;
@@ -679,19 +656,25 @@ Wrapped* wrapped = nullptr;
 
 // Mark ``mode`` (the tracer's dispatch mode object): its ops are offered here until ``detach``. False when another
 // tracer holds the hook (a nested one runs the Python path alone).
-bool attach(py::object mode, py::object tracer, double warn_frac, int64_t window, int64_t held_limit,
-            int64_t cpu_held_limit) {
+// ``limits``: (dtype, smallest normal counted as small or 0, largest finite value) of each dtype the tracer checks.
+bool attach(py::object mode, py::object tracer, py::object node_key, double warn_frac, int64_t window,
+            int64_t held_limit, int64_t cpu_held_limit, std::vector<std::tuple<py::object, double, double>> limits) {
   if (S->marker != nullptr) return false;
   if (wrapped == nullptr) {
     auto* interpreter = getPyInterpreter();
     wrapped = new Wrapped(interpreter->vtable_);
     interpreter->vtable_ = wrapped;  // stays for the process: it forwards everything while nothing is marked
   }
-  S->node_key = PyUnicode_InternFromString("dtypecheck_nantrace");
-  S->dominant_name = PyUnicode_InternFromString("dominant");
-  S->confirmed_name = PyUnicode_InternFromString("confirmed");
+  hold(S->node_key, node_key.ptr());
+  S->tiny.fill(0.0);
+  S->max.fill(0.0);
+  for (const auto& [dtype, tiny, max] : limits) {
+    if (!THPDtype_Check(dtype.ptr())) throw py::type_error("limits: a torch.dtype first");
+    const auto index = static_cast<size_t>(reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type);
+    S->tiny[index] = tiny;
+    S->max[index] = max;
+  }
   S->tracer = tracer.inc_ref().ptr();
-  S->flow = py::object(tracer.attr("flow")).release().ptr();
   S->kind_of = py::object(tracer.attr("frames").attr("_kind")).release().ptr();
   S->warn_frac = warn_frac;
   S->window = window;
@@ -717,7 +700,6 @@ void detach() {
   forget_walk();
   Py_CLEAR(S->marker);
   Py_CLEAR(S->tracer);
-  Py_CLEAR(S->flow);
   Py_CLEAR(S->kind_of);
   Py_CLEAR(S->module);
   Py_CLEAR(S->dominant);
