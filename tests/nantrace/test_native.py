@@ -311,3 +311,34 @@ def test_a_first_use_without_the_module_starts_one_background_build(
         assert len(started) == 2  # nothing to build with
     finally:
         native._load_once.cache_clear()
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_the_check_orders_and_counts_as_numpy_does_across_its_blocks(
+    native_module: ModuleType, dtype: torch.dtype
+) -> None:
+    """The check reads values as integers in blocks of 4,096 (so that the loop vectorises): sizes around the blocks'
+    ends, all-negative and all-subnormal tensors, a NaN or an infinity at the first and the last position, and
+    counts below thresholds the dtype cannot hold exactly, each against numpy in float64."""
+    generator = torch.Generator().manual_seed(11)
+    info = torch.finfo(dtype)
+    cases = []
+    for n in (1, 4095, 4096, 4097, 8197, 20000):
+        drawn = torch.randn(n, generator=generator, dtype=torch.float64) * 3
+        cases += [drawn.to(dtype), (-drawn.abs() - 1).to(dtype), (drawn * info.smallest_normal / 8).to(dtype)]
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        for position in (0, 4095, 4096, -1):
+            planted = torch.randn(8197, generator=generator).to(dtype)
+            planted[position] = bad
+            cases.append(planted)
+    thresholds = (0.0, info.smallest_normal, 1e-5, 0.3, 1.0000001)
+    for tensor in cases:
+        values = tensor.to(torch.float64).numpy()
+        for tiny in thresholds:
+            lo, hi, small = native_module.extrema(tensor, tiny)
+            if np.isnan(values).any():
+                assert math.isnan(lo)
+                assert math.isnan(hi)
+            else:
+                assert (lo, hi) == (values.min(), values.max())
+            assert small == (int((np.abs(values) < tiny).sum()) if tiny > 0 else 0)

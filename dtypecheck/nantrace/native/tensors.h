@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 namespace dtypecheck {
 
@@ -31,41 +32,129 @@ struct Extremes {
   int64_t small;
 };
 
-// One pass, in float for float, half and bfloat16 (float holds each of their values exactly; a plain loop the
-// compiler vectorises) and in double for double; the count only where ``Small``.
-template <typename T, typename V, bool Small>
-Extremes scan(const T* p, int64_t n, V tiny) {
-  V lo = static_cast<V>(p[0]);
-  V hi = lo;
-  bool nan = false;
+// Each floating format's bits as an unsigned integer of its width, with the signed integer that orders them.
+template <typename T>
+struct Format;
+template <>
+struct Format<float> {
+  using U = uint32_t;
+  using S = int32_t;
+  static constexpr U kAbs = 0x7fffffffu, kInf = 0x7f800000u;
+  static double value(U bits) {
+    float v;
+    std::memcpy(&v, &bits, sizeof v);
+    return v;
+  }
+  static U bits(double v) {
+    const float f = static_cast<float>(v);
+    U b;
+    std::memcpy(&b, &f, sizeof b);
+    return b;
+  }
+};
+template <>
+struct Format<double> {
+  using U = uint64_t;
+  using S = int64_t;
+  static constexpr U kAbs = 0x7fffffffffffffffull, kInf = 0x7ff0000000000000ull;
+  static double value(U bits) {
+    double v;
+    std::memcpy(&v, &bits, sizeof v);
+    return v;
+  }
+  static U bits(double v) {
+    U b;
+    std::memcpy(&b, &v, sizeof b);
+    return b;
+  }
+};
+template <>
+struct Format<at::Half> {
+  using U = uint16_t;
+  using S = int16_t;
+  static constexpr U kAbs = 0x7fff, kInf = 0x7c00;
+  static double value(U bits) { return static_cast<float>(at::Half(bits, at::Half::from_bits())); }
+  static U bits(double v) { return at::Half(static_cast<float>(v)).x; }
+};
+template <>
+struct Format<at::BFloat16> {
+  using U = uint16_t;
+  using S = int16_t;
+  static constexpr U kAbs = 0x7fff, kInf = 0x7f80;
+  static double value(U bits) { return static_cast<float>(at::BFloat16(bits, at::BFloat16::from_bits())); }
+  static U bits(double v) { return at::BFloat16(static_cast<float>(v)).x; }
+};
+
+// The smallest magnitude's bits whose value is >= ``tiny`` (> 0): ``|v| < tiny`` exactly where ``|v|``'s bits are
+// below it, NaN never (its bits are above infinity's, which is >= every finite ``tiny``).
+template <typename T>
+typename Format<T>::U below_bits(double tiny) {
+  using F = Format<T>;
+  typename F::U b = F::bits(tiny) & F::kAbs;
+  while (b < F::kInf && F::value(b) < tiny) ++b;
+  while (b > 0 && F::value(static_cast<typename F::U>(b - 1)) >= tiny) --b;
+  return b;
+}
+
+// Where the compiler can, the loop is also built for AVX2 and the CPU picks at load time: its integer min/max are
+// one instruction each there, where baseline x86-64 emulates them (about 4x slower on this loop).
+#if defined(__x86_64__) && defined(__GLIBC__) && (defined(__GNUC__) || defined(__clang__))
+#define DTYPECHECK_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define DTYPECHECK_CLONES
+#endif
+
+// One pass over the values' bits as integers (no float compare, so the loop vectorises without fast-math):
+// the sign-magnitude bits are mapped to integers in the values' order (-inf < ... < -0 < +0 < ... < inf), so
+// their min and max are the values' (the sign of a zero extreme may differ from aminmax's: callers take magnitudes);
+// a NaN is a magnitude above infinity's; the count only where ``Small``. ``n`` > 0.
+template <typename T, bool Small>
+DTYPECHECK_CLONES Extremes scan(const T* values, int64_t n, typename Format<T>::U below) {
+  using F = Format<T>;
+  using U = typename F::U;
+  using S = typename F::S;
+  const U* p = reinterpret_cast<const U*>(values);
+  auto key = [](U b) {
+    const S s = static_cast<S>(b);
+    return s >= 0 ? s : static_cast<S>(s ^ static_cast<S>(F::kAbs));
+  };
+  S lo = key(p[0]);
+  S hi = lo;
+  U nan = 0;
   int64_t small = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const V v = static_cast<V>(p[i]);
-    nan |= v != v;
-    lo = v < lo ? v : lo;
-    hi = v > hi ? v : hi;
-    if constexpr (Small) small += std::fabs(v) < tiny;
+  for (int64_t start = 0; start < n; start += 4096) {  // the count in blocks whose sum fits its lanes
+    const int64_t end = n - start > 4096 ? start + 4096 : n;
+    uint32_t count = 0;
+    for (int64_t i = start; i < end; ++i) {
+      const U b = p[i];
+      const U a = b & F::kAbs;
+      nan |= a > F::kInf;
+      const S k = key(b);
+      lo = k < lo ? k : lo;
+      hi = k > hi ? k : hi;
+      if constexpr (Small) count += a < below;
+    }
+    small += count;
   }
   if (nan) return {NAN, NAN, small};
-  return {static_cast<double>(lo), static_cast<double>(hi), small};
+  return {F::value(static_cast<U>(key(static_cast<U>(lo)))), F::value(static_cast<U>(key(static_cast<U>(hi)))), small};
+}
+
+template <typename T>
+Extremes scan_of(const at::Tensor& t, double tiny) {
+  const T* p = t.const_data_ptr<T>();
+  if (tiny > 0) return scan<T, true>(p, t.numel(), below_bits<T>(tiny));
+  return scan<T, false>(p, t.numel(), 0);
 }
 
 // ``scan`` of a readable, non-empty floating tensor (false for another dtype: float8 formats and the like); ``tiny``
 // 0 counts nothing.
 inline bool extremes_of(const at::Tensor& t, double tiny, Extremes* out) {
-  const int64_t n = t.numel();
-  const float small = static_cast<float>(tiny);
   switch (t.scalar_type()) {
-    case at::kFloat:
-      *out = tiny > 0 ? scan<float, float, true>(t.const_data_ptr<float>(), n, small)
-                      : scan<float, float, false>(t.const_data_ptr<float>(), n, small);
-      return true;
-    case at::kDouble:
-      *out = tiny > 0 ? scan<double, double, true>(t.const_data_ptr<double>(), n, tiny)
-                      : scan<double, double, false>(t.const_data_ptr<double>(), n, tiny);
-      return true;
-    case at::kHalf: *out = scan<at::Half, float, true>(t.const_data_ptr<at::Half>(), n, small); return true;
-    case at::kBFloat16: *out = scan<at::BFloat16, float, true>(t.const_data_ptr<at::BFloat16>(), n, small); return true;
+    case at::kFloat: *out = scan_of<float>(t, tiny); return true;
+    case at::kDouble: *out = scan_of<double>(t, tiny); return true;
+    case at::kHalf: *out = scan_of<at::Half>(t, tiny); return true;
+    case at::kBFloat16: *out = scan_of<at::BFloat16>(t, tiny); return true;
     default: return false;
   }
 }
