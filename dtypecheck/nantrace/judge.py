@@ -167,7 +167,7 @@ class Judge:
                 if native is not None:
                     self.history.extend(native(after, record.index, self.history.maxlen or 0))
                     after = record.index
-                self._tag_forward_node(record)
+                self.tag_forward_node(record)
                 if record.checked:
                     self._judge(record)
                 elif self.taint.storages and record.result is not None:
@@ -180,9 +180,15 @@ class Judge:
     def stopped(self) -> bool:
         return bool(self.events) and not self.keep_going
 
-    def _tag_forward_node(self, record: OpRecord) -> None:
+    def tag_forward_node(self, record: OpRecord) -> None:
+        """Settle a record's phase and, for a forward op, put its line and module on the autograd node its output
+        got (backward ops are named by it). Done once: at the next op (``Tracer._tag_pending``), before anything
+        can replace that node (an in-place op on the output gives it the in-place op's), else at the flush."""
         import torch
 
+        if record.tagged:
+            return
+        record.tagged = True
         if record.node is not None:
             record.phase = "backward"
             record.grad_fn = record.node.name()

@@ -114,6 +114,7 @@ class OpRecord:
         "pre",
         "result",
         "step",
+        "tagged",
     )
 
     def __init__(
@@ -149,6 +150,8 @@ class OpRecord:
         """The first tensor it returned, whose ``grad_fn`` maps backward ops back to this forward line."""
         self.phase = "other"
         self.grad_fn: str | None = None
+        self.tagged = False
+        """Its phase and node settled (``Judge.tag_forward_node``): at the next op, else at the flush."""
 
     def release(self) -> None:
         """Drop the references once the flush has judged the op (keeps what the history shows)."""

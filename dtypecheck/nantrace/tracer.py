@@ -128,6 +128,9 @@ class Tracer:
         self._in_backward = False
         self._window: list[OpRecord] = []
         self._unsettled: list[Checked] = []
+        self._to_tag: OpRecord | None = None
+        """The last forward record: its output gets its autograd node once dispatch returns, so the node is tagged
+        at the next op, on either path (the C++ path asks for it when ``_native_state`` says so)."""
         """The checks of the last op's in-place outputs, whose version counters autograd has still to bump."""
         self._recent: dict[int, Checked] = {}
         """This window's checks by ``id`` of the tensor: an in-place op need not re-check an unchanged target."""
@@ -209,11 +212,12 @@ class Tracer:
         except (AttributeError, RuntimeError, ValueError):  # not a dispatcher op: the Python mode keeps it
             return
 
-    def _native_state(self) -> tuple[bool, bool, str | None, int, int, int, Any, bool]:
+    def _native_state(self) -> tuple[bool, bool, str | None, int, int, int, Any, bool, bool]:
         """What the C++ path needs of this side (it asks after ``stale``): whether it may take ops at all (not
         while stopped, while autocast may be on, while a non-finite value is followed or a window holds one, or
         while an in-place op's versions are unsettled), the phase, the module, this side's share of the window,
-        and the program's dominant dtype (and whether a model's parameters confirmed it)."""
+        the program's dominant dtype (and whether a model's parameters confirmed it), and whether a forward record
+        of this side waits for its node to be tagged (``_tag_pending``, called from C++ at the next op)."""
         fast = not (self.stopped or self.autocast.maybe or self.judge.taint.storages or self._unsettled or self._dirty)
         window = len(self._window)
         flow = self.flow
@@ -226,6 +230,7 @@ class Tracer:
             self._held_cpu,
             flow.dominant,
             flow.confirmed,
+            self._to_tag is not None,
         )
 
     def __exit__(self, exc_type: object, exc: BaseException | None, traceback: object) -> None:
@@ -266,6 +271,8 @@ class Tracer:
             # The C++ path counts every op; one it ran already and hands over to be judged comes with its output.
             adopted = hook.take()
             self.ops = hook.claim()
+        if self._to_tag is not None:
+            self._tag_pending()
         if self.stopped:
             return self._run(func, args, kwargs) if adopted is None else adopted[0]
         if self._unsettled:
@@ -328,6 +335,8 @@ class Tracer:
             for checked in record.checked:
                 self._recent[id(checked.tensor)] = checked
         self._window.append(record)
+        if node is None:
+            self._to_tag = record
         if info.written and record.checked:
             self._unsettled = record.checked
         return out
@@ -335,6 +344,12 @@ class Tracer:
     def _run(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Call the op as the plain run would (autocast on for the ops its kernel calls, where it was on)."""
         return self.autocast.run(func, args, kwargs) if self.autocast.maybe else func(*args, **kwargs)
+
+    def _tag_pending(self) -> None:
+        """Tag the last forward record's node now that autograd has attached it (``Judge.tag_forward_node``)."""
+        record, self._to_tag = self._to_tag, None
+        if record is not None:
+            self.judge.tag_forward_node(record)
 
     def _settle_versions(self) -> None:
         """Take the version counters of the last in-place op's outputs as it left them: autograd bumps them only

@@ -48,6 +48,37 @@ for step in range(1, 9):
     optimizer.zero_grad()
 """
 
+IN_PLACE_ON_OUTPUT = """
+import torch
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        out = self.fc(x)  # the linear
+        out += x  # in place
+        return out
+
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 4), Block())
+with torch.no_grad():
+    model[0].weight.mul_(1e-30)
+    model[0].bias.mul_(1e-30)
+optimizer = torch.optim.SGD(model.parameters(), lr=1e-35)
+for step in range(1, 5):
+    if step == 4:
+        with torch.no_grad():
+            model[1].fc.weight.fill_(1e38)
+    loss = model(torch.ones(2, 4)).sum()
+    loss.backward()  # backward
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
 PROGRAMS: dict[str, str] = {
     # A clean run: nothing to report but the counts.
     "clean": SMALL_MODEL.replace("BAD", "0").replace("SCALE", "1.0"),
@@ -120,6 +151,9 @@ promoted = model(clean) * scale
 data = torch.tensor([[1.0, float("nan"), 2.0, 3.0]])
 model(data).sum().backward()
 """,
+    # An in-place op on a fresh forward output (a residual ``+=``), then inf in that forward op's backward: the
+    # linear's node must carry its line though the output's node is the add's by the time the window is judged.
+    "in-place on a fresh output": IN_PLACE_ON_OUTPUT,
     # A dtype mismatch kills the run: explained, not a traceback.
     "dtype error": """
 import torch
@@ -327,3 +361,22 @@ def test_each_op_is_named_at_the_line_that_called_the_library(
     monkeypatch.setenv("DTYPECHECK_NATIVE_DISPATCH", "0")
     _, python_doc, _ = nantrace.json(str(script))
     assert _without_op_counts(doc) == _without_op_counts(python_doc)
+
+
+def test_a_forward_ops_backward_is_named_at_its_line_after_an_in_place_op_on_its_output(
+    nantrace: NanTrace, monkeypatch: pytest.MonkeyPatch, dispatch_module: ModuleType
+) -> None:
+    """``out = self.fc(x); out += x``: autograd gives ``out`` the linear's node once the linear returns, and the add's
+    node once the add returns. Both paths tag the linear's node before the add returns, so the inf its backward
+    makes at step 4 (its grad_input, 1 x 1e38 x 4, overflows float32) is named at the linear's line and module, not
+    at ``backward()``'s. The Python mode used to tag at the window's judging, when only the add's node was left."""
+    for dispatch in (True, False):
+        monkeypatch.setenv("DTYPECHECK_NATIVE_DISPATCH", "1" if dispatch else "0")
+        script, text = nantrace.write("in_place_on_output.py", IN_PLACE_ON_OUTPUT)
+        code, doc, _ = nantrace.json(str(script))
+        assert code == 1
+        first = doc["first"]
+        assert (first["kind"], first["op"], first["phase"], first["step"]) == ("inf", "aten.mm.default", "backward", 4)
+        assert (first["module"], first["grad_fn"]) == ("1.fc", "AddmmBackward0")
+        assert first["location"]["line"] == line_of(text, "the linear")
+    assert dispatch_module.stats()[0] > 0

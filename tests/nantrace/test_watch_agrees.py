@@ -72,6 +72,7 @@ PLANTED = [
     Planted("test_consequences", "DATA_LOADER", differs=DATA - {"cause"}, reason=BORN_BEFORE),
     Planted("test_training_shapes", "CHECKPOINTED"),
     Planted("test_training_shapes", "COMPILED"),
+    Planted("test_native_dispatch", "IN_PLACE_ON_OUTPUT"),
     # A NaN written into the batch, then a model call: named at the write by a full trace.
     Planted("test_scripts", "DATA_NAN", differs=DATA, reason=BORN_BEFORE),
     Planted("test_scripts", "LOOP", differs=DATA, reason=BORN_BEFORE),
@@ -156,7 +157,7 @@ def test_the_fields_agree_on_most_scripts() -> None:
     """The figure the issue asks for: of the compared scripts' fields, how many may differ."""
     compared = [p for p in PLANTED if p.watched and p.named and not p.died]
     allowed = sum(len(p.differs) for p in compared)
-    assert (len(PLANTED), len(compared), len(compared) * len(FIELDS), allowed) == (22, 12, 132, 37)
+    assert (len(PLANTED), len(compared), len(compared) * len(FIELDS), allowed) == (23, 13, 143, 37)
 
 
 COMPARED_ELSEWHERE = {

@@ -115,6 +115,7 @@ struct State {
   bool pending_grad = false;
   PyObject* pending_origin = nullptr;  // held: (frame, module)
   size_t pending_from = 0;  // its first history entry
+  bool py_pending = false;  // the Python mode's last forward record waits for the same (Tracer._tag_pending)
   // An op handed to the Python mode after it ran here.
   bool offered = false;  // the op the Python mode gets next was counted here (``claim``)
   bool adopting = false;
@@ -213,6 +214,7 @@ void sync() {
   S->py_held_cpu = t[5].cast<int64_t>();
   hold(S->dominant, t[6].ptr());
   S->confirmed = t[7].cast<bool>();
+  S->py_pending = t[8].cast<bool>();
   S->stale = false;
 }
 
@@ -343,8 +345,9 @@ bool off_dtype(const at::Tensor& result, bool creates) {
   return creates && !S->confirmed;
 }
 
-// judge._tag_forward_node for the last forward record run here: its node carries (frame, module) into backward;
-// its lines' phase is "forward" when it ran inside a module or made a node, else "other".
+// judge.tag_forward_node for the last forward record run here, before the op that follows it returns (an in-place
+// op on its output would give that output a node of its own): its node carries (frame, module) into backward; its
+// lines' phase is "forward" when it ran inside a module or made a node, else "other".
 void settle_pending() {
   if (S->pending_origin == nullptr) return;
   torch::autograd::Node* grad_fn = S->pending.defined() ? grad_fn_of(S->pending, S->pending_grad) : nullptr;
@@ -481,6 +484,10 @@ bool take_op(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
   }
   py::gil_scoped_acquire gil;
+  if (S->py_pending) {  // the same for the Python mode's last forward record, before this op returns
+    S->py_pending = false;
+    call_tracer("_tag_pending");
+  }
   settle_pending();
   if (S->marker == nullptr || S->stale) {
     // The tracer changed while the op ran (another thread): the Python mode takes it over.
@@ -688,6 +695,7 @@ bool attach(py::object mode, py::object tracer, py::object node_key, double warn
   clear_entries();
   S->pending = at::Tensor();
   Py_CLEAR(S->pending_origin);
+  S->py_pending = false;
   S->ran = S->forwarded = S->adoptions = 0;
   S->stale = true;
   S->marker = mode.inc_ref().ptr();
