@@ -196,6 +196,16 @@ py::object call_tracer(const char* method) {
   return py::reinterpret_steal<py::object>(result);
 }
 
+// The GIL, taken for the Python side of an op (CPython's own calls: pybind11's guard looks up its internals and
+// checks the thread state on top, a few hundred instructions an op).
+struct Gil {
+  PyGILState_STATE state = PyGILState_Ensure();
+  Gil() = default;
+  Gil(const Gil&) = delete;
+  Gil& operator=(const Gil&) = delete;
+  ~Gil() { PyGILState_Release(state); }
+};
+
 // Replace what ``slot`` holds with ``value`` (a new reference taken, the old one dropped).
 void hold(PyObject*& slot, PyObject* value) {
   Py_INCREF(value);
@@ -371,7 +381,7 @@ void put_back(torch::jit::Stack* stack, size_t base, const Args& args) {
 // Forward an op to the Python mode before running it here: the last forward record's node is tagged first (the
 // Python mode may read it).
 bool forward_now() {
-  py::gil_scoped_acquire gil;
+  Gil gil;
   settle_pending();
   ++S->forwarded;
   S->offered = true;
@@ -383,7 +393,7 @@ bool forward_now() {
 // needs Python (its line, its node, the history) is done after it, in one hold of the GIL.
 bool take_op(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (S->stale.load()) {
-    py::gil_scoped_acquire gil;
+    Gil gil;
     if (S->marker == nullptr) return false;
     sync();
   }
@@ -483,7 +493,7 @@ bool take_op(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       checks.emplace_back(t, e);
     }
   }
-  py::gil_scoped_acquire gil;
+  Gil gil;
   if (S->py_pending) {  // the same for the Python mode's last forward record, before this op returns
     S->py_pending = false;
     call_tracer("_tag_pending");
@@ -549,7 +559,8 @@ bool take_op(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (!backward) {
     S->pending = result;
     S->pending_grad = grad_enabled;
-    S->pending_origin = py::make_tuple(frame, py::reinterpret_borrow<py::object>(module)).release().ptr();
+    S->pending_origin = PyTuple_Pack(2, frame.ptr(), module);
+    if (S->pending_origin == nullptr) throw py::error_already_set();
     S->pending_from = S->entries.size();
   }
   const int phase = kBackward;  // a forward record's lines are settled with its node (settle_pending)
