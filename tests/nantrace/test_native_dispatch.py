@@ -88,24 +88,25 @@ PROGRAMS: dict[str, str] = {
     "backward overflow": SMALL_MODEL.replace("BAD", "4").replace("SCALE", "1e18"),
     # torch.where masks a log of negatives (a note each step); the norm of zeros divides 0 by 0 in backward.
     "masked": MASKED,
-    # An in-place chain whose third link overflows, after a near overflow.
+    # An in-place chain whose third link overflows on its third run.
     "in-place chain": """
 import torch
 
-x = torch.full((4,), 1e18)
-y = x * 1e10
-y.add_(1.0)
-y.mul_(1e20)
-y.sub_(1.0)
+for scale in (1.0, 1.0, 1e20):
+    x = torch.full((4,), 1e18)
+    y = x * 1e10
+    y.add_(1.0)
+    y.mul_(scale)
+    y.sub_(1.0)
 print((y * 2).sum())
 """,
-    # The optimizer writes inf into a parameter (no module, no grad: the owner is named).
+    # The optimizer writes inf into a parameter (no module, no grad: the owner is named), at its fifth step.
     "update overflow": """
 import torch
 
 weight = torch.nn.Parameter(torch.tensor([3e38, 2e38, 1.0]))
-optimizer = torch.optim.SGD([weight], lr=3e38)
-for step in range(3):
+optimizer = torch.optim.SGD([weight], lr=1e37)
+for step in range(6):
     weight.grad = torch.full((3,), -1.0)
     optimizer.step()
 """,
