@@ -90,6 +90,19 @@ def test_what_the_module_cannot_read_is_left_to_torch(native_module: ModuleType)
 SMALLEST_NORMAL = {torch.float16: 2.0**-14, torch.bfloat16: 2.0**-126}
 
 
+def _check_reads_as_numpy(native_module: ModuleType, tensor: torch.Tensor, tiny: float) -> None:
+    """``extrema`` against numpy in float64: the extremes (both NaN where one value is), and the count of magnitudes
+    below ``tiny`` (none counted when it is 0)."""
+    values = tensor.to(torch.float64).numpy()
+    lo, hi, small = native_module.extrema(tensor, tiny)
+    if np.isnan(values).any():
+        assert math.isnan(lo)
+        assert math.isnan(hi)
+    else:
+        assert (lo, hi) == (values.min(), values.max())
+    assert small == (int((np.abs(values) < tiny).sum()) if tiny > 0 else 0)
+
+
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
 @pytest.mark.parametrize("bad", [None, float("nan"), float("inf"), float("-inf")], ids=str)
 def test_the_full_traces_check_reads_each_output_as_numpy_does(
@@ -104,14 +117,7 @@ def test_the_full_traces_check_reads_each_output_as_numpy_does(
             continue
         if bad is not None:
             tensor[tensor.numel() // 2] = bad
-        values = tensor.to(torch.float64).numpy()
-        lo, hi, small = native_module.extrema(tensor, tiny)
-        if np.isnan(values).any():
-            assert math.isnan(lo)
-            assert math.isnan(hi)
-        else:
-            assert (lo, hi) == (values.min(), values.max())
-        assert small == int((np.abs(values) < tiny).sum())
+        _check_reads_as_numpy(native_module, tensor, tiny)
 
 
 def test_what_the_full_traces_check_cannot_read_is_left_to_torch(native_module: ModuleType) -> None:
@@ -333,12 +339,5 @@ def test_the_check_orders_and_counts_as_numpy_does_across_its_blocks(
             cases.append(planted)
     thresholds = (0.0, info.smallest_normal, 1e-5, 0.3, 1.0000001)
     for tensor in cases:
-        values = tensor.to(torch.float64).numpy()
         for tiny in thresholds:
-            lo, hi, small = native_module.extrema(tensor, tiny)
-            if np.isnan(values).any():
-                assert math.isnan(lo)
-                assert math.isnan(hi)
-            else:
-                assert (lo, hi) == (values.min(), values.max())
-            assert small == (int((np.abs(values) < tiny).sum()) if tiny > 0 else 0)
+            _check_reads_as_numpy(native_module, tensor, tiny)

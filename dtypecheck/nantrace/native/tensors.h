@@ -32,58 +32,35 @@ struct Extremes {
   int64_t small;
 };
 
-// Each floating format's bits as an unsigned integer of its width, with the signed integer that orders them.
+// Each floating format's bits as an unsigned integer of its width (``U``), the signed integer of that width that
+// orders them (``S``), the mask of a magnitude's bits and infinity's bits.
+template <typename T, typename Unsigned, typename Signed, Unsigned Abs, Unsigned Inf>
+struct Bits {
+  using U = Unsigned;
+  using S = Signed;
+  static constexpr U kAbs = Abs, kInf = Inf;
+  static double value(U bits) {
+    T v;
+    std::memcpy(&v, &bits, sizeof v);
+    return static_cast<double>(v);
+  }
+  static U bits(double v) {
+    const T t = static_cast<T>(v);
+    U b;
+    std::memcpy(&b, &t, sizeof b);
+    return b;
+  }
+};
 template <typename T>
 struct Format;
 template <>
-struct Format<float> {
-  using U = uint32_t;
-  using S = int32_t;
-  static constexpr U kAbs = 0x7fffffffu, kInf = 0x7f800000u;
-  static double value(U bits) {
-    float v;
-    std::memcpy(&v, &bits, sizeof v);
-    return v;
-  }
-  static U bits(double v) {
-    const float f = static_cast<float>(v);
-    U b;
-    std::memcpy(&b, &f, sizeof b);
-    return b;
-  }
-};
+struct Format<float> : Bits<float, uint32_t, int32_t, 0x7fffffffu, 0x7f800000u> {};
 template <>
-struct Format<double> {
-  using U = uint64_t;
-  using S = int64_t;
-  static constexpr U kAbs = 0x7fffffffffffffffull, kInf = 0x7ff0000000000000ull;
-  static double value(U bits) {
-    double v;
-    std::memcpy(&v, &bits, sizeof v);
-    return v;
-  }
-  static U bits(double v) {
-    U b;
-    std::memcpy(&b, &v, sizeof b);
-    return b;
-  }
-};
+struct Format<double> : Bits<double, uint64_t, int64_t, 0x7fffffffffffffffull, 0x7ff0000000000000ull> {};
 template <>
-struct Format<at::Half> {
-  using U = uint16_t;
-  using S = int16_t;
-  static constexpr U kAbs = 0x7fff, kInf = 0x7c00;
-  static double value(U bits) { return static_cast<float>(at::Half(bits, at::Half::from_bits())); }
-  static U bits(double v) { return at::Half(static_cast<float>(v)).x; }
-};
+struct Format<at::Half> : Bits<at::Half, uint16_t, int16_t, 0x7fff, 0x7c00> {};
 template <>
-struct Format<at::BFloat16> {
-  using U = uint16_t;
-  using S = int16_t;
-  static constexpr U kAbs = 0x7fff, kInf = 0x7f80;
-  static double value(U bits) { return static_cast<float>(at::BFloat16(bits, at::BFloat16::from_bits())); }
-  static U bits(double v) { return at::BFloat16(static_cast<float>(v)).x; }
-};
+struct Format<at::BFloat16> : Bits<at::BFloat16, uint16_t, int16_t, 0x7fff, 0x7f80> {};
 
 // The smallest magnitude's bits whose value is >= ``tiny`` (> 0): ``|v| < tiny`` exactly where ``|v|``'s bits are
 // below it, NaN never (its bits are above infinity's, which is >= every finite ``tiny``).
