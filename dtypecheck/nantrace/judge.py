@@ -426,7 +426,7 @@ class Judge:
 
 
 def _grad_fn_of(tensor: torch.Tensor, grad_enabled: bool) -> Any:
-    """``tensor.grad_fn``, read at the flush, after later ops ran, without ever failing the user's code.
+    """``tensor.grad_fn``, read at the next op or at the flush, without ever failing the user's code.
 
     Reading a view's ``grad_fn`` regenerates it when its base changed in place since; for a view made in no_grad
     mode (``Embedding(padding_idx=...)`` zeroing ``weight[0]``) autograd forbids that and raises "A view was

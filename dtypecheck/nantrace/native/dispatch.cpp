@@ -109,8 +109,8 @@ struct State {
   // This side's share of the window.
   int64_t count = 0, fast_window = 0, fast_held = 0, fast_held_cpu = 0;
   std::vector<Entry> entries;
-  // The last forward record run here: autograd gives its output a node only once the op returns (the Python path
-  // tags it at the flush, for the same reason), so it is tagged, and its lines' phase settled, at the next op.
+  // The last forward record run here: autograd gives its output a node only once the op returns, so it is tagged,
+  // and its lines' phase settled, at the next op (as the Python mode tags its own: Tracer._tag_pending).
   at::Tensor pending;
   bool pending_grad = false;
   PyObject* pending_origin = nullptr;  // held: (frame, module)
