@@ -1,4 +1,4 @@
-"""Instructions a step of ``bench_watch.py``'s small-ops loop executes, plain and fully traced, counted by
+"""Instructions a step of ``bench_watch.py``'s small-ops loop executes, plain, fully traced and watched, counted by
 valgrind's callgrind: a figure this machine's noise does not move (timed runs of the same build vary by up to 2x
 here), for comparing one build of the full trace's per-op path with another.
 
@@ -96,6 +96,7 @@ def main() -> None:
         commands = {
             "plain": [sys.executable, str(script)],
             "fully traced": [sys.executable, "-m", "dtypecheck", "nan-trace", "-q", str(script), "--"],
+            "watched": [sys.executable, "-m", "dtypecheck", "nan-trace", "-q", "--watch", str(script), "--"],
         }
         per_step = {}
         for name, command in commands.items():
@@ -107,8 +108,8 @@ def main() -> None:
             per_step[name] = (counts[1] - counts[0]) / args.steps
             loops = f"loops of {args.steps} and {2 * args.steps} steps"
             print(f"{name}: {per_step[name] / 1e6:.2f}M instructions a step ({loops})")
-        ratio = per_step["fully traced"] / per_step["plain"]
-        print(f"fully traced / plain: {ratio:.3f}x in instructions")
+        for name in ("fully traced", "watched"):
+            print(f"{name} / plain: {per_step[name] / per_step['plain']:.3f}x in instructions")
 
 
 if __name__ == "__main__":

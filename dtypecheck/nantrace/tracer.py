@@ -128,10 +128,10 @@ class Tracer:
         self._in_backward = False
         self._window: list[OpRecord] = []
         self._unsettled: list[Checked] = []
+        """The checks of the last op's in-place outputs, whose version counters autograd has still to bump."""
         self._to_tag: OpRecord | None = None
         """The last forward record: its output gets its autograd node once dispatch returns, so the node is tagged
         at the next op, on either path (the C++ path asks for it when ``_native_state`` says so)."""
-        """The checks of the last op's in-place outputs, whose version counters autograd has still to bump."""
         self._recent: dict[int, Checked] = {}
         """This window's checks by ``id`` of the tensor: an in-place op need not re-check an unchanged target."""
         self._held = 0
