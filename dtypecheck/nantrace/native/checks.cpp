@@ -31,6 +31,13 @@ bool bits_finite(const void* data, int64_t n, Bits exponent) {
   return any == 0;
 }
 
+// ``bits_finite`` of a readable tensor of a format ``tensors.h`` knows (its infinity's bits are its exponent's).
+template <typename T>
+bool format_finite(const at::Tensor& t) {
+  using F = dtypecheck::Format<T>;
+  return bits_finite<typename F::U>(t.const_data_ptr(), t.numel(), F::kInf);
+}
+
 // 1: every floating value finite; 0: one is not; -1: a tensor this module cannot read (the caller checks them all
 // with torch instead). Integer and bool tensors are finite.
 int all_finite(const std::vector<at::Tensor>& tensors) {
@@ -40,13 +47,12 @@ int all_finite(const std::vector<at::Tensor>& tensors) {
   for (const auto& t : tensors) {
     const int64_t n = t.numel();
     if (n == 0 || !at::isFloatingType(t.scalar_type())) continue;
-    const void* data = t.const_data_ptr();
     bool finite;
     switch (t.scalar_type()) {
-      case at::kFloat: finite = bits_finite<uint32_t>(data, n, 0x7F800000u); break;
-      case at::kDouble: finite = bits_finite<uint64_t>(data, n, 0x7FF0000000000000ull); break;
-      case at::kHalf: finite = bits_finite<uint16_t>(data, n, 0x7C00u); break;
-      case at::kBFloat16: finite = bits_finite<uint16_t>(data, n, 0x7F80u); break;
+      case at::kFloat: finite = format_finite<float>(t); break;
+      case at::kDouble: finite = format_finite<double>(t); break;
+      case at::kHalf: finite = format_finite<at::Half>(t); break;
+      case at::kBFloat16: finite = format_finite<at::BFloat16>(t); break;
       default: return -1;  // float8 formats and the like: torch knows them
     }
     if (!finite) return 0;

@@ -143,22 +143,21 @@ void clear_entries() {
   S->entries.clear();
 }
 
-bool checked_dtype(at::ScalarType s) {
-  return s == at::kFloat || s == at::kDouble || s == at::kHalf || s == at::kBFloat16;
-}
-
-// Tracer._check's own filter: a floating dtype it checks, strided, not empty, not meta.
-bool checkable(const at::Tensor& t) {
-  return t.defined() && checked_dtype(t.scalar_type()) && t.layout() == c10::kStrided && t.numel() > 0 &&
-         !t.is_meta();
-}
-
 using dtypecheck::Extremes;
 using dtypecheck::readable;
 
 double tiny_of(at::ScalarType s) { return S->tiny[static_cast<size_t>(s)]; }
 
 double max_of(at::ScalarType s) { return S->max[static_cast<size_t>(s)]; }
+
+// A dtype the tracer checks: one ``attach`` was given limits for (records.CHECKED_DTYPES_NAMES).
+bool checked_dtype(at::ScalarType s) { return max_of(s) > 0; }
+
+// Tracer._check's own filter: a floating dtype it checks, strided, not empty, not meta.
+bool checkable(const at::Tensor& t) {
+  return t.defined() && checked_dtype(t.scalar_type()) && t.layout() == c10::kStrided && t.numel() > 0 &&
+         !t.is_meta();
+}
 
 bool extremes(const at::Tensor& t, Extremes* out) {
   return readable(t) && dtypecheck::extremes_of(t, tiny_of(t.scalar_type()), out);
