@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import dtypecheck
 from dtypecheck.nantrace import native
@@ -168,6 +169,18 @@ model(x)
 }
 
 
+class Counting(TorchDispatchMode):
+    """A mode that only counts the ops it is given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
 @pytest.fixture(scope="module")
 def dispatch_module(native_module: ModuleType) -> ModuleType:
     """The compiled per-op path (``native_module`` built both)."""
@@ -247,17 +260,6 @@ def test_it_counts_the_ops_the_plain_run_runs(dispatch_module: ModuleType) -> No
     count is that count (two steps of a small model: forward, backward and AdamW's update). The inputs and the
     loss's gradient are made before tracing: a tensor made under tracing is remembered by the dtype watch, whose
     look at it is an op of its own (``detach``) in both of the tracer's paths."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Counting(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ops = 0
-
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            self.ops += 1
-            return func(*args, **(kwargs or {}))
-
     inputs = [torch.randn(4, 8) for _ in range(2)]
     one = torch.ones(())
 
@@ -381,3 +383,67 @@ def test_a_forward_ops_backward_is_named_at_its_line_after_an_in_place_op_on_its
         assert (first["module"], first["grad_fn"]) == ("1.fc", "AddmmBackward0")
         assert first["location"]["line"] == line_of(text, "the linear")
     assert dispatch_module.stats()[0] > 0
+
+
+def _included() -> set[str]:
+    """The names of this thread's included dispatch keys (``Fake`` has no Python binding of its own)."""
+    text = str(torch._C._dispatch_tls_local_include_set())  # DispatchKeySet(BackendSelect, Fake, ...)
+    return {name.strip() for name in text[text.index("(") + 1 : text.rindex(")")].split(",") if name.strip()}
+
+
+def test_ops_come_in_below_the_python_key_and_the_thread_is_left_as_it_was(
+    nantrace: NanTrace, monkeypatch: pytest.MonkeyPatch, dispatch_module: ModuleType
+) -> None:
+    """While the tracer's mode is on top, the thread's ops reach the C++ path through the ``Fake`` key's fallback
+    instead of torch's Python keys (a third of the full trace's cost on small ops); after the trace the thread's
+    included keys are what they were. ``DTYPECHECK_DISPATCH_KEY=0`` keeps torch's way, and the two reports agree
+    whole, op counts included."""
+    model = torch.nn.Linear(4, 4)
+    before = _included()
+    assert "Fake" not in before
+    with dtypecheck.trace(model):
+        model(torch.randn(2, 4)).sum().backward()  # autograd puts its copy of the thread's state back at the end:
+        model(torch.randn(2, 4))  # the Python keys, until the next op through them switches again
+        inside = _included()
+    assert "Fake" in inside
+    assert not inside & {"Python", "PythonTLSSnapshot"}
+    assert _included() == before
+    monkeypatch.setenv("DTYPECHECK_DISPATCH_KEY", "0")
+    with dtypecheck.trace(model):
+        model(torch.randn(2, 4)).sum().backward()
+        inside = _included()
+    assert "Fake" not in inside
+    assert inside >= {"Python", "PythonTLSSnapshot"}
+    assert _included() == before
+    for name in ("late overflow", "fp16 adam"):
+        _trace(nantrace, monkeypatch, name, True)  # the C++ path learns the program's ops (a first run hands
+        # the ops it does not know yet to the Python mode, which keeps their outputs longer: other op counts)
+        monkeypatch.setenv("DTYPECHECK_DISPATCH_KEY", "0")
+        code, python_key = _trace(nantrace, monkeypatch, name, True)
+        monkeypatch.delenv("DTYPECHECK_DISPATCH_KEY")
+        assert _trace(nantrace, monkeypatch, name, True) == (code, python_key)
+
+
+def test_a_mode_pushed_inside_the_trace_is_given_every_op(dispatch_module: ModuleType) -> None:
+    """torch includes its Python keys only when a first mode is pushed: a mode pushed over the tracer's, while the
+    tracer's ops come in through the ``Fake`` key, would never be called if the C++ path did not hand its ops
+    back to torch's way. Counted against the same ops with no trace; the tracer still names the NaN after it."""
+    model = torch.nn.Linear(4, 4)
+    x = torch.randn(2, 4)
+
+    def elementwise() -> torch.Tensor:
+        return ((x * 2.0 + 1.0).exp() - 3.0).abs()
+
+    alone = Counting()
+    with alone, torch.no_grad():
+        elementwise()
+    with dtypecheck.trace(model) as traced:
+        model(torch.randn(2, 4)).sum().backward()  # the tracer's ops now come in below the Python key
+        inner = Counting()
+        with inner, torch.no_grad():
+            elementwise()
+        torch.log(model(x) - 100.0)
+    assert inner.ops == alone.ops == 5
+    first = traced.report.first
+    assert first is not None
+    assert (first.kind, first.op) == ("nan", "aten.log.default")

@@ -19,6 +19,7 @@
 //
 // The vtable's list of overrides is the installed torch's: a torch whose interface differs fails to compile this
 // file, and nan-trace then runs the Python path alone (native/__init__.py builds it apart from checks.cpp).
+#include <ATen/core/PythonFallbackKernel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/core/stack.h>
@@ -35,6 +36,7 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/utils/torch_dispatch_mode.h>
+#include <torch/library.h>
 
 #include "tensors.h"
 
@@ -42,6 +44,8 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <tuple>
 #include <unordered_map>
 #include <utility>
@@ -59,6 +63,7 @@ enum Phase : int { kOther = 0, kForward = 1, kBackward = 2 };
 struct OpMeta {
   int kind = kCheck;
   bool creates = false;
+  size_t nargs = 0, nret = 0;  // the schema's (read here: ``schema()`` is a call into torch)
   std::vector<size_t> read_mutated;
   std::vector<size_t> written;
   PyObject* name = nullptr;  // OpInfo.name, held
@@ -92,7 +97,10 @@ struct State {
   // small count; 0 elsewhere) and the largest finite value (near_overflow's limit).
   std::array<double, static_cast<size_t>(at::ScalarType::NumOptions)> tiny{};
   std::array<double, static_cast<size_t>(at::ScalarType::NumOptions)> max{};
-  std::unordered_map<const c10::FunctionSchema*, OpMeta> metas;
+  std::unordered_map<const c10::FunctionSchema*, OpMeta> metas;  // never erased: ``meta_cache`` points into it
+  // A direct-mapped cache in front of ``metas``: the map's lookup (a division and two dependent loads, often
+  // cache misses) was a quarter of take_op's own time in perf's samples of a traced small-op step.
+  std::array<std::pair<const c10::FunctionSchema*, const OpMeta*>, 512> meta_cache{};
   std::unordered_map<PyObject*, int> frame_kinds;  // code object (held) -> FrameKind
   PyFrameObject* walked_top = nullptr;  // held: the innermost frame of the last walk that may be reused (user_frame)
   PyObject* walked = nullptr;           // held: that walk's answer
@@ -104,6 +112,7 @@ struct State {
   bool fast = false, in_backward = false;
   PyObject* module = nullptr;  // held: modules.current
   PyObject* dominant = nullptr;  // held: flow.dominant (a torch.dtype or None)
+  at::ScalarType dominant_type = at::ScalarType::Undefined;  // its scalar type (Undefined for None)
   bool confirmed = false;        // flow.confirmed
   int64_t py_window = 0, py_held = 0, py_held_cpu = 0;
   // This side's share of the window.
@@ -127,12 +136,13 @@ struct State {
 State* S = new State;
 
 // How an op taken here runs: as inside ``__torch_dispatch__`` (the mode's keys off, so that neither the op nor
-// what its kernel calls comes back to a mode), by excluding the two Python keys, which costs a bit set where
+// what its kernel calls comes back to a mode), by excluding the two Python keys (and the front door's key, below),
+// which costs a bit set where
 // popping the mode off its stack and back cost ~5% of a small-op step (``shallow_copy_and_detach`` looks at the
 // same exclusion). Python code (the tracer's callbacks) runs with the mode popped instead: it may ask for it.
 struct BelowModes {
   c10::impl::ExcludeDispatchKeyGuard keys{
-      c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot})};
+      c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot, c10::DispatchKey::Fake})};
 };  // never freed: the interpreter may be gone when static destructors run
 
 void clear_entries() {
@@ -212,6 +222,12 @@ void hold(PyObject*& slot, PyObject* value) {
   slot = value;
 }
 
+void set_dominant_type(PyObject* dominant) {
+  hold(S->dominant, dominant);
+  S->dominant_type =
+      THPDtype_Check(dominant) ? reinterpret_cast<THPDtype*>(dominant)->scalar_type : at::ScalarType::Undefined;
+}
+
 void sync() {
   py::object state = call_tracer("_native_state");
   py::tuple t = state.cast<py::tuple>();
@@ -221,7 +237,7 @@ void sync() {
   S->py_window = t[3].cast<int64_t>();
   S->py_held = t[4].cast<int64_t>();
   S->py_held_cpu = t[5].cast<int64_t>();
-  hold(S->dominant, t[6].ptr());
+  set_dominant_type(t[6].ptr());
   S->confirmed = t[7].cast<bool>();
   S->py_pending = t[8].cast<bool>();
   S->stale = false;
@@ -350,7 +366,7 @@ torch::autograd::Node* grad_fn_of(const at::Tensor& t, bool grad_enabled) {
 // or, for an op that makes a tensor, any floating one until the dominant dtype is confirmed (created_outside).
 bool off_dtype(const at::Tensor& result, bool creates) {
   if (!result.defined() || !at::isFloatingType(result.scalar_type())) return false;
-  if (S->dominant != reinterpret_cast<PyObject*>(torch::getTHPDtype(result.scalar_type()))) return true;
+  if (result.scalar_type() != S->dominant_type) return true;
   return creates && !S->confirmed;
 }
 
@@ -387,6 +403,16 @@ bool forward_now() {
   return false;
 }
 
+// What ``learn`` was told of an op, or nullptr.
+const OpMeta* meta_of(const c10::FunctionSchema* schema) {
+  auto& slot = S->meta_cache[(reinterpret_cast<uintptr_t>(schema) * 0x9E3779B97F4A7C15ull) >> (64 - 9)];
+  if (slot.first == schema) return slot.second;
+  const auto found = S->metas.find(schema);
+  if (found == S->metas.end()) return nullptr;
+  slot = {schema, &found->second};
+  return slot.second;
+}
+
 // true: the op was run and booked here; false: the Python mode takes it (with ``S->adopting`` set when it ran here
 // already and the stack holds its arguments again). The op runs before the GIL is taken, as in the plain run; what
 // needs Python (its line, its node, the history) is done after it, in one hold of the GIL.
@@ -399,10 +425,10 @@ bool take_op(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (S->marker == nullptr) return false;
   ++S->count;
   if (!S->fast) return forward_now();
-  const auto found = S->metas.find(&op.schema());
-  if (found == S->metas.end()) return forward_now();
-  const OpMeta& meta = found->second;
-  const size_t nargs = op.schema().arguments().size();
+  const OpMeta* known = meta_of(&op.schema());
+  if (known == nullptr) return forward_now();
+  const OpMeta& meta = *known;
+  const size_t nargs = meta.nargs;
   if (stack->size() < nargs) return forward_now();
   const size_t base = stack->size() - nargs;
   bool plain = true;
@@ -461,7 +487,7 @@ bool take_op(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     put_back(stack, base, args);  // the Python mode runs it again, and sees it raise (the dtype-error watch)
     return forward_now();
   }
-  const size_t nret = op.schema().returns().size();
+  const size_t nret = meta.nret;
   const size_t out_base = stack->size() - nret;
   at::Tensor result;
   c10::SmallVector<at::Tensor, 4> outputs;
@@ -579,6 +605,60 @@ bool marked_on_top() {
   return n > 0 && c10::impl::TorchDispatchModeTLS::get_stack_at(n - 1)->ptr(getPyInterpreter()) == S->marker;
 }
 
+// -- the front door ---------------------------------------------------------------------------------------------
+// Reaching this path through torch's Python key costs more than the path's own work: ``PythonTLSSnapshot``'s
+// fallback boxes every op at the top of the dispatcher, then ``pythonFallback`` and the interpreter's vtable run
+// below autograd (a traced small-op step: ~1.3x of plain with nothing done per op, against ~1.1x for a boxed C++
+// fallback alone; benchmarks/bench_boxed_floor.py). So while the marked mode is on top of a thread's stack, that
+// thread's included keys are switched from the two Python keys to ``Fake`` (the key just below ``Python``, which
+// no tensor carries), whose fallback, ``front_door``, offers the op to ``take_op`` at the same place in the
+// dispatch: below autograd, autocast and the other wrappers, as ``pythonFallback`` would have. An op the Python
+// mode must take is handed to torch's Python-key fallback from there (``forwarding``), which calls the mode as it
+// always does. Anything that pushes a mode (``untraced``, a user's mode, autograd's copy of the thread's state)
+// includes the Python keys again: ops then take the old way until the next one through ``Wrapped::dispatch``
+// switches back (``open_front_door``). The mode stays on its stack throughout, so that Python sees it as before.
+// ``DTYPECHECK_DISPATCH_KEY=0`` keeps the Python key's way (to compare the two; the reports are the same).
+
+// The next op handed to the Python key on this thread was taken by ``front_door``: ``Wrapped::dispatch`` gives it
+// to the mode without offering it to ``take_op`` again.
+thread_local bool forwarding = false;
+
+bool front_door_wanted = false;  // attach: the fallback is registered and not switched off
+
+void front_door(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
+
+// Register ``front_door`` once (false when torch refuses: a fallback of its own on ``Fake``, in a later torch).
+bool register_front_door() {
+  static const bool registered = [] {
+    try {
+      static auto* library =
+          new torch::Library(torch::Library::IMPL, "_", c10::DispatchKey::Fake, __FILE__, __LINE__);
+      library->fallback(torch::CppFunction::makeFromBoxedFunction<&front_door>());
+      return true;
+    } catch (const std::exception&) {
+      return false;
+    }
+  }();
+  return registered;
+}
+
+// Ops of this thread come in through ``front_door`` from now on (the marked mode is on top).
+void open_front_door() {
+  if (!front_door_wanted || !c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::Python)) return;
+  c10::impl::tls_set_dispatch_key_included(c10::DispatchKey::Python, false);
+  c10::impl::tls_set_dispatch_key_included(c10::DispatchKey::PythonTLSSnapshot, false);
+  c10::impl::tls_set_dispatch_key_included(c10::DispatchKey::Fake, true);
+}
+
+// Back to torch's way on this thread: the Python keys included again where a mode is on the stack.
+void close_front_door() {
+  if (!c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::Fake)) return;
+  c10::impl::tls_set_dispatch_key_included(c10::DispatchKey::Fake, false);
+  const bool modes = c10::impl::TorchDispatchModeTLS::stack_len() > 0;
+  c10::impl::tls_set_dispatch_key_included(c10::DispatchKey::Python, modes);
+  c10::impl::tls_set_dispatch_key_included(c10::DispatchKey::PythonTLSSnapshot, modes);
+}
+
 // torch's own interpreter entry, forwarded everywhere; ``dispatch`` offers the marked mode's ops to ``take_op``.
 struct Wrapped final : c10::impl::PyInterpreterVTable {
   const c10::impl::PyInterpreterVTable* base;
@@ -601,7 +681,12 @@ struct Wrapped final : c10::impl::PyInterpreterVTable {
     return base->detach(s);
   }
   void dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) const override {
-    if (marked_on_top() && take_op(op, stack)) return;
+    if (forwarding) {
+      forwarding = false;
+    } else if (marked_on_top()) {
+      open_front_door();
+      if (take_op(op, stack)) return;
+    }
     base->dispatch(op, stack);
   }
   void reportErrorCallback(PyObject* c, c10::DispatchKey k) const override { base->reportErrorCallback(c, k); }
@@ -669,6 +754,30 @@ struct Wrapped final : c10::impl::PyInterpreterVTable {
 
 Wrapped* wrapped = nullptr;
 
+void front_door(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  if (!marked_on_top()) {
+    if (c10::impl::TorchDispatchModeTLS::stack_len() == 0) {  // the mode is popped (the tracer's own code) or gone
+      op.redispatchBoxed(keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::Fake), stack);
+      return;
+    }
+    // Another mode is on top: pushed over the marked one (torch includes the Python keys only for a first mode) or
+    // uncovered by popping it. Torch's way for this op and what follows, until the marked mode is on top again.
+    close_front_door();
+    at::impl::MaybeSetTLSOnEntryGuard entry;
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Python), stack);
+    return;
+  }
+  if (take_op(op, stack)) return;
+  // The Python mode takes it, through torch's Python-key fallback as ever (which reads the thread's dispatch state
+  // from when the op came in: taken here, as ``PythonTLSSnapshot``'s fallback would have).
+  struct Forwarding {
+    Forwarding() { forwarding = true; }
+    ~Forwarding() { forwarding = false; }
+  } handed;
+  at::impl::MaybeSetTLSOnEntryGuard entry;
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Python), stack);
+}
+
 // -- the tracer's side ----------------------------------------------------------------------------------------
 
 // Mark ``mode`` (the tracer's dispatch mode object): its ops are offered here until ``detach``. False when another
@@ -677,6 +786,8 @@ Wrapped* wrapped = nullptr;
 bool attach(py::object mode, py::object tracer, py::object node_key, double warn_frac, int64_t window,
             int64_t held_limit, int64_t cpu_held_limit, std::vector<std::tuple<py::object, double, double>> limits) {
   if (S->marker != nullptr) return false;
+  const char* key = std::getenv("DTYPECHECK_DISPATCH_KEY");
+  front_door_wanted = !(key != nullptr && std::string(key) == "0") && register_front_door();
   if (wrapped == nullptr) {
     auto* interpreter = getPyInterpreter();
     wrapped = new Wrapped(interpreter->vtable_);
@@ -714,6 +825,8 @@ bool attach(py::object mode, py::object tracer, py::object node_key, double warn
 
 void detach() {
   if (S->marker == nullptr) return;
+  close_front_door();
+  front_door_wanted = false;
   settle_pending();
   forget_walk();
   Py_CLEAR(S->marker);
@@ -721,6 +834,7 @@ void detach() {
   Py_CLEAR(S->kind_of);
   Py_CLEAR(S->module);
   Py_CLEAR(S->dominant);
+  S->dominant_type = at::ScalarType::Undefined;
   clear_entries();
   S->adopting = false;
   S->adopted.clear();
@@ -748,6 +862,8 @@ void learn(py::object func, int kind, bool creates, std::vector<size_t> read_mut
   meta.creates = creates;
   meta.read_mutated = std::move(read_mutated);
   meta.written = std::move(written);
+  meta.nargs = key->arguments().size();
+  meta.nret = key->returns().size();
   meta.name = name.inc_ref().ptr();
   S->metas.emplace(key, std::move(meta));
 }
@@ -756,7 +872,7 @@ void stale() { S->stale = true; }
 
 // The program's dominant dtype changed (DtypeFlow.on_change: a model started running).
 void set_dominant(py::object dominant, bool confirmed) {
-  hold(S->dominant, dominant.ptr());
+  set_dominant_type(dominant.ptr());
   S->confirmed = confirmed;
 }
 
