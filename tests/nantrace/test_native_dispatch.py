@@ -286,6 +286,27 @@ def test_it_counts_the_ops_the_plain_run_runs(dispatch_module: ModuleType) -> No
     assert traced.report.ops == counting.ops
 
 
+def test_a_steady_step_runs_every_op_in_c_including_each_phase_s_first(dispatch_module: ModuleType) -> None:
+    """Once the C++ path knows a loop's ops, a clean step hands none to the Python mode: not the first op of
+    backward nor the update's first (``profiler._record_function_enter_new``), where the window is judged
+    (``Tracer._phase_changed``, called from C++). Each such hand-over cost a Python op a phase change."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.AdamW(model.parameters())
+    inputs = [torch.randn(4, 8) for _ in range(4)]
+    with dtypecheck.trace(model) as traced:
+        for step, x in enumerate(inputs):
+            if step == 2:
+                ran, forwarded, _ = dispatch_module.stats()
+            model(x).pow(2).mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        later = dispatch_module.stats()
+    assert traced.report.status == "clean"
+    assert later[0] > ran
+    assert later[1] == forwarded
+
+
 def test_autocast_and_a_nested_tracer_leave_the_ops_to_the_python_mode(dispatch_module: ModuleType) -> None:
     """Autocast's fall-through rule (autocast.py) lives in Python: once autocast may be on, no op runs in C++. A
     tracer inside another gets the Python mode (the hook marks one mode at a time)."""

@@ -413,6 +413,26 @@ const OpMeta* meta_of(const c10::FunctionSchema* schema) {
   return slot.second;
 }
 
+// Tracer.dispatch at an op of the other phase (forward or not, backward): the last forward record's node is tagged
+// and the window judged (``_phase_changed``), as the Python mode does before such an op; false when the op must go
+// to the Python mode after all (the judging stopped the run, or the tracer is no longer one this path serves).
+bool change_phase(bool backward) {
+  Gil gil;
+  if (S->py_pending) {
+    S->py_pending = false;
+    call_tracer("_tag_pending");
+  }
+  settle_pending();
+  {
+    torch::torch_dispatch_mode::StashTorchDispatchModeGuard popped;
+    PyObject* done = PyObject_CallMethod(S->tracer, "_phase_changed", "O", backward ? Py_True : Py_False);
+    if (done == nullptr) throw py::error_already_set();
+    Py_DECREF(done);
+  }
+  sync();
+  return S->marker != nullptr && S->fast && backward == S->in_backward;
+}
+
 // true: the op was run and booked here; false: the Python mode takes it (with ``S->adopting`` set when it ran here
 // already and the stack holds its arguments again). The op runs before the GIL is taken, as in the plain run; what
 // needs Python (its line, its node, the history) is done after it, in one hold of the GIL.
@@ -440,7 +460,7 @@ bool take_op(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (!plain) return forward_now();
   const c10::intrusive_ptr<torch::autograd::Node> node = torch::autograd::get_current_node();
   const bool backward = node.defined();
-  if (backward != S->in_backward) return forward_now();
+  if (backward != S->in_backward && !change_phase(backward)) return forward_now();
   const bool grad_enabled = at::GradMode::is_enabled();
   const bool record =
       !(meta.kind == kScalar || meta.kind == kUninitialised || (meta.kind == kPass && (backward || !grad_enabled)));
