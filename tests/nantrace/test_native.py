@@ -50,7 +50,9 @@ def _python_answer(tensors: list[torch.Tensor]) -> bool:
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
-@pytest.mark.parametrize("bad", [None, float("nan"), float("inf"), float("-inf")], ids=str)
+@pytest.mark.parametrize(
+    "bad", [None, float("nan"), -float("nan"), float("inf"), float("-inf")], ids=["none", "nan", "-nan", "inf", "-inf"]
+)
 def test_both_checks_answer_as_numpy_for_every_position(
     native_module: ModuleType, dtype: torch.dtype, bad: Any
 ) -> None:

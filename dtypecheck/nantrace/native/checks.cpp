@@ -20,22 +20,26 @@ namespace {
 
 using dtypecheck::readable;
 
-template <typename Bits>
-bool bits_finite(const void* data, int64_t n, Bits exponent) {
-  const Bits* p = static_cast<const Bits*>(data);
-  Bits any = 0;
+// Whether every value of a readable tensor of a format ``tensors.h`` knows is finite. A value is non-finite exactly
+// when its magnitude's bits are at or above infinity's (inf and every NaN), so the largest magnitude, as a signed
+// integer of the format's width (a magnitude's top bit is clear), answers for all of them: one AND and one max a
+// value, which the compiler vectorises, and which is built for AVX2 too where the CPU has it (as ``scan`` is; a
+// compare and an OR a value, SSE2 only, cost twice the instructions: watch mode's largest per-step cost).
+template <typename T>
+DTYPECHECK_CLONES bool format_finite_bits(const typename dtypecheck::Format<T>::U* p, int64_t n) {
+  using F = dtypecheck::Format<T>;
+  using S = typename F::S;
+  S most = 0;
   for (int64_t i = 0; i < n; ++i) {
-    // A value is non-finite exactly when its exponent bits are all ones (inf and every NaN).
-    any |= static_cast<Bits>((p[i] & exponent) == exponent);
+    const S magnitude = static_cast<S>(p[i] & F::kAbs);
+    most = magnitude > most ? magnitude : most;
   }
-  return any == 0;
+  return most < static_cast<S>(F::kInf);
 }
 
-// ``bits_finite`` of a readable tensor of a format ``tensors.h`` knows (its infinity's bits are its exponent's).
 template <typename T>
 bool format_finite(const at::Tensor& t) {
-  using F = dtypecheck::Format<T>;
-  return bits_finite<typename F::U>(t.const_data_ptr(), t.numel(), F::kInf);
+  return format_finite_bits<T>(static_cast<const typename dtypecheck::Format<T>::U*>(t.const_data_ptr()), t.numel());
 }
 
 // 1: every floating value finite; 0: one is not; -1: a tensor this module cannot read (the caller checks them all
