@@ -136,10 +136,10 @@ struct State {
 State* S = new State;
 
 // How an op taken here runs: as inside ``__torch_dispatch__`` (the mode's keys off, so that neither the op nor
-// what its kernel calls comes back to a mode), by excluding the two Python keys (and the front door's key, below),
-// which costs a bit set where
-// popping the mode off its stack and back cost ~5% of a small-op step (``shallow_copy_and_detach`` looks at the
-// same exclusion). Python code (the tracer's callbacks) runs with the mode popped instead: it may ask for it.
+// what its kernel calls comes back to a mode), by excluding the two Python keys and the front door's (below), which
+// costs a bit set where popping the mode off its stack and back cost ~5% of a small-op step
+// (``shallow_copy_and_detach`` looks at the same exclusion). Python code (the tracer's callbacks) runs with the mode
+// popped instead: it may ask for it.
 struct BelowModes {
   c10::impl::ExcludeDispatchKeyGuard keys{
       c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot, c10::DispatchKey::Fake})};
