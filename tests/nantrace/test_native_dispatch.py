@@ -417,9 +417,8 @@ def test_ops_come_in_below_the_python_key_and_the_thread_is_left_as_it_was(
 ) -> None:
     """While the tracer's mode is on top, the thread's ops reach the C++ path through the ``Fake`` key's fallback
     instead of torch's Python keys (about a quarter of the full trace's overhead on small ops); after the trace the
-    thread's
-    included keys are what they were. ``DTYPECHECK_DISPATCH_KEY=0`` keeps torch's way, and the two reports agree
-    whole, op counts included."""
+    thread's included keys are what they were. ``DTYPECHECK_DISPATCH_KEY=0`` keeps torch's way, and the two reports
+    agree whole, op counts included."""
     monkeypatch.delenv("DTYPECHECK_DISPATCH_KEY", raising=False)
     model = torch.nn.Linear(4, 4)
     before = _included()
