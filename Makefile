@@ -26,10 +26,11 @@ $(STAMP): pyproject.toml requirements-dev.txt
 
 # Every installed module's bytecode, as a user's `pip install` leaves it: run before timing a benchmark with
 # `.venv/bin/python` outside make on a machine that sets PYTHONDONTWRITEBYTECODE, where each process would
-# otherwise compile what it imports from source (a sweep type's model module, torch's lazy imports).
+# otherwise compile what it imports from source (a sweep type's model module, torch's lazy imports). Torch ships
+# test helpers in later Pythons' syntax (torch/testing/_internal/py312_intrinsics.py), which no 3.11 import reaches.
 BYTECODE := $(VENV)/.bytecode
 $(BYTECODE): $(STAMP)
-	$(BIN)/python -m compileall -q -j 0 $$($(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") dtypecheck
+	$(BIN)/python -m compileall -q -j 0 -x 'py31[2-9]_' $$($(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") dtypecheck
 	touch $(BYTECODE)
 
 bytecode: $(BYTECODE)
