@@ -171,6 +171,23 @@ def tensors_in(value: Any) -> Iterator[torch.Tensor]:
             yield from tensors_in(item)
 
 
+def tensor_list(value: Any) -> list[torch.Tensor]:
+    """``list(tensors_in(value))``, without a generator a level for the common shapes (a tensor; a tuple or list of
+    tensors): watch mode asks it for each step's model call, output and loss."""
+    from torch import Tensor
+
+    if isinstance(value, Tensor):
+        return [value]
+    if isinstance(value, list | tuple):
+        found = []
+        for item in value:
+            if not isinstance(item, Tensor):
+                return list(tensors_in(value))
+            found.append(item)
+        return found
+    return list(tensors_in(value))
+
+
 def has_nonfinite_scalar(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """A Python ``inf``/``nan`` written into the call: the user's own constant."""
     for value in (*args, *kwargs.values()):

@@ -79,6 +79,9 @@ def test_what_the_module_cannot_read_is_left_to_torch(native_module: ModuleType)
     assert state.read_flags([state.all_finite([torch.randn(3), transposed])]) is False
     assert native_module.all_finite([torch.empty(3, device="meta")]) == -1
     assert native_module.all_finite([torch._efficientzerotensor(4)]) == -1  # no buffer behind it to read
+    negated = torch.tensor([1 + 2j, 3 - 4j]).conj().imag  # its bits are not its values (a negated view)
+    assert negated.is_neg()
+    assert native_module.all_finite([negated]) == -1
     # Integers and bools are finite; an empty list has nothing non-finite.
     assert native_module.all_finite([torch.arange(5), torch.ones(2, dtype=torch.bool)]) == 1
     assert native_module.all_finite([]) == 1
@@ -128,7 +131,8 @@ def test_what_the_full_traces_check_cannot_read_is_left_to_torch(native_module: 
     shrunk = torch.randn(16)
     shrunk.untyped_storage().resize_(8)  # 2 of its 16 values left: the rest would be read past the storage's end
     assert native_module.all_finite([shrunk]) == -1
-    assert native_module.Group([torch.empty(16)]).copy_from(native_module.Group([shrunk])) is False
+    copies = state._Copies.of([torch.empty(16)])
+    assert native_module.Snapshot([shrunk], copies.flat, copies.offsets).take() is False
     unread = [
         torch.randn(8, 4).t(),
         torch.empty(3, device="meta"),
@@ -208,16 +212,50 @@ def test_mixed_dtypes_in_the_python_check_keep_every_value() -> None:
     assert _python_answer([half, brain]) is False
 
 
-def test_a_group_copies_exactly_or_nothing(native_module: ModuleType) -> None:
-    sources = [torch.randn(5, 3), torch.randn(7).to(torch.bfloat16), torch.tensor(2.5, dtype=torch.float64)]
+def test_a_snapshot_copies_bit_for_bit_on_lines_of_its_own(native_module: ModuleType) -> None:
+    sources = [
+        torch.randn(5, 3),
+        torch.randn(7).to(torch.bfloat16),
+        torch.tensor(2.5, dtype=torch.float64),
+        torch.empty(0, 4),
+        torch.arange(33, dtype=torch.int16),
+    ]
     sources[0][1, 1] = float("nan")
-    buffers = [torch.empty_like(s) for s in sources]
-    assert native_module.Group(buffers).copy_from(native_module.Group(sources)) is True
-    for buffer, source in zip(buffers, sources, strict=True):
-        assert buffer.reshape(-1).view(torch.uint8).equal(source.reshape(-1).view(torch.uint8))  # bit for bit, NaN too
-    wrong = [torch.zeros(5, 3), torch.zeros(6, dtype=torch.bfloat16), torch.zeros((), dtype=torch.float64)]
-    assert native_module.Group(wrong).copy_from(native_module.Group(sources)) is False
-    assert all(not w.any() for w in wrong)  # nothing copied
+    copies = state._Copies.of(sources)
+    # By hand: 60, 14, 8, 0 and 66 bytes, each rounded up to whole 64-byte lines.
+    assert copies.offsets == [0, 64, 128, 192, 192]
+    assert copies.flat is not None
+    assert copies.flat.nbytes == 192 + 128 == copies.nbytes
+    snapshot = native_module.Snapshot(sources, copies.flat, copies.offsets)
+    assert snapshot.take() is True
+    for view, source in zip(copies.views, sources, strict=True):
+        assert (view.shape, view.dtype) == (source.shape, source.dtype)
+        assert view.reshape(-1).view(torch.uint8).equal(source.reshape(-1).view(torch.uint8))  # bit for bit, NaN too
+    sources[0][0, 0] = 7.0  # read as it is at each call
+    assert snapshot.take() is True
+    assert copies.views[0][0, 0].item() == 7.0
+    sources[1].data = torch.zeros(6, dtype=torch.bfloat16)  # another size now: the caller copies with torch
+    assert snapshot.take() is False
+    with pytest.raises(RuntimeError, match="line-aligned"):
+        native_module.Snapshot(sources[:2], copies.flat, [0, 32])
+
+
+def test_a_gradient_is_kept_as_backward_sends_it(native_module: ModuleType) -> None:
+    """``keep_grad``: the gradient that flows into a node's output, summed over backward passes; None for a tensor
+    no node made (a leaf)."""
+    x = torch.randn(4, 3, requires_grad=True)
+    weights = torch.randn(4, 2)
+    first, second = x.split([2, 1], dim=1)  # two outputs of one node: the second's gradient is kept
+    kept = native_module.keep_grad(second)
+    before = kept.grad
+    assert before is None  # before backward
+    loss = (first * weights).sum() + (second * weights[:, :1] * 3).sum()
+    loss.backward(retain_graph=True)
+    expected = (weights[:, :1] * 3).numpy()  # d loss / d second, by hand
+    np.testing.assert_array_equal(kept.grad.numpy(), expected)
+    loss.backward()
+    np.testing.assert_array_equal(kept.grad.numpy(), expected + expected)
+    assert native_module.keep_grad(torch.randn(2, requires_grad=True)) is None
 
 
 def test_a_group_reads_what_it_holds_as_it_is_at_each_call(native_module: ModuleType) -> None:
@@ -239,11 +277,8 @@ def test_a_group_reads_what_it_holds_as_it_is_at_each_call(native_module: Module
     with torch.no_grad():
         params[2][0] = float("nan")
     assert held.finite() == 0
-    buffers = [torch.empty_like(p) for p in params]
-    assert native_module.Group(buffers).copy_from(held) is True
-    for buffer, source in zip(buffers, params, strict=True):
-        assert buffer.reshape(-1).view(torch.uint8).equal(source.detach().reshape(-1).view(torch.uint8))
-    assert native_module.Group(buffers[:2]).copy_from(held) is False  # not the same layout: nothing copied
+    params[1].grad = torch.tensor([1 + 1j]).conj().imag.expand(2, 3)  # a negated view: left to torch
+    assert group.grads_finite() == -1
 
 
 def _reports(nantrace: NanTrace, monkeypatch: pytest.MonkeyPatch, path: Path, *argv: str) -> list[dict[str, Any]]:

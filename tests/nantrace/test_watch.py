@@ -129,12 +129,13 @@ def test_watch_clean_run_traces_nothing_and_counts_the_snapshot(nantrace: NanTra
     assert (doc["status"], doc["first"], doc["ops"], doc["steps"]) == ("clean", None, 0, 11)
     summary = doc["watch"]
     assert (summary["steps_checked"], summary["detected"], summary["replayed_step"]) == (11, None, None)
-    # By hand: the optimizer snapshot holds the parameters and SGD's momentum buffers (block.fc 8x8+8, norm 8+8,
-    # head 8+1 = 97 float32 each), the batch-norm buffers running_mean/var (8+8 float32) and num_batches_tracked
-    # (one int64) are copied as they change, the CPU generator's state is 5056 bytes, and the gradient kept for
-    # the model's 16x1 output is 16 float32.
-    parameters = (8 * 8 + 8) + (8 + 8) + (8 + 1)
-    expected = 2 * 4 * parameters + (4 * 16 + 8) + torch.get_rng_state().nbytes + 4 * 16
+    # By hand: the optimizer snapshot holds the parameters and SGD's momentum buffers (block.fc 8x8 and 8, norm 8
+    # and 8, head 8 and 1 float32), each on whole 64-byte lines of one allocation; the batch-norm buffers
+    # running_mean/var (8+8 float32) and num_batches_tracked (one int64) are copied as they change, the CPU
+    # generator's state is 5056 bytes, and the gradient kept for the model's 16x1 output is 16 float32.
+    parameters = sum(-(-4 * n // 64) * 64 for n in (8 * 8, 8, 8, 8, 8, 1))
+    assert parameters == 256 + 5 * 64
+    expected = 2 * parameters + (4 * 16 + 8) + torch.get_rng_state().nbytes + 4 * 16
     assert torch.get_rng_state().nbytes == 5056
     assert summary["snapshot_bytes"] == expected
     assert summary["optimizer_snapshot"] is True

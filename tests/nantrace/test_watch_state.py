@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dtypecheck.nantrace import native
-from dtypecheck.nantrace.watch import Watcher
+from dtypecheck.nantrace.watch import Watcher, state
 from dtypecheck.nantrace.watch.state import BufferSnapshot
 
 
@@ -75,7 +75,17 @@ def test_the_kept_buffer_list_follows_every_change_to_the_tree() -> None:
         assert snapshot._trees[id(model)] is kept
 
 
-def test_a_call_keeps_the_gradient_its_output_received_even_when_changed_in_place_after() -> None:
+@pytest.mark.parametrize("compiled_autograd", [False, True], ids=["cpp-hook", "python-hook"])
+def test_a_call_keeps_the_gradient_its_output_received_even_when_changed_in_place_after(
+    compiled_autograd: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """By the C++ hook (``native.keep_grad``), or by the Python one where compiled autograd is on (it compiles only
+    Python hooks)."""
+    _module()
+    if compiled_autograd:
+        import importlib
+
+        monkeypatch.setattr(importlib.import_module("torch._dynamo.config"), "compiled_autograd", True)
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)
     x = torch.randn(5, 4)
@@ -86,33 +96,40 @@ def test_a_call_keeps_the_gradient_its_output_received_even_when_changed_in_plac
         weights = torch.arange(15.0).reshape(5, 3)
         (out * weights).sum().backward()
         call = watcher._calls[0]
+        assert (bool(call.kept), bool(call.grads)) == (not compiled_autograd, compiled_autograd)
         # d/d(out as returned) of sum(2 * out * weights) is 2 * weights, by hand.
-        assert torch.equal(call.grads[0], 2.0 * weights)
+        assert torch.equal(call.gradients()[0], 2.0 * weights)
 
 
-@pytest.mark.parametrize("streamed", [False, True])
-def test_a_snapshot_copy_is_bit_for_bit_at_every_alignment_and_length(streamed: bool) -> None:
-    """Through the cache (a group under 1 MiB) and with non-temporal stores (a 1 MiB tensor beside it)."""
+def _module() -> Any:
     module = native.load(build_in_background=False)
     if module is None:
         native.build()
         native._load_once.cache_clear()
         module = native.load(build_in_background=False)
     assert module is not None
+    return module
+
+
+def test_a_snapshot_copy_is_bit_for_bit_at_every_alignment_and_length() -> None:
+    """Each tensor's whole lines streamed and its last partial line copied through the cache, whatever its source's
+    alignment: every byte of each copy is its source's, and the padding after it is left as it was."""
+    module = _module()
     torch.manual_seed(0)
-    big = [torch.randn(1 << 18)] if streamed else []  # 1 MiB: the whole group is copied streaming
     for offset in range(5):
+        sources = []
         for length in (1, 3, 15, 16, 17, 63, 64, 65, 1000, 4099):
             base = torch.randn(length + offset)
             base[(7 * length) % (length + offset)] = float("nan")
-            source = base[offset:]  # contiguous, its data 4 * offset bytes past an aligned start
-            whole = torch.full((length + offset,), -1.0)
-            target = whole[offset:]
-            big_target = [torch.zeros_like(t) for t in big]
-            assert module.Group([target, *big_target]).copy_from(module.Group([source, *big])) is True
-            assert target.view(torch.int32).equal(source.view(torch.int32)), (offset, length)
-            assert torch.equal(torch.full((offset,), -1.0), whole[:offset])  # nothing written before it
-            assert all(t.equal(s) for t, s in zip(big_target, big, strict=True))
+            sources.append(base[offset:])  # contiguous, its data 4 * offset bytes past an aligned start
+        copies = state._Copies.of(sources)
+        assert copies.flat is not None
+        copies.flat.fill_(0xAB)
+        assert module.Snapshot(sources, copies.flat, copies.offsets).take() is True
+        for view, source, at in zip(copies.views, sources, copies.offsets, strict=True):
+            assert view.view(torch.int32).equal(source.view(torch.int32)), (offset, source.numel())
+            end, line_end = at + source.nbytes, at + -(-source.nbytes // 64) * 64
+            assert bool((copies.flat[end:line_end] == 0xAB).all())  # nothing written past it
 
 
 NOISY = """

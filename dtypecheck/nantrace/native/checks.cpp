@@ -1,7 +1,10 @@
 // Watch mode's per-step checks in one call each: no per-tensor dispatch, no in-place write.
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/add.h>
 #include <c10/util/Half.h>
 #include <c10/util/BFloat16.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include "tensors.h"
@@ -10,6 +13,8 @@
 #include <cstdint>
 #include <limits>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #if defined(__SSE2__)
@@ -38,28 +43,32 @@ DTYPECHECK_CLONES bool format_finite_bits(const typename dtypecheck::Format<T>::
 }
 
 template <typename T>
-bool format_finite(const at::Tensor& t) {
-  return format_finite_bits<T>(static_cast<const typename dtypecheck::Format<T>::U*>(t.const_data_ptr()), t.numel());
+bool format_finite(const dtypecheck::Plain& p) {
+  using U = typename dtypecheck::Format<T>::U;
+  return format_finite_bits<T>(reinterpret_cast<const U*>(p.data), static_cast<int64_t>(p.nbytes / sizeof(U)));
 }
 
-// 1: every floating value finite; 0: one is not; -1: a tensor this module cannot read (the caller checks them all
-// with torch instead). Integer and bool tensors are finite.
+// 1: every floating value of ``t`` finite; 0: one is not; -1: a tensor this module cannot read (the caller checks
+// them all with torch instead). Integer and bool tensors are finite.
+int finite_of(const at::Tensor& t) {
+  dtypecheck::Plain p;
+  if (!dtypecheck::plain_of(t, &p)) return -1;
+  if (p.nbytes == 0 || !at::isFloatingType(p.type)) return 1;
+  switch (p.type) {
+    case at::kFloat: return format_finite<float>(p);
+    case at::kDouble: return format_finite<double>(p);
+    case at::kHalf: return format_finite<at::Half>(p);
+    case at::kBFloat16: return format_finite<at::BFloat16>(p);
+    default: return -1;  // float8 formats and the like: torch knows them
+  }
+}
+
+// ``finite_of`` of them all, in one pass: 0 as soon as one is not finite (that answer holds whatever the rest are),
+// -1 as soon as one cannot be read.
 int all_finite(const std::vector<at::Tensor>& tensors) {
   for (const auto& t : tensors) {
-    if (!readable(t)) return -1;
-  }
-  for (const auto& t : tensors) {
-    const int64_t n = t.numel();
-    if (n == 0 || !at::isFloatingType(t.scalar_type())) continue;
-    bool finite;
-    switch (t.scalar_type()) {
-      case at::kFloat: finite = format_finite<float>(t); break;
-      case at::kDouble: finite = format_finite<double>(t); break;
-      case at::kHalf: finite = format_finite<at::Half>(t); break;
-      case at::kBFloat16: finite = format_finite<at::BFloat16>(t); break;
-      default: return -1;  // float8 formats and the like: torch knows them
-    }
-    if (!finite) return 0;
+    const int found = finite_of(t);
+    if (found != 1) return found;
   }
   return 1;
 }
@@ -74,64 +83,6 @@ pybind11::object extrema(const at::Tensor& t, double tiny) {
   return pybind11::make_tuple(e.lo, e.hi, e.small);
 }
 
-// Below this many bytes in all, a snapshot is copied through the cache (``memcpy``): it sits in the caches beside
-// the step's own data, and a non-temporal store of a few hundred small tensors ran ~5x slower than ``memcpy`` (45 us
-// for the 158 KiB, 200 tensors of benchmarks/bench_watch.py's small model, a sixth of watch mode's cost there).
-constexpr size_t kStreamFrom = size_t{1} << 20;
-
-// ``memcpy`` with stores that bypass the cache where the machine has them: a large snapshot is written every step
-// and read only by a replay, and writing it through the cache evicted what the training step itself was using.
-// The caller fences once after the last copy.
-void copy_streaming(void* out, const void* data, size_t bytes) {
-#if defined(__SSE2__)
-  auto* q = static_cast<char*>(out);
-  const auto* p = static_cast<const char*>(data);
-  const size_t head = (16 - (reinterpret_cast<uintptr_t>(q) & 15)) & 15;
-  if (bytes < 64 || head > bytes) {
-    std::memcpy(q, p, bytes);
-    return;
-  }
-  std::memcpy(q, p, head);
-  q += head;
-  p += head;
-  bytes -= head;
-  const size_t blocks = bytes / 16;
-  for (size_t i = 0; i < blocks; ++i) {
-    _mm_stream_si128(reinterpret_cast<__m128i*>(q) + i, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p) + i));
-  }
-  std::memcpy(q + blocks * 16, p + blocks * 16, bytes - blocks * 16);
-#else
-  std::memcpy(out, data, bytes);
-#endif
-}
-
-// Copy each source into its destination (same shape and dtype, both readable); false, copying nothing, when one
-// pair is not (the caller copies with torch instead).
-bool copy_all(const std::vector<at::Tensor>& destinations, const std::vector<at::Tensor>& sources) {
-  if (destinations.size() != sources.size()) return false;
-  size_t total = 0;
-  for (size_t i = 0; i < sources.size(); ++i) {
-    const auto& d = destinations[i];
-    const auto& s = sources[i];
-    if (!readable(d) || !readable(s) || d.scalar_type() != s.scalar_type() || d.sizes() != s.sizes()) return false;
-    total += s.nbytes();
-  }
-  const bool stream = total >= kStreamFrom;
-  for (size_t i = 0; i < sources.size(); ++i) {
-    const size_t bytes = sources[i].nbytes();
-    if (!bytes) continue;
-    if (stream) {
-      copy_streaming(destinations[i].mutable_data_ptr(), sources[i].const_data_ptr(), bytes);
-    } else {
-      std::memcpy(destinations[i].mutable_data_ptr(), sources[i].const_data_ptr(), bytes);
-    }
-  }
-#if defined(__SSE2__)
-  if (stream) _mm_sfence();
-#endif
-  return true;
-}
-
 // The tensors of a layout that is checked or copied every step (an optimizer's parameters and states), held on
 // this side: a call passes no list, where converting ~200 tensors from Python cost as much as reading them.
 struct Group {
@@ -143,17 +94,127 @@ struct Group {
 
   // The gradients of these tensors (parameters) that are there, as ``all_finite`` answers for them.
   int grads_finite() const {
-    std::vector<at::Tensor> grads;
-    grads.reserve(tensors.size());
     for (const auto& t : tensors) {
       const auto& grad = t.grad();
-      if (grad.defined()) grads.push_back(grad);
+      if (!grad.defined()) continue;
+      const int found = finite_of(grad);
+      if (found != 1) return found;
     }
-    return all_finite(grads);
+    return 1;
+  }
+};
+
+constexpr size_t kLine = 64;
+
+// Copy ``bytes`` to a line-aligned ``out`` whose lines nothing else writes: the whole lines with stores that bypass
+// the cache (a line is written whole, so none is read first), the last partial line through it.
+void copy_lines(char* out, const char* data, size_t bytes) {
+#if defined(__SSE2__)
+  const size_t whole = bytes & ~(kLine - 1);
+  for (size_t i = 0; i < whole; i += 16) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(out + i), _mm_loadu_si128(reinterpret_cast<const __m128i*>(data + i)));
+  }
+  std::memcpy(out + whole, data + whole, bytes - whole);
+#else
+  std::memcpy(out, data, bytes);
+#endif
+}
+
+// A snapshot of a layout's tensors in one allocation (``flat``, bytes), each tensor at its own line-aligned offset.
+// Copied through the cache, the ~160 KiB of benchmarks/bench_watch.py's small model cost 33 us a step inside the
+// training loop (7 us alone): each line written was read first, and evicted a line the step was using. Streamed
+// into ~200 separate small tensors it cost more (a partial line streamed is slow). Streamed line by line into one
+// allocation, what is written is whole lines in order.
+struct Snapshot {
+  std::vector<at::Tensor> sources;
+  at::Tensor flat;
+  std::vector<size_t> offsets;
+  std::vector<size_t> sizes;
+  std::vector<at::ScalarType> types;
+
+  Snapshot(std::vector<at::Tensor> held, at::Tensor into, std::vector<size_t> at)
+      : sources(std::move(held)), flat(std::move(into)), offsets(std::move(at)) {
+    TORCH_CHECK(offsets.size() == sources.size(), "a snapshot needs an offset for each tensor");
+    for (size_t i = 0; i < sources.size(); ++i) {
+      sizes.push_back(sources[i].nbytes());
+      types.push_back(sources[i].scalar_type());
+      TORCH_CHECK(offsets[i] % kLine == 0 && (i == 0 || offsets[i] >= offsets[i - 1] + sizes[i - 1]),
+                  "snapshot offsets must be line-aligned and apart");
+    }
+    TORCH_CHECK(flat.scalar_type() == at::kByte && flat.dim() == 1 &&
+                    (sources.empty() || static_cast<size_t>(flat.numel()) >= offsets.back() + sizes.back()),
+                "a snapshot's allocation must be bytes that hold every tensor");
   }
 
-  bool copy_from(const Group& sources) { return copy_all(tensors, sources.tensors); }
+  // Copy every source into its place; false when one is no longer readable or changed its dtype or size (some may
+  // have been copied: the caller copies them all with torch instead).
+  bool take() const {
+    dtypecheck::Plain into;
+    if (!dtypecheck::plain_of(flat, &into) || (reinterpret_cast<uintptr_t>(into.data) & (kLine - 1)) != 0) return false;
+    auto* base = static_cast<char*>(flat.mutable_data_ptr());
+    bool streamed = false;
+    dtypecheck::Plain p;
+    for (size_t i = 0; i < sources.size(); ++i) {
+      if (!dtypecheck::plain_of(sources[i], &p) || p.type != types[i] || p.nbytes != sizes[i]) {
+#if defined(__SSE2__)
+        if (streamed) _mm_sfence();
+#endif
+        return false;
+      }
+      if (!sizes[i]) continue;
+      copy_lines(base + offsets[i], p.data, sizes[i]);
+      streamed = streamed || sizes[i] >= kLine;
+    }
+#if defined(__SSE2__)
+    if (streamed) _mm_sfence();
+#endif
+    return true;
+  }
 };
+
+// The gradient backward sends into one output of a node (summed over backward passes), kept for a replay.
+struct KeptGrad {
+  mutable std::mutex lock;
+  at::Tensor grad;
+
+  pybind11::object get() const {
+    std::lock_guard<std::mutex> guard(lock);
+    if (!grad.defined()) return pybind11::none();
+    return pybind11::cast(grad);
+  }
+};
+
+// A pre-hook of the node that made a model call's output: where watch mode's Python hook made the engine take the
+// GIL and wrap the node's gradients in a tuple at every step's backward (with its registration, ~27 us a step on
+// benchmarks/bench_watch.py's small model), this one keeps the tensor on the engine's thread.
+struct KeepGrad : torch::autograd::FunctionPreHook {
+  std::shared_ptr<KeptGrad> kept;
+  size_t output_nr;
+
+  KeepGrad(std::shared_ptr<KeptGrad> into, size_t nr) : kept(std::move(into)), output_nr(nr) {}
+
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
+    if (output_nr < grads.size() && grads[output_nr].defined()) {
+      std::lock_guard<std::mutex> guard(kept->lock);
+      kept->grad = kept->grad.defined() ? at::add(kept->grad, grads[output_nr]) : grads[output_nr];
+    }
+    return grads;
+  }
+
+  // Compiled autograd asks each hook for this; the caller registers this hook only where it is off, and a later
+  // compiled backward then runs without it (the replay is told no gradient came) instead of failing.
+  void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& /*args*/) const override {}
+};
+
+// Keep the gradient backward sends into ``tensor`` (made by a node: ``grad_fn`` set): the holder, or None when the
+// tensor has no node.
+pybind11::object keep_grad(const at::Tensor& tensor) {
+  const auto& node = tensor.grad_fn();
+  if (!node) return pybind11::none();
+  auto kept = std::make_shared<KeptGrad>();
+  node->add_pre_hook(std::make_unique<KeepGrad>(kept, static_cast<size_t>(tensor.output_nr())));
+  return pybind11::cast(kept);
+}
 
 }  // namespace
 
@@ -163,6 +224,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<Group>(m, "Group")
       .def(pybind11::init<std::vector<at::Tensor>>())
       .def("finite", &Group::finite)
-      .def("grads_finite", &Group::grads_finite)
-      .def("copy_from", &Group::copy_from);
+      .def("grads_finite", &Group::grads_finite);
+  pybind11::class_<KeptGrad, std::shared_ptr<KeptGrad>>(m, "KeptGrad").def_property_readonly("grad", &KeptGrad::get);
+  m.def("keep_grad", &keep_grad);
+  pybind11::class_<Snapshot>(m, "Snapshot")
+      .def(pybind11::init<std::vector<at::Tensor>, at::Tensor, std::vector<size_t>>())
+      .def("take", &Snapshot::take);
 }

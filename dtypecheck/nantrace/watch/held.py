@@ -65,11 +65,12 @@ class HeldModules:
             self._modules.add(module)
             self._made += 1
 
-    def flags(self, skip: frozenset[int]) -> list[Flag]:
-        """On-device flags that every held tensor is finite (one read-back for them all, with ``read_flags``)."""
+    def flag(self, skip: frozenset[int]) -> Flag:
+        """Whether every held tensor is finite, as ``all_finite`` answers (an on-device flag is read with
+        ``read_flags``)."""
         if self._built_at != self._made or skip is not self._skip_ids:
             self._build(skip)
-        return [all_finite(self._tensors)]
+        return all_finite(self._tensors) if self._tensors else None
 
     def _build(self, skip: frozenset[int]) -> None:
         self._built_at, self._skip_ids = self._made, skip

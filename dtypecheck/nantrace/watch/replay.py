@@ -133,11 +133,12 @@ def replay_call(call: ModelCall) -> bool:
     tensors = list(tensors_in(output))
     with untraced():
         finite_out = read_flags([all_finite(tensors)])
-        finite_in = read_flags([all_finite(list(call.grads.values()))])
+        grads = call.gradients()
+        finite_in = read_flags([all_finite(list(grads.values()))])
     call.output_finite = finite_out
     if finite_out and not finite_in:
         return True
-    roots = [(t, call.grads[i]) for i, t in enumerate(tensors) if i in call.grads and t.grad_fn is not None]
+    roots = [(t, grads[i]) for i, t in enumerate(tensors) if i in grads and t.grad_fn is not None]
     # An output computed from another output (HF's loss from its logits) already sends the other its gradient.
     roots = [(t, g) for t, g in roots if not any(o is not t and _depends_on(o, t) for o, _ in roots)]
     if roots:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from dtypecheck.nantrace import native
 from dtypecheck.nantrace.frames import FrameKey
-from dtypecheck.nantrace.ops import tensors_in
+from dtypecheck.nantrace.ops import tensor_list
 
 if TYPE_CHECKING:
     import torch
@@ -127,7 +127,7 @@ class RngState:
         import torch
 
         cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None  # type: ignore[no-untyped-call]
-        return cls(torch.get_rng_state(), cuda)
+        return cls(torch.default_generator.get_state(), cuda)  # ``torch.get_rng_state()``, a call less
 
     def put_back(self) -> None:
         import torch
@@ -138,7 +138,9 @@ class RngState:
 
     @property
     def nbytes(self) -> int:
-        return int(self.cpu.nbytes + sum(t.nbytes for t in self.cuda or ()))
+        if self.cuda is None:
+            return int(self.cpu.nbytes)
+        return int(self.cpu.nbytes + sum(t.nbytes for t in self.cuda))
 
 
 @functools.cache
@@ -158,7 +160,10 @@ class AutocastState:
     def take(cls) -> AutocastState:
         import torch
 
-        return cls(tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _autocast_devices()))
+        modes = []
+        for device in _autocast_devices():
+            modes.append((device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)))
+        return cls(tuple(modes))
 
     @contextlib.contextmanager
     def applied(self) -> Iterator[None]:
@@ -181,12 +186,25 @@ class ModelCall:
     """The tensor arguments' version counters: changed by the time of the replay means the batch was overwritten."""
     autocast: AutocastState
     grads: dict[int, torch.Tensor] = field(default_factory=dict)
-    """The gradient backward sent into the call's output tensors, by position among them."""
+    """The gradient backward sent into the call's output tensors, by position among them (the Python hook's)."""
+    kept: dict[int, Any] = field(default_factory=dict)
+    """The same, held by the C++ hook (``native.keep_grad``) until asked for (``gradients``)."""
     output_finite: bool | None = None
     """Whether the replayed call's outputs came out finite (None before its replay)."""
     where: FrameKey | None = None
     """The user's line that made the call: the replay's ops are named there, not at the hook that replays them
     (a library module's ops have no line of the user's own below the call)."""
+
+    def gradients(self) -> dict[int, torch.Tensor]:
+        """The gradients that came into the call's outputs, by position, from whichever hook kept them."""
+        if not self.kept:
+            return self.grads
+        found = dict(self.grads)
+        for position, holder in self.kept.items():
+            grad = holder.grad
+            if grad is not None:
+                found[position] = grad
+        return found
 
     def arguments_unchanged(self) -> bool:
         return all(t._version == v for t, v in self.versions)
@@ -195,8 +213,12 @@ class ModelCall:
 def call_of(
     module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], where: FrameKey | None = None
 ) -> ModelCall:
-    arguments = [*tensors_in(args), *tensors_in(kwargs)]
-    versions = [(t, t._version) for t in arguments]
+    arguments = tensor_list(args)
+    if kwargs:
+        arguments += tensor_list(kwargs)
+    versions = []
+    for tensor in arguments:
+        versions.append((tensor, tensor._version))
     return ModelCall(module, args, dict(kwargs), versions, AutocastState.take(), where=where)
 
 
@@ -272,6 +294,8 @@ class BufferSnapshot:
         self._changing: set[int] = set()
         self._learned = False
         self._saved: list[tuple[torch.Tensor, torch.Tensor | None, int]] = []
+        self._copied = 0
+        """The bytes of the copies in ``_saved``."""
         self._trees: dict[int, _Tree] = {}
         self._generation = 0
         """Changes to any module tree while watching: registrations, and the direct writers patched."""
@@ -309,6 +333,7 @@ class BufferSnapshot:
 
     def clear(self) -> None:
         self._saved = []
+        self._copied = 0
 
     def _listed(self, module: nn.Module) -> list[torch.Tensor]:
         """``_buffers_of(module)``, from its kept ``_Tree`` while that holds."""
@@ -322,6 +347,8 @@ class BufferSnapshot:
     def take(self, module: nn.Module) -> None:
         for buffer in self._listed(module):
             copy = buffer.detach().clone() if not self._learned or id(buffer) in self._changing else None
+            if copy is not None:
+                self._copied += copy.nbytes
             self._saved.append((buffer, copy, buffer._version))
 
     def step_ended(self) -> None:
@@ -350,21 +377,21 @@ class BufferSnapshot:
 
     @property
     def nbytes(self) -> int:
-        return sum(copy.nbytes for _, copy, _ in self._saved if copy is not None)
+        return self._copied
 
 
 class OptimizerSnapshot:
-    """An optimizer's parameters and state tensors before its update, in buffers allocated once and refilled
-    each step with one C++ call per (device, dtype) (a ``native.Group``'s ``copy_from``; ``_foreach_copy_`` without
-    it). The state an optimizer creates at its first step is noted as absent; plain values in its state (a Python
-    step counter) are copied as they are."""
+    """An optimizer's parameters and state tensors before its update, copied each step into one allocation per
+    (device, dtype) made once per layout, each tensor on lines of its own: on CPU by one C++ call
+    (``native.Snapshot``, whose stores bypass the cache), otherwise with ``_foreach_copy_``. The state an optimizer
+    creates at its first step is noted as absent; plain values in its state (a Python step counter) are copied as
+    they are."""
 
     def __init__(self, *, copies: bool = True) -> None:
         self.copies = copies
         """False: only the layout (what an update writes, for the check after it) is kept, no copy."""
-        self._buffers: dict[int, torch.Tensor] = {}
-        self._nbytes = 0
         self._layouts: dict[int, _Layout] = {}
+        self._nbytes = 0
         self._taken: dict[int, tuple[_Layout, list[Any]]] = {}
         """By optimizer: the layout the snapshot was taken in, and the plain values of its state before the update
         in its ``plain`` order. Its own layout, not the latest: the check after a first update builds a new one
@@ -372,52 +399,37 @@ class OptimizerSnapshot:
         uninitialised memory into the states (issue 30.4: a NaN "input" in ``lerp_`` instead of the inf born in
         ``addcdiv_``, answers that changed from run to run, an OverflowError in Adam's ``beta1 ** step``)."""
 
-    def _buffer_for(self, tensor: torch.Tensor) -> torch.Tensor:
-        import torch
-
-        buffer = self._buffers.get(id(tensor))
-        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
-            if buffer is not None:
-                self._nbytes -= buffer.nbytes
-            buffer = self._buffers[id(tensor)] = torch.empty_like(tensor, requires_grad=False)
-            self._nbytes += buffer.nbytes
-        return buffer
-
     def _layout(self, optimizer: Any) -> _Layout:
         """Built again only when the optimizer's state grew (its first step creates it) or its groups changed:
         walking every parameter's state each step was most of watch mode's cost on a small model."""
         import torch
 
-        signature = (len(optimizer.state), tuple(len(g["params"]) for g in optimizer.param_groups))
+        signature = [len(optimizer.state)]
+        for group in optimizer.param_groups:
+            signature.append(len(group["params"]))
         layout = self._layouts.get(id(optimizer))
         if layout is not None and layout.signature == signature:
             return layout
-        pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        tensors: list[torch.Tensor] = []
         keys: dict[int, set[str]] = {}
         plain: list[tuple[dict[str, Any], str]] = []
         parameters: list[torch.Tensor] = []
-        buffer_for = self._buffer_for if self.copies else (lambda tensor: tensor)
         for group in optimizer.param_groups:
             for parameter in group["params"]:
                 parameters.append(parameter)
-                pairs.append((parameter.detach(), buffer_for(parameter)))
+                tensors.append(parameter.detach())
                 state = optimizer.state.get(parameter, {})
                 keys[id(parameter)] = set(state)
                 for key, value in state.items():
                     if isinstance(value, torch.Tensor):
-                        pairs.append((value.detach(), buffer_for(value)))
+                        tensors.append(value.detach())
                     else:
                         plain.append((state, key))
-        grouped = list(_by_kind(pairs).values())
-        layout = _Layout(
-            signature,
-            [[t for t, _ in g] for g in grouped],
-            [[b for _, b in g] for g in grouped],
-            keys,
-            plain,
-            parameters,
-        )
+        sources = list(_by_kind(tensors).values())
+        copies = [_Copies.of(group) if self.copies else None for group in sources]
+        layout = _Layout(signature, sources, copies, keys, plain, parameters)
         self._layouts[id(optimizer)] = layout
+        self._count()
         return layout
 
     def take(self, optimizer: Any) -> None:
@@ -425,13 +437,20 @@ class OptimizerSnapshot:
 
         layout = self._layout(optimizer)
         groups = layout.native
-        for index, (source, buffer) in enumerate(zip(layout.sources, layout.buffers, strict=True)):
-            # The C++ copy is one memcpy a tensor, where _foreach_copy_ dispatches one copy_ each on CPU (under
-            # no_grad only there: entering it each step was a tenth of this method's cost).
-            if groups is None or not groups.buffers[index].copy_from(groups.sources[index]):
+        for index, copies in enumerate(layout.copies):
+            if copies is None:
+                continue
+            # The C++ copy is one streamed memcpy a tensor, where _foreach_copy_ dispatches one copy_ each on CPU
+            # (under no_grad only there: entering it each step was a tenth of this method's cost).
+            snapshot = groups.snapshots[index] if groups is not None else None
+            if snapshot is None or not snapshot.take():
                 with torch.no_grad():
-                    torch._foreach_copy_(buffer, source)
-        self._taken[id(optimizer)] = (layout, [copy.deepcopy(state[key]) for state, key in layout.plain])
+                    torch._foreach_copy_(copies.views, layout.sources[index])
+        plain = [copy.deepcopy(state[key]) for state, key in layout.plain] if layout.plain else []
+        before = self._taken.get(id(optimizer))
+        self._taken[id(optimizer)] = (layout, plain)
+        if before is None or before[0] is not layout:
+            self._count()
 
     def put_back(self, optimizer: Any) -> bool:
         """Restore the optimizer to its state before the update; False when no snapshot of it was taken."""
@@ -442,8 +461,9 @@ class OptimizerSnapshot:
             return False
         layout, values = taken
         with torch.no_grad():
-            for source, buffer in zip(layout.sources, layout.buffers, strict=True):
-                torch._foreach_copy_(source, buffer)
+            for source, copies in zip(layout.sources, layout.copies, strict=True):
+                if copies is not None:
+                    torch._foreach_copy_(source, copies.views)
         for group in optimizer.param_groups:
             for parameter in group["params"]:
                 state = optimizer.state.get(parameter)
@@ -474,15 +494,59 @@ class OptimizerSnapshot:
 
     @property
     def nbytes(self) -> int:
+        """The copies' allocations held now: the latest layout's of each optimizer, and the one a snapshot was
+        taken in where that is older (counted when either changes, not at each ask: asked every step)."""
         return self._nbytes
+
+    def _count(self) -> None:
+        layouts = {id(layout): layout for layout in self._layouts.values()}
+        layouts.update((id(layout), layout) for layout, _ in self._taken.values())
+        self._nbytes = sum(c.nbytes for layout in layouts.values() for c in layout.copies if c is not None)
+
+
+LINE = 64
+"""Bytes a copy of the snapshot starts on a multiple of (``native.Snapshot`` streams whole lines)."""
+
+
+@dataclass(frozen=True)
+class _Copies:
+    """The snapshot of one (device, dtype) group: one allocation (``flat``, bytes), and a view of it shaped as each
+    tensor; or, for a dtype that bytes cannot be viewed as, a tensor each (``flat`` None)."""
+
+    flat: torch.Tensor | None
+    offsets: list[int]
+    views: list[torch.Tensor]
+
+    @classmethod
+    def of(cls, tensors: list[torch.Tensor]) -> _Copies:
+        import torch
+
+        offsets, total = [], 0
+        for tensor in tensors:
+            offsets.append(total)
+            total += -(-tensor.nbytes // LINE) * LINE
+        flat = torch.empty(total, dtype=torch.uint8, device=tensors[0].device)
+        try:
+            views = [
+                flat[at : at + t.nbytes].view(t.dtype).view(t.shape) for t, at in zip(tensors, offsets, strict=True)
+            ]
+        except RuntimeError:
+            return cls(None, offsets, [torch.empty_like(t, requires_grad=False) for t in tensors])
+        return cls(flat, offsets, views)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.flat.nbytes) if self.flat is not None else sum(int(v.nbytes) for v in self.views)
 
 
 @dataclass
 class _Layout:
-    signature: tuple[int, tuple[int, ...]]
+    signature: list[int]
+    """The optimizer's state's length, then each param group's parameter count."""
     sources: list[list[torch.Tensor]]
-    """The parameters and state tensors, grouped by (device, dtype) for ``_foreach_copy_``."""
-    buffers: list[list[torch.Tensor]]
+    """The parameters and state tensors, grouped by (device, dtype)."""
+    copies: list[_Copies | None]
+    """Each group's snapshot (None where no copies are kept)."""
     keys: dict[int, set[str]]
     """By parameter: its state's keys when the layout was built."""
     plain: list[tuple[dict[str, Any], str]]
@@ -497,12 +561,16 @@ class _Layout:
     @functools.cached_property
     def native(self) -> _NativeGroups | None:
         """The same tensors held by the C++ module (built at the first ask), or None without it."""
-        group = getattr(_native(), "Group", None)
-        if group is None:
+        module = _native()
+        group = getattr(module, "Group", None)
+        snapshot = getattr(module, "Snapshot", None)
+        if group is None or snapshot is None:
             return None
         return _NativeGroups(
-            [group(s) for s in self.sources],
-            [group(b) for b in self.buffers],
+            [
+                None if c is None or c.flat is None or c.flat.device.type != "cpu" else snapshot(s, c.flat, c.offsets)
+                for s, c in zip(self.sources, self.copies, strict=True)
+            ],
             group(self.floating),
             group(self.parameters),
         )
@@ -510,18 +578,16 @@ class _Layout:
 
 @dataclass(frozen=True)
 class _NativeGroups:
-    """A layout's tensors as ``native.Group`` objects: copied and checked without passing a list each step."""
+    """A layout's tensors as held by the C++ module: copied and checked without passing a list each step."""
 
-    sources: list[Any]
-    buffers: list[Any]
+    snapshots: list[Any]
+    """Each group's ``native.Snapshot`` (None for a group on another device, or without copies)."""
     floating: Any
     parameters: Any
 
 
-def _by_kind(
-    pairs: list[tuple[torch.Tensor, torch.Tensor]],
-) -> dict[tuple[torch.device, torch.dtype], list[tuple[torch.Tensor, torch.Tensor]]]:
-    groups: dict[tuple[torch.device, torch.dtype], list[tuple[torch.Tensor, torch.Tensor]]] = {}
-    for tensor, buffer in pairs:
-        groups.setdefault((tensor.device, tensor.dtype), []).append((tensor, buffer))
+def _by_kind(tensors: list[torch.Tensor]) -> dict[tuple[torch.device, torch.dtype], list[torch.Tensor]]:
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for tensor in tensors:
+        groups.setdefault((tensor.device, tensor.dtype), []).append(tensor)
     return groups

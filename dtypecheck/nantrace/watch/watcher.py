@@ -23,8 +23,9 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from dtypecheck.nantrace import native
 from dtypecheck.nantrace.frames import FrameFinder
-from dtypecheck.nantrace.ops import tensors_in
+from dtypecheck.nantrace.ops import tensor_list
 from dtypecheck.nantrace.report import NanTraceReport, ScaleCollapse, SkippedStep
 from dtypecheck.nantrace.tracer import StopTracing, TraceOptions, Tracer
 from dtypecheck.nantrace.training import scale_of, scaler_found_inf, untraced
@@ -46,12 +47,19 @@ if TYPE_CHECKING:
     from torch import nn
 
 
-def _in_backward() -> bool:
-    """A module called while backward runs: activation checkpointing recomputing a forward, not a model call."""
-    import torch
+def _no_node() -> None:
+    return None
 
-    current = getattr(torch._C, "_current_autograd_node", None)
-    return current is not None and current() is not None
+
+def _compiled_autograd() -> bool:
+    """Compiled autograd is on (``torch._dynamo``'s): it asks every hook to compile itself, which only the Python
+    hooks do. Looked up only where the user imported dynamo."""
+    modules = sys.modules
+    if "torch._dynamo" not in modules:
+        return False
+    compiled = modules.get("torch._dynamo.compiled_autograd")
+    config = modules.get("torch._dynamo.config")
+    return bool(getattr(compiled, "compiled_autograd_enabled", False) or getattr(config, "compiled_autograd", False))
 
 
 class Watcher(StepReplay):
@@ -123,6 +131,10 @@ class Watcher(StepReplay):
         self._module_handles: list[Any] = []
         self._restore: list[tuple[Any, str, Any]] = []
         self._frames: FrameFinder
+        self._grad_enabled: Callable[[], bool]
+        self._current_node: Callable[[], object]
+        self._keep: Callable[[Any], Any] | None
+        """The C++ gradient keeper (``native.keep_grad``), or None: the Python pre-hook ``keep_grad``."""
         quiet = dataclasses.replace(self.options, stop_run=False, keep_going=False)
         self._workers = WorkerReplay(lambda: Tracer(quiet))
 
@@ -133,6 +145,9 @@ class Watcher(StepReplay):
         from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
         self._frames = FrameFinder()
+        self._grad_enabled = torch.is_grad_enabled
+        self._current_node = getattr(torch._C, "_current_autograd_node", _no_node)
+        self._keep = getattr(native.load(), "keep_grad", None)
         # Until the first step ends every module is seen, to learn which are called outermost; then only those.
         self._module_handles = [
             register_module_forward_pre_hook(self._global_enter),
@@ -183,7 +198,7 @@ class Watcher(StepReplay):
             handle.remove()
         self._module_handles = []
         for root in self._roots:
-            self._module_handles.append(root.register_forward_pre_hook(self._root_enter, with_kwargs=True))
+            self._module_handles.append(root.register_forward_pre_hook(self._enter, with_kwargs=True))
             self._module_handles.append(root.register_forward_hook(self._exit, always_call=True))
         self._learning = False
 
@@ -209,7 +224,8 @@ class Watcher(StepReplay):
                 self._backward_ended()
             self._interrupted = False
             raise StopTracing
-        self.poll()
+        if self._backward_open or self._tracer is not None or self._fallback_pending or self._fallback is not None:
+            self.poll()  # (each step calls here three times: the call to ``poll`` only where it has work)
         return not self.done
 
     def poll(self) -> None:
@@ -234,16 +250,12 @@ class Watcher(StepReplay):
         kwargs = frame.f_locals.get("kwargs") if frame.f_code.co_name == "_call_impl" else None
         self._enter(module, args, kwargs if isinstance(kwargs, dict) else {})
 
-    def _root_enter(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        self._enter(module, args, kwargs)
-
     def _enter(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        import torch
-
         if self._busy:
             return
         self._depth += 1
-        if self._depth != 1 or not self._landmark() or not torch.is_grad_enabled() or _in_backward():
+        if self._depth != 1 or not self._landmark() or not self._grad_enabled() or self._current_node() is not None:
+            # (a module called while backward runs: activation checkpointing recomputing a forward, not a call)
             return
         if self._learning and not any(module is r for r in self._roots):
             self._roots.append(module)
@@ -269,9 +281,17 @@ class Watcher(StepReplay):
         call, self._call_open = self._call_open, None
         if call is None or call.module is not module:
             return
-        for position, tensor in enumerate(tensors_in(output)):
+        keep = self._keep if not _compiled_autograd() else None
+        for position, tensor in enumerate(tensor_list(output)):
+            if not tensor.requires_grad:
+                continue
+            if keep is not None:
+                holder = keep(tensor)
+                if holder is not None:
+                    call.kept[position] = holder
+                continue
             node = tensor.grad_fn
-            if node is not None and tensor.requires_grad:
+            if node is not None:
                 node.register_prehook(functools.partial(keep_grad, call, position, tensor.output_nr))
 
     # -- backward and the update -------------------------------------------------------------------------------
@@ -281,7 +301,7 @@ class Watcher(StepReplay):
         def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
             looking = watch._landmark()
             if looking:
-                watch._loss_flags.append(all_finite(list(tensors_in(tensors))))
+                watch._loss_flags.append(all_finite(tensor_list(tensors)))
             result = original(tensors, *args, **kwargs)
             if looking and not watch.optimizer_seen:
                 # The step ends here unless an optimizer built before watching began steps next: decided at the
@@ -403,7 +423,8 @@ class Watcher(StepReplay):
         updates are still finite. What went non-finite between two steps (an EMA update, outside the model calls,
         the loss and the update) cannot be replayed; it is reported, and the following steps are traced fully."""
         skip = self._skip
-        if read_flags(self._held.flags(skip)):
+        flag = self._held.flag(skip)
+        if flag is None or flag is True or read_flags([flag]):
             return False
         self.held_nonfinite = tuple(self._held.nonfinite_names(skip))
         self._detect("held_tensors")
@@ -427,9 +448,10 @@ class Watcher(StepReplay):
         self.step += 1
 
     def _measure(self) -> None:
-        held = self._buffers.nbytes + (self._rng.nbytes if self._rng is not None else 0)
-        held += sum(g.nbytes for call in self._calls for g in call.grads.values())
-        held += self._optimizers.nbytes
+        held = self._buffers.nbytes + self._optimizers.nbytes + (self._rng.nbytes if self._rng is not None else 0)
+        for call in self._calls:
+            for grad in call.gradients().values():
+                held += grad.nbytes
         self.snapshot_bytes = max(self.snapshot_bytes, held)
 
     def _detect(self, what: Detected) -> None:
