@@ -174,14 +174,14 @@ def tensors_in(value: Any) -> Iterator[torch.Tensor]:
 def tensor_list(value: Any) -> list[torch.Tensor]:
     """``list(tensors_in(value))``, without a generator a level for the common shapes (a tensor; a tuple or list of
     tensors): watch mode asks it for each step's model call, output and loss."""
-    from torch import Tensor
+    import torch  # (``from torch import Tensor`` is a Python call each time: importlib's ``_handle_fromlist``)
 
-    if isinstance(value, Tensor):
+    if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, list | tuple):
         found = []
         for item in value:
-            if not isinstance(item, Tensor):
+            if not isinstance(item, torch.Tensor):
                 return list(tensors_in(value))
             found.append(item)
         return found

@@ -249,10 +249,12 @@ def test_a_gradient_is_kept_as_backward_sends_it(native_module: ModuleType) -> N
     kept = native_module.keep_grad(second)
     before = kept.grad
     assert before is None  # before backward
+    assert kept.nbytes == 0
     loss = (first * weights).sum() + (second * weights[:, :1] * 3).sum()
     loss.backward(retain_graph=True)
     expected = (weights[:, :1] * 3).numpy()  # d loss / d second, by hand
     np.testing.assert_array_equal(kept.grad.numpy(), expected)
+    assert kept.nbytes == 4 * 1 * 4  # 4x1 float32
     loss.backward()
     np.testing.assert_array_equal(kept.grad.numpy(), expected + expected)
     assert native_module.keep_grad(torch.randn(2, requires_grad=True)) is None

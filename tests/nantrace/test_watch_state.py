@@ -85,7 +85,8 @@ def test_a_call_keeps_the_gradient_its_output_received_even_when_changed_in_plac
     if compiled_autograd:
         import importlib
 
-        monkeypatch.setattr(importlib.import_module("torch._dynamo.config"), "compiled_autograd", True)
+        compiled = importlib.import_module("torch._dynamo.compiled_autograd")
+        monkeypatch.setattr(compiled, "compiled_autograd_enabled", True)
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)
     x = torch.randn(5, 4)

@@ -182,6 +182,12 @@ struct KeptGrad {
     if (!grad.defined()) return pybind11::none();
     return pybind11::cast(grad);
   }
+
+  // The kept gradient's bytes (0 before any): asked each step, without a Python tensor made for it.
+  int64_t nbytes() const {
+    std::lock_guard<std::mutex> guard(lock);
+    return grad.defined() ? static_cast<int64_t>(grad.nbytes()) : 0;
+  }
 };
 
 // A pre-hook of the node that made a model call's output: where watch mode's Python hook made the engine take the
@@ -201,8 +207,8 @@ struct KeepGrad : torch::autograd::FunctionPreHook {
     return grads;
   }
 
-  // Compiled autograd asks each hook for this; the caller registers this hook only where it is off, and a later
-  // compiled backward then runs without it (the replay is told no gradient came) instead of failing.
+  // Compiled autograd asks each hook for this; the caller registers this hook only where it is off, and a backward
+  // compiled anyway runs without it (no gradient is kept, and the replay runs no backward) instead of failing.
   void compiled_args(torch::dynamo::autograd::CompiledNodeArgs& /*args*/) const override {}
 };
 
@@ -225,7 +231,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(pybind11::init<std::vector<at::Tensor>>())
       .def("finite", &Group::finite)
       .def("grads_finite", &Group::grads_finite);
-  pybind11::class_<KeptGrad, std::shared_ptr<KeptGrad>>(m, "KeptGrad").def_property_readonly("grad", &KeptGrad::get);
+  pybind11::class_<KeptGrad, std::shared_ptr<KeptGrad>>(m, "KeptGrad")
+      .def_property_readonly("grad", &KeptGrad::get)
+      .def_property_readonly("nbytes", &KeptGrad::nbytes);
   m.def("keep_grad", &keep_grad);
   pybind11::class_<Snapshot>(m, "Snapshot")
       .def(pybind11::init<std::vector<at::Tensor>, at::Tensor, std::vector<size_t>>())

@@ -126,7 +126,11 @@ class RngState:
     def take(cls) -> RngState:
         import torch
 
-        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None  # type: ignore[no-untyped-call]
+        # ``torch.cuda.is_initialized()`` is a Python call a step; its flag is read directly where torch has it.
+        initialized = getattr(torch.cuda, "_initialized", None)
+        if initialized is None:
+            initialized = torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
+        cuda = torch.cuda.get_rng_state_all() if initialized else None
         return cls(torch.default_generator.get_state(), cuda)  # ``torch.get_rng_state()``, a call less
 
     def put_back(self) -> None:
@@ -194,6 +198,16 @@ class ModelCall:
     where: FrameKey | None = None
     """The user's line that made the call: the replay's ops are named there, not at the hook that replays them
     (a library module's ops have no line of the user's own below the call)."""
+
+    @property
+    def grads_nbytes(self) -> int:
+        """The bytes of the gradients kept (asked each step: the C++ holders answer without a tensor to wrap)."""
+        held = 0
+        for grad in self.grads.values():
+            held += grad.nbytes
+        for holder in self.kept.values():
+            held += holder.nbytes
+        return held
 
     def gradients(self) -> dict[int, torch.Tensor]:
         """The gradients that came into the call's outputs, by position, from whichever hook kept them."""
@@ -399,7 +413,7 @@ class OptimizerSnapshot:
         uninitialised memory into the states (issue 30.4: a NaN "input" in ``lerp_`` instead of the inf born in
         ``addcdiv_``, answers that changed from run to run, an OverflowError in Adam's ``beta1 ** step``)."""
 
-    def _layout(self, optimizer: Any) -> _Layout:
+    def layout(self, optimizer: Any) -> _Layout:
         """Built again only when the optimizer's state grew (its first step creates it) or its groups changed:
         walking every parameter's state each step was most of watch mode's cost on a small model."""
         import torch
@@ -432,10 +446,10 @@ class OptimizerSnapshot:
         self._count()
         return layout
 
-    def take(self, optimizer: Any) -> None:
+    def take(self, optimizer: Any, layout: _Layout | None = None) -> None:
         import torch
 
-        layout = self._layout(optimizer)
+        layout = layout or self.layout(optimizer)
         groups = layout.native
         for index, copies in enumerate(layout.copies):
             if copies is None:
@@ -480,14 +494,14 @@ class OptimizerSnapshot:
     def written_finite(self, optimizer: Any) -> Flag:
         """``all_finite`` of what an update writes (the parameters and the optimizer's floating state tensors), by
         the C++ group the layout holds where it has one."""
-        layout = self._layout(optimizer)
+        layout = self.layout(optimizer)
         groups = layout.native
         found = groups.floating.finite() if groups is not None else -1
         return bool(found) if found >= 0 else all_finite(layout.floating)
 
-    def grads_finite(self, optimizer: Any) -> Flag:
-        """``all_finite`` of the gradients the optimizer's parameters have."""
-        layout = self._layout(optimizer)
+    def grads_finite(self, optimizer: Any, layout: _Layout | None = None) -> Flag:
+        """``all_finite`` of the gradients the optimizer's parameters have (``layout``: its layout, already found)."""
+        layout = layout or self.layout(optimizer)
         groups = layout.native
         found = groups.parameters.grads_finite() if groups is not None else -1
         return bool(found) if found >= 0 else all_finite([p.grad for p in layout.parameters if p.grad is not None])

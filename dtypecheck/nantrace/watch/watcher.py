@@ -53,13 +53,10 @@ def _no_node() -> None:
 
 def _compiled_autograd() -> bool:
     """Compiled autograd is on (``torch._dynamo``'s): it asks every hook to compile itself, which only the Python
-    hooks do. Looked up only where the user imported dynamo."""
-    modules = sys.modules
-    if "torch._dynamo" not in modules:
-        return False
-    compiled = modules.get("torch._dynamo.compiled_autograd")
-    config = modules.get("torch._dynamo.config")
-    return bool(getattr(compiled, "compiled_autograd_enabled", False) or getattr(config, "compiled_autograd", False))
+    hooks do (the C++ one then sits the compiled backward out, and a replay finds no gradient to send). Its runtime
+    flag, a module global: ``torch._dynamo.config``'s own reads cost four Python calls a step."""
+    compiled = sys.modules.get("torch._dynamo.compiled_autograd")
+    return compiled is not None and bool(getattr(compiled, "compiled_autograd_enabled", False))
 
 
 class Watcher(StepReplay):
@@ -341,9 +338,10 @@ class Watcher(StepReplay):
         if id(optimizer) not in self._updated:
             self._updated[id(optimizer)] = frozenset(id(p) for g in optimizer.param_groups for p in g["params"])
             self._skip = frozenset().union(*self._updated.values())
-        if read_flags([*self._loss_flags, self._optimizers.grads_finite(optimizer)]):
+        layout = self._optimizers.layout(optimizer)
+        if read_flags([*self._loss_flags, self._optimizers.grads_finite(optimizer, layout)]):
             if self.optimizer_snapshot:
-                self._optimizers.take(optimizer)
+                self._optimizers.take(optimizer, layout)
             self._measure()
             return
         self._detect("loss" if not read_flags(self._loss_flags) else "gradients")
@@ -450,8 +448,7 @@ class Watcher(StepReplay):
     def _measure(self) -> None:
         held = self._buffers.nbytes + self._optimizers.nbytes + (self._rng.nbytes if self._rng is not None else 0)
         for call in self._calls:
-            for grad in call.gradients().values():
-                held += grad.nbytes
+            held += call.grads_nbytes
         self.snapshot_bytes = max(self.snapshot_bytes, held)
 
     def _detect(self, what: Detected) -> None:
