@@ -9,7 +9,13 @@ work (the optimizer's state, the tracer learning each op). Instructions are not 
 and cache misses cost more per instruction), so the timed ratio (``bench_watch.py overhead --loop-only``) stays
 the issue's measure; this one says where a change moved the work.
 
-    .venv/bin/python benchmarks/bench_instructions.py [--steps 20]
+    .venv/bin/python benchmarks/bench_instructions.py [--steps 20] [--cache]
+
+Every run hashes strings with the same seed (``PYTHONHASHSEED=0``): with a random one, a step's dict probes (and
+so its count) vary by ~40k instructions from run to run. ``--cache`` also simulates this machine's caches (32 KiB
+L1i, 48 KiB L1d, and its 1 MiB L2 as valgrind's last level) and prints their misses a step and an estimate of its
+cycles: instructions + 10 per L1 miss + 40 per L2 miss (a rough weight; the misses are what it adds to
+instructions: a step's cache traffic, the optimizer snapshot's copy among it).
 
 Needs valgrind (``callgrind_control`` on the path); each run takes ~1-3 minutes under it.
 """
@@ -59,11 +65,15 @@ def _wait_for(path: Path, process: subprocess.Popen[bytes]) -> None:
         time.sleep(0.2)
 
 
-def _loop_instructions(command: list[str], folder: Path) -> int:
-    """Instructions of the loop alone, of one run of ``command`` under callgrind."""
-    env = dict(os.environ, INSTRUCTIONS_DIR=str(folder), OMP_NUM_THREADS="1")
+CACHES = ["--cache-sim=yes", "--I1=32768,8,64", "--D1=49152,12,64", "--LL=1048576,16,64"]
+
+
+def _loop_events(command: list[str], folder: Path, *, cache: bool = False) -> dict[str, int]:
+    """Callgrind's counts (``Ir``, and with ``cache`` its cache misses) of the loop alone, of one run of ``command``."""
+    env = dict(os.environ, INSTRUCTIONS_DIR=str(folder), OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
     out = folder / "callgrind.out"
-    valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}.%p", "-q"]
+    valgrind = ["valgrind", "--tool=callgrind", *(CACHES if cache else []), "--instr-atstart=no"]
+    valgrind += [f"--callgrind-out-file={out}.%p", "-q"]
     with subprocess.Popen([*valgrind, *command], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as run:
         _wait_for(folder / "ready", run)
         _control("--instr=on", str(run.pid))
@@ -78,15 +88,24 @@ def _loop_instructions(command: list[str], folder: Path) -> int:
     if not dumps:
         sys.exit(f"no callgrind dump in {folder}")
     text = dumps[0].read_text(encoding="utf-8", errors="replace")
-    found = re.search(r"^(?:summary|totals):\s+(\d+)", text, re.MULTILINE)
-    if found is None:
-        sys.exit(f"no instruction count in {dumps[0]}")
-    return int(found.group(1))
+    names = re.search(r"^events:\s+(.+)$", text, re.MULTILINE)
+    found = re.search(r"^(?:summary|totals):\s+(.+)$", text, re.MULTILINE)
+    if names is None or found is None:
+        sys.exit(f"no counts in {dumps[0]}")
+    return dict(zip(names.group(1).split(), (int(v) for v in found.group(1).split()), strict=False))
+
+
+def _estimate(events: dict[str, float]) -> dict[str, float]:
+    """L1 and L2 misses of a step, and its estimated cycles."""
+    l1 = sum(events.get(k, 0) for k in ("I1mr", "D1mr", "D1mw"))
+    l2 = sum(events.get(k, 0) for k in ("ILmr", "DLmr", "DLmw"))
+    return {"l1": l1, "l2": l2, "cycles": events["Ir"] + 10 * l1 + 40 * l2}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=20, help="N: runs of N and 2N steps")
+    parser.add_argument("--cache", action="store_true", help="also simulate the caches (slower)")
     args = parser.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         sys.exit("needs valgrind (callgrind_control)")
@@ -98,18 +117,31 @@ def main() -> None:
             "fully traced": [sys.executable, "-m", "dtypecheck", "nan-trace", "-q", str(script), "--"],
             "watched": [sys.executable, "-m", "dtypecheck", "nan-trace", "-q", "--watch", str(script), "--"],
         }
-        per_step = {}
+        per_step: dict[str, dict[str, float]] = {}
         for name, command in commands.items():
             counts = []
             for steps in (args.steps, 2 * args.steps):
                 folder = Path(tmp) / f"{name.replace(' ', '_')}-{steps}"
                 folder.mkdir()
-                counts.append(_loop_instructions([*command, str(steps), "0"], folder))
-            per_step[name] = (counts[1] - counts[0]) / args.steps
+                counts.append(_loop_events([*command, str(steps), "0"], folder, cache=args.cache))
+            step = {key: (counts[1][key] - counts[0][key]) / args.steps for key in counts[0]}
+            per_step[name] = step
             loops = f"loops of {args.steps} and {2 * args.steps} steps"
-            print(f"{name}: {per_step[name] / 1e6:.2f}M instructions a step ({loops})")
+            line = f"{name}: {step['Ir'] / 1e6:.2f}M instructions a step ({loops})"
+            if args.cache:
+                estimate = _estimate(step)
+                line += (
+                    f", {estimate['l1'] / 1e3:.1f}k L1 and {estimate['l2'] / 1e3:.1f}k L2 misses, "
+                    f"~{estimate['cycles'] / 1e6:.2f}M cycles"
+                )
+            print(line)
         for name in ("fully traced", "watched"):
-            print(f"{name} / plain: {per_step[name] / per_step['plain']:.3f}x in instructions")
+            ratio = per_step[name]["Ir"] / per_step["plain"]["Ir"]
+            line = f"{name} / plain: {ratio:.3f}x in instructions"
+            if args.cache:
+                cycles = _estimate(per_step[name])["cycles"] / _estimate(per_step["plain"])["cycles"]
+                line += f", {cycles:.3f}x in estimated cycles"
+            print(line)
 
 
 if __name__ == "__main__":

@@ -23,13 +23,12 @@
 
 namespace {
 
-using dtypecheck::readable;
-
-// Whether every value of a readable tensor of a format ``tensors.h`` knows is finite. A value is non-finite exactly
-// when its magnitude's bits are at or above infinity's (inf and every NaN), so the largest magnitude, as a signed
-// integer of the format's width (a magnitude's top bit is clear), answers for all of them: one AND and one max a
-// value, which the compiler vectorises, and which is built for AVX2 too where the CPU has it (as ``scan`` is; a
-// compare and an OR a value, SSE2 only, cost twice the instructions: watch mode's largest per-step cost).
+// Whether every value of a tensor's bytes (``plain_of``) in a format ``tensors.h`` knows is finite. A value is
+// non-finite exactly when its magnitude's bits are at or above infinity's (inf and every NaN), so the largest
+// magnitude, as a signed integer of the format's width (a magnitude's top bit is clear), answers for all of them: one
+// AND and one max a value, which the compiler vectorises, and which is built for AVX2 too where the CPU has it (as
+// ``scan`` is; a compare and an OR a value, SSE2 only, cost twice the instructions: watch mode's largest per-step
+// cost).
 template <typename T>
 DTYPECHECK_CLONES bool format_finite_bits(const typename dtypecheck::Format<T>::U* p, int64_t n) {
   using F = dtypecheck::Format<T>;
@@ -79,7 +78,8 @@ int all_finite(const std::vector<at::Tensor>& tensors) {
 // whose magnitude is below ``tiny`` (zeros included, NaN not), or is 0 when ``tiny`` is 0.
 pybind11::object extrema(const at::Tensor& t, double tiny) {
   dtypecheck::Extremes e;
-  if (!readable(t) || t.numel() == 0 || !dtypecheck::extremes_of(t, tiny, &e)) return pybind11::none();
+  dtypecheck::Plain p;
+  if (!dtypecheck::plain_of(t, &p) || p.nbytes == 0 || !dtypecheck::extremes_of(p, tiny, &e)) return pybind11::none();
   return pybind11::make_tuple(e.lo, e.hi, e.small);
 }
 
@@ -146,8 +146,8 @@ struct Snapshot {
                 "a snapshot's allocation must be bytes that hold every tensor");
   }
 
-  // Copy every source into its place; false when one is no longer readable or changed its dtype or size (some may
-  // have been copied: the caller copies them all with torch instead).
+  // Copy every source into its place; false when one can no longer be read (``plain_of``) or changed its dtype or
+  // size (some may have been copied: the caller copies them all with torch instead).
   bool take() const {
     dtypecheck::Plain into;
     if (!dtypecheck::plain_of(flat, &into) || (reinterpret_cast<uintptr_t>(into.data) & (kLine - 1)) != 0) return false;

@@ -154,7 +154,6 @@ void clear_entries() {
 }
 
 using dtypecheck::Extremes;
-using dtypecheck::readable;
 
 double tiny_of(at::ScalarType s) { return S->tiny[static_cast<size_t>(s)]; }
 
@@ -170,7 +169,8 @@ bool checkable(const at::Tensor& t) {
 }
 
 bool extremes(const at::Tensor& t, Extremes* out) {
-  return readable(t) && dtypecheck::extremes_of(t, tiny_of(t.scalar_type()), out);
+  dtypecheck::Plain p;
+  return dtypecheck::plain_of(t, &p) && dtypecheck::extremes_of(p, tiny_of(p.type), out);
 }
 
 bool finite(const Extremes& e) {

@@ -11,24 +11,13 @@
 
 namespace dtypecheck {
 
-// Whether a CPU tensor is one these modules read directly: dense, contiguous, plain storage (no subclass) that holds
+// A CPU tensor these modules read directly, as its bytes: dense, contiguous, plain storage (no subclass) that holds
 // every element. Zero tensors (autograd's unmaterialised zeros) and nested tensors have no plain buffer to read; FSDP
 // frees a parameter's storage (resize to 0) without touching its tensor, and a storage shrunk under a tensor would
-// be read past its end.
-inline bool readable(const at::Tensor& t) {
-  if (!t.defined() || !t.device().is_cpu() || t.layout() != c10::kStrided || t.is_nested()) return false;
-  const auto keys = t.key_set();
-  if (keys.has(c10::DispatchKey::Python) || keys.has(c10::DispatchKey::ZeroTensor) || !t.has_storage()) return false;
-  if (!t.is_contiguous()) return false;
-  if (t.numel() == 0) return true;
-  const size_t needed = static_cast<size_t>(t.storage_offset() + t.numel()) * t.itemsize();
-  return t.const_data_ptr() != nullptr && t.storage().nbytes() >= needed;
-}
-
-// A readable tensor's bytes: ``readable``'s answer, read with the TensorImpl's own accessors, where the Tensor's go
-// through out-of-line checks a call. Watch mode checks or copies ~650 tensors a step (each parameter and optimizer
-// state twice, each gradient once), and ``readable`` and ``const_data_ptr`` were a third of its instructions. A
-// conjugated or negated view (its bits are not its values) is not read either.
+// be read past its end; a conjugated or negated view's bits are not its values. Read with the TensorImpl's own
+// accessors, where the Tensor's go through out-of-line checks a call: watch mode checks or copies ~650 tensors a
+// step (each parameter and optimizer state twice, each gradient once), and those checks and ``const_data_ptr`` were
+// a third of its instructions.
 struct Plain {
   const char* data = nullptr;
   size_t nbytes = 0;
@@ -152,16 +141,17 @@ DTYPECHECK_CLONES Extremes scan(const T* values, int64_t n, typename Format<T>::
 }
 
 template <typename T>
-Extremes scan_of(const at::Tensor& t, double tiny) {
-  const T* p = t.const_data_ptr<T>();
-  if (tiny > 0) return scan<T, true>(p, t.numel(), below_bits<T>(tiny));
-  return scan<T, false>(p, t.numel(), 0);
+Extremes scan_of(const Plain& t, double tiny) {
+  const T* p = reinterpret_cast<const T*>(t.data);
+  const auto n = static_cast<int64_t>(t.nbytes / sizeof(T));
+  if (tiny > 0) return scan<T, true>(p, n, below_bits<T>(tiny));
+  return scan<T, false>(p, n, 0);
 }
 
-// ``scan`` of a readable, non-empty floating tensor (false for another dtype: float8 formats and the like); ``tiny``
-// 0 counts nothing.
-inline bool extremes_of(const at::Tensor& t, double tiny, Extremes* out) {
-  switch (t.scalar_type()) {
+// ``scan`` of a non-empty floating tensor's bytes (false for another dtype: float8 formats and the like); ``tiny`` 0
+// counts nothing.
+inline bool extremes_of(const Plain& t, double tiny, Extremes* out) {
+  switch (t.type) {
     case at::kFloat: *out = scan_of<float>(t, tiny); return true;
     case at::kDouble: *out = scan_of<double>(t, tiny); return true;
     case at::kHalf: *out = scan_of<at::Half>(t, tiny); return true;
