@@ -240,12 +240,16 @@ def memory(folder: Path) -> None:
     model = torch.nn.Sequential(*(block() for _ in range(12)), torch.nn.Linear(32, 1))
     parameters = sum(p.nbytes for p in model.parameters())
     states = 2 * parameters + 4 * len(list(model.parameters()))
+    # The snapshot puts each tensor on 64-byte lines of its own: a parameter's three copies and its step's one line.
+    lines = sum(3 * -(-p.nbytes // 64) * 64 + 64 for p in model.parameters())
+    padding = lines - (parameters + states)
     held = int(summary["snapshot_bytes"])
-    rest = held - (parameters + states)
+    rest = held - lines
     print(f"model parameters {parameters} B, AdamW states {states} B, watch snapshot {held} B")
     print(f"snapshot / (model + optimizer state) = {held / (parameters + states):.3f}")
+    print(f"of which the lines' padding: {padding} B = {padding / (parameters + states):.4f}")
     print(
-        f"of which RNG state, changed buffers and the output's gradient: {rest} B = {rest / (parameters + states):.4f}"
+        f"and RNG state, changed buffers and the output's gradient: {rest} B = {rest / (parameters + states):.4f}"
     )
 
 
