@@ -240,6 +240,23 @@ def test_a_snapshot_copies_bit_for_bit_on_lines_of_its_own(native_module: Module
         native_module.Snapshot(sources[:2], copies.flat, [0, 32])
 
 
+class _Marked(torch.Tensor):
+    """A tensor subclass, as FSDP2's DTensor shards are: its copies are its own kind, not views of bytes."""
+
+
+def test_a_snapshot_of_a_tensor_subclass_copies_into_tensors_of_its_kind() -> None:
+    plain = torch.randn(3)
+    marked = torch.randn(2, 2).as_subclass(_Marked)
+    copies = state._Copies.of([plain, marked])
+    assert copies.flat is None
+    assert [type(v) for v in copies.views] == [torch.Tensor, _Marked]
+    assert copies.nbytes == 3 * 4 + 4 * 4
+    with torch.no_grad():
+        torch._foreach_copy_(copies.views, [plain, marked])
+    assert torch.equal(copies.views[0], plain)
+    assert torch.equal(copies.views[1].as_subclass(torch.Tensor), marked.as_subclass(torch.Tensor))
+
+
 def test_a_gradient_is_kept_as_backward_sends_it(native_module: ModuleType) -> None:
     """``keep_grad``: the gradient that flows into a node's output, summed over backward passes; None for a tensor
     no node made (a leaf)."""

@@ -539,13 +539,20 @@ class _Copies:
         for tensor in tensors:
             offsets.append(total)
             total += -(-tensor.nbytes // LINE) * LINE
+        apart = cls(None, offsets, [])
+        if any(type(t) is not torch.Tensor for t in tensors):
+            # A subclass (a DTensor shard of FSDP2, a fake tensor) is copied into its own kind (``empty_like``): a
+            # plain view would be mixed with it in ``copy_``.
+            apart.views.extend(torch.empty_like(t, requires_grad=False) for t in tensors)
+            return apart
         flat = torch.empty(total, dtype=torch.uint8, device=tensors[0].device)
         try:
             views = [
                 flat[at : at + t.nbytes].view(t.dtype).view(t.shape) for t, at in zip(tensors, offsets, strict=True)
             ]
         except RuntimeError:
-            return cls(None, offsets, [torch.empty_like(t, requires_grad=False) for t in tensors])
+            apart.views.extend(torch.empty_like(t, requires_grad=False) for t in tensors)
+            return apart
         return cls(flat, offsets, views)
 
     @property
