@@ -248,9 +248,7 @@ def memory(folder: Path) -> None:
     print(f"model parameters {parameters} B, AdamW states {states} B, watch snapshot {held} B")
     print(f"snapshot / (model + optimizer state) = {held / (parameters + states):.3f}")
     print(f"of which the lines' padding: {padding} B = {padding / (parameters + states):.4f}")
-    print(
-        f"and RNG state, changed buffers and the output's gradient: {rest} B = {rest / (parameters + states):.4f}"
-    )
+    print(f"and RNG state, changed buffers and the output's gradient: {rest} B = {rest / (parameters + states):.4f}")
 
 
 def blocks(repeats: int, steps: int, threads: int | None, *, full: bool = False) -> None:
