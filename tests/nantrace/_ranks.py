@@ -82,6 +82,30 @@ print("finished", rank)
 end and prints ``finished <rank>``."""
 
 
+FSDP = (
+    NET
+    + """
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = Net()
+fully_shard(model.encoder)
+fully_shard(model)
+optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+for step in range(3):
+    batch = torch.randn(6, 4)
+    if rank == 1 and step == 1 and mode == "data":
+        batch = (batch - 10.0).log()  # rank 1 data
+    loss = model(batch).pow(2).mean()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+dist.destroy_process_group()
+"""
+)
+"""FSDP2 (``fully_shard``) of the same model, 3 steps; ``data`` plants a NaN in rank 1's step-2 batch."""
+
+
 def nproc(nantrace: NanTrace, script: Path, *args: str, watch: bool = False) -> subprocess.CompletedProcess[str]:
     """``nan-trace [--watch] --nproc 2 --format json script args...`` as a child process."""
     flags = ("--watch",) if watch else ()

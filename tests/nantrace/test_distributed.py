@@ -17,30 +17,8 @@ import pytest
 from dtypecheck.launcher import RankInfo, rank_info
 from dtypecheck.nantrace.distributed import merge
 from dtypecheck.nantrace.report import Event, NanTraceReport, ValueCounts
-from tests.nantrace._ranks import DDP, DDP_STEPS, NET, nproc, torchrun
+from tests.nantrace._ranks import DDP, DDP_STEPS, FSDP, nproc, torchrun
 from tests.nantrace._scripts import NanTrace, line_of
-
-FSDP = (
-    NET
-    + """
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-torch.manual_seed(0)
-model = Net()
-fully_shard(model.encoder)
-fully_shard(model)
-optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
-for step in range(3):
-    batch = torch.randn(6, 4)
-    if rank == 1 and step == 1 and mode == "data":
-        batch = (batch - 10.0).log()  # rank 1 data
-    loss = model(batch).pow(2).mean()
-    loss.backward()
-    optimizer.step()
-    optimizer.zero_grad()
-dist.destroy_process_group()
-"""
-)
 
 
 def _torchrun(script: Path, *args: str) -> subprocess.CompletedProcess[str]:

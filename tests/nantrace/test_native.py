@@ -257,6 +257,52 @@ def test_a_snapshot_of_a_tensor_subclass_copies_into_tensors_of_its_kind() -> No
     assert torch.equal(copies.views[1].as_subclass(torch.Tensor), marked.as_subclass(torch.Tensor))
 
 
+class _Sharded(torch.Tensor):
+    """A sharded tensor as watch mode sees FSDP2's DTensor: a wrapper (torch's Python key) whose ops run on the
+    whole tensor, and whose ``to_local`` is this rank's shard."""
+
+    whole: torch.Tensor
+    shard: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, whole: torch.Tensor, shard: torch.Tensor) -> _Sharded:
+        tensor = torch.Tensor._make_wrapper_subclass(cls, whole.shape, dtype=whole.dtype, device=whole.device)
+        tensor.whole, tensor.shard = whole, shard
+        return tensor
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:  # type: ignore[override]
+        from torch.utils._pytree import tree_map
+
+        def whole(value: Any) -> Any:
+            return value.whole if isinstance(value, _Sharded) else value
+
+        return func(*tree_map(whole, args), **tree_map(whole, kwargs or {}))
+
+    def to_local(self) -> torch.Tensor:
+        return self.shard
+
+
+def _sharded(whole: torch.Tensor, shard: torch.Tensor) -> torch.Tensor:
+    return _Sharded(whole, shard)
+
+
+@pytest.mark.parametrize("use_native", [True, False], ids=["cpp", "python"])
+def test_a_sharded_tensor_is_checked_as_the_shard_this_rank_holds(
+    use_native: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An empty shard (a rank holding none of a small parameter) is finite; a reduction of the whole tensor failed
+    there (``amax`` of no values) and would be a collective on a real DTensor."""
+    if not use_native:
+        monkeypatch.setattr(native, "load", lambda **_: None)
+    empty = _sharded(torch.randn(3), torch.empty(0))
+    assert state.read_flags([state.all_finite([empty, torch.randn(4)])]) is True
+    bad_shard = torch.tensor([1.0, float("nan")])
+    assert state.read_flags([state.all_finite([torch.randn(2), _sharded(torch.zeros(2), bad_shard)])]) is False
+    # The whole tensor's values are not what is read: this rank's shard is.
+    assert state.read_flags([state.all_finite([_sharded(torch.full((2,), float("inf")), torch.ones(1))])]) is True
+
+
 def test_a_gradient_is_kept_as_backward_sends_it(native_module: ModuleType) -> None:
     """``keep_grad``: the gradient that flows into a node's output, summed over backward passes; None for a tensor
     no node made (a leaf)."""

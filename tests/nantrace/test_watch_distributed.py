@@ -5,8 +5,10 @@ birth; no rank hangs (each run is bounded far below gloo's 30-minute collective 
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
-from tests.nantrace._ranks import DDP, DDP_STEPS, nproc
+from dtypecheck.nantrace.watch.replay import SHARDED
+from tests.nantrace._ranks import DDP, DDP_STEPS, FSDP, nproc
 from tests.nantrace._scripts import NanTrace, line_of
 
 
@@ -38,3 +40,30 @@ def test_watch_on_a_clean_ddp_run_exits_0(nantrace: NanTrace) -> None:
     assert (doc["status"], doc["first"], doc["world_size"], doc["steps"]) == ("clean", None, 2, DDP_STEPS)
     assert doc["watch"]["steps_checked"] == DDP_STEPS
     assert done.stderr.count("finished") == 2
+
+
+def test_watch_on_fsdp2_checks_each_ranks_shards_and_traces_on_from_a_failing_step(nantrace: NanTrace) -> None:
+    """FSDP2's parameters, gradients and optimizer states are DTensors: each rank checks and snapshots its own
+    shards (a whole-tensor reduction failed on a rank whose shard of a 1-element bias is empty, and a DTensor has
+    no rule for ``_foreach_copy_``), and a rank does not re-run a sharded model's calls alone (their all-gathers
+    would wait for the other rank): the next steps are traced fully and the reason says so."""
+    script, text = nantrace.write("fsdp.py", FSDP)
+    with ThreadPoolExecutor(2) as pool:
+        failing = pool.submit(nproc, nantrace, script, "--", "data", watch=True)
+        clean = pool.submit(nproc, nantrace, script, watch=True)
+        done = clean.result()
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert (doc["status"], doc["first"], doc["world_size"], doc["watch"]["steps_checked"]) == ("clean", None, 2, 3)
+    done = failing.result()
+    assert done.returncode == 1, done.stderr
+    doc = json.loads(done.stdout)
+    summary = doc["watch"]
+    # Rank 1's NaN batch reaches both ranks' gradient shards through the reduce-scatter in step 2.
+    assert (summary["detected_step"], summary["replayed_step"], summary["traced_from_step"]) == (2, None, 3)
+    assert summary["reason"] == SHARDED
+    # Traced fully from step 3: the first non-finite op it meets is the encoder's, reading the weights step 2's
+    # update wrote.
+    first = doc["first"]
+    assert (first["kind"], first["op"], first["step"], first["phase"]) == ("nan", "aten.addmm.default", 3, "forward")
+    assert text.splitlines()[first["location"]["line"] - 1].strip() == "h = torch.tanh(self.encoder(x))"

@@ -15,7 +15,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from dtypecheck.nantrace.watch.state import Flag, all_finite
+from dtypecheck.nantrace.watch.state import Flag, all_finite, holds_values
 
 if TYPE_CHECKING:
     import torch
@@ -93,7 +93,7 @@ class HeldModules:
         seen: set[int] = set(skip)
         for top in (m for m in modules if id(m) not in inner):
             for name, tensor in (*top.named_parameters(), *top.named_buffers()):
-                if id(tensor) in seen or not tensor.is_floating_point():
+                if id(tensor) in seen or not tensor.is_floating_point() or not holds_values(tensor):
                     continue
                 seen.add(id(tensor))
                 with torch.no_grad():

@@ -117,6 +117,25 @@ def keep_grad(call: ModelCall, position: int, output_nr: int, grads: tuple[torch
     call.grads[position] = grad if held is None else held + grad
 
 
+SHARDED = (
+    "the model is sharded (FSDP): its calls gather parameters from every rank, so this rank could not re-run them "
+    "alone; the following steps were traced fully instead"
+)
+
+
+def _sharded(roots: list[nn.Module]) -> bool:
+    """Whether a module under ``roots`` is FSDP's (``fully_shard``'s ``FSDPModule``, or the older wrapper): its
+    forward all-gathers and its backward reduce-scatters, collectives a replay on one rank would wait in forever
+    (DDP's are left out by running its inner module)."""
+    import sys
+
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    if fsdp is None:
+        return False
+    kinds = tuple(k for k in (getattr(fsdp, "FSDPModule", None), getattr(fsdp, "FullyShardedDataParallel", None)) if k)
+    return bool(kinds) and any(isinstance(module, kinds) for root in roots for module in root.modules())
+
+
 def replay_call(call: ModelCall) -> bool:
     """One model call again, and backward from its outputs with the gradients they received the first time.
 
@@ -229,6 +248,8 @@ class StepReplay:
             return "no model call with gradients on was seen in this step, so there was nothing to re-run"
         if any(not c.arguments_unchanged() for c in self._calls):
             return "the step's inputs were overwritten in place after the model read them"
+        if _sharded(self._roots):
+            return SHARDED
         return None
 
     def _replay_calls(self) -> None:
@@ -271,7 +292,10 @@ class StepReplay:
         self._tracer = tracer
         self.replayed_step = self.step
         with untraced():  # the tracer is on: dtypecheck's own bookkeeping is not the step's
-            failed_replay = self._judge_replay(parameters, original, buffers_exact, outside, tracer)
+            try:
+                failed_replay = self._judge_replay(parameters, original, buffers_exact, outside, tracer)
+            except Exception as exc:  # noqa: BLE001  (judging the replay must never break the run either)
+                failed_replay = f"the replay could not be compared with the step ({_said(exc)})"
         if failed_replay is None:
             return
         self._tracer = None

@@ -38,18 +38,54 @@ def all_finite(tensors: list[torch.Tensor]) -> Flag:
 
     CPU tensors go through the C++ checks when they are built (``native``: one call for the whole list, ~0.1 us a
     tensor); otherwise one fused reduction per device (the tensors flattened into one, and its ``aminmax``: NaN
-    propagates and inf is its own extreme), where one op per tensor cost ~1 us each."""
+    propagates and inf is its own extreme), where one op per tensor cost ~1 us each.
+
+    A sharded tensor (FSDP2's DTensor) is checked as the shard this rank holds: each rank checks its own, with no
+    collective (a reduction of the whole DTensor is one collective per tensor, and failed on a rank whose shard is
+    empty), and the distributed session tells the other ranks what one found."""
     if not tensors:
         return None
     native = _native()
-    if native is not None:
-        try:
-            found = native.all_finite(tensors)
-        except (TypeError, RuntimeError):
-            found = -1
+    found = _native_answer(native, tensors)
+    if found >= 0:
+        return bool(found)
+    local = _shards(tensors)
+    if local is not tensors:
+        tensors = local
+        found = _native_answer(native, tensors)
         if found >= 0:
             return bool(found)
     return _fused_all_finite(tensors)
+
+
+def _native_answer(native: Any, tensors: list[torch.Tensor]) -> int:
+    """``native.all_finite``'s answer, or -1 without the module or where it cannot read one of them."""
+    if native is None:
+        return -1
+    try:
+        return int(native.all_finite(tensors))
+    except (TypeError, RuntimeError):
+        return -1
+
+
+def _shards(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each sharded tensor as this rank's shard (``_local``); the list itself when none is sharded."""
+    local = [_local(t) for t in tensors]
+    return tensors if all(a is b for a, b in zip(local, tensors, strict=True)) else local
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a sharded tensor (one with ``to_local``: FSDP2's DTensor), the tensor that holds its
+    values (written through by a ``copy_`` into it); any other tensor itself."""
+    import torch
+
+    if type(tensor) is torch.Tensor:
+        return tensor
+    to_local = getattr(tensor, "to_local", None)
+    if to_local is None:
+        return tensor
+    with torch.no_grad():  # (with gradients on, a view made by an autograd function)
+        return to_local()  # type: ignore[no-any-return]
 
 
 def _fused_all_finite(tensors: list[torch.Tensor]) -> Flag:
@@ -57,7 +93,7 @@ def _fused_all_finite(tensors: list[torch.Tensor]) -> Flag:
 
     groups: dict[torch.device, list[torch.Tensor]] = {}
     for tensor in tensors:
-        if tensor.is_floating_point() and tensor.numel():
+        if tensor.is_floating_point() and tensor.numel() and holds_values(tensor):
             groups.setdefault(tensor.device, []).append(tensor)
     flags = []
     with torch.no_grad():
@@ -75,6 +111,22 @@ def _fused_all_finite(tensors: list[torch.Tensor]) -> Flag:
     if not flags:
         return None
     return flags[0] if len(flags) == 1 else torch.stack([f.to("cpu").reshape(()) for f in flags]).all()
+
+
+def holds_values(tensor: torch.Tensor) -> bool:
+    """Whether the tensor's storage holds every element it addresses. FSDP frees an unsharded parameter's storage
+    (resized to 0) without touching the tensor, which a module may still hold when a run ends: such a tensor has no
+    values to check, and reading it crashed the process (the C++ checks' ``plain_of`` refuses it the same way)."""
+    if tensor.device.type == "meta" or tensor.numel() == 0:
+        return True
+    try:
+        storage = tensor.untyped_storage()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return True  # a subclass with no storage of its own: its own ops read it
+    extent = tensor.storage_offset() + 1
+    for size, stride in zip(tensor.shape, tensor.stride(), strict=True):
+        extent += (size - 1) * stride
+    return int(storage.nbytes()) >= extent * tensor.element_size()
 
 
 def _widened(tensor: torch.Tensor) -> torch.Tensor:
@@ -111,6 +163,7 @@ def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
 
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
+    a, b = _local(a), _local(b)  # a sharded gradient (FSDP2): this rank's shards, which boolean indexing can read
     with torch.no_grad():
         finite_a, finite_b = a.isfinite(), b.isfinite()
         both = finite_a & finite_b
@@ -431,12 +484,14 @@ class OptimizerSnapshot:
         for group in optimizer.param_groups:
             for parameter in group["params"]:
                 parameters.append(parameter)
-                tensors.append(parameter.detach())
+                # A sharded parameter or state (FSDP2) is copied and checked as this rank's shard: its update is
+                # local, and DTensor has no sharding rule for ``_foreach_copy_``.
+                tensors.append(_local(parameter.detach()))
                 state = optimizer.state.get(parameter, {})
                 keys[id(parameter)] = set(state)
                 for key, value in state.items():
                     if isinstance(value, torch.Tensor):
-                        tensors.append(value.detach())
+                        tensors.append(_local(value.detach()))
                     else:
                         plain.append((state, key))
         sources = list(_by_kind(tensors).values())
