@@ -89,7 +89,15 @@ INTERRUPTED = 130
 
 
 def _error(message: str) -> None:
-    print(f"error: {printable(message)}", file=sys.stderr)
+    from dtypecheck.launcher import rank_info
+
+    # One write: the ranks of a distributed run share the terminal, and print() writes a line and its end apart.
+    # There each rank names itself.
+    info = rank_info()
+    where = f"rank {info.rank}: " if info is not None else ""
+    sys.stderr.write(f"error: {where}{printable(message)}\n")
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.flush()
 
 
 def _watch_interrupts(record: list[int]) -> Any:

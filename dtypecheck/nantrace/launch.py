@@ -1,4 +1,5 @@
-"""``nan-trace --nproc N``: the same command, run by ``torch.distributed.run`` as N ranks on this machine; and
+"""``nan-trace --nproc N``: the same command, run by ``torch.distributed.run`` as N ranks on this machine (through
+``torchrun.py``, which keeps the launcher's own failure report off stderr); and
 ``run_rank``, what each rank (of ``--nproc`` or of the user's own ``torchrun``) does.
 
 The ranks merge their reports themselves (``distributed.py``); rank 0 writes the merged exit code to a file this
@@ -38,7 +39,7 @@ def launch_command(nproc: int, port: int, arguments: list[str]) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        "dtypecheck.nantrace.torchrun",  # torch.distributed.run, without its own failure report
         "--nproc-per-node",
         str(nproc),
         "--nnodes",

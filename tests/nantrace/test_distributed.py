@@ -150,3 +150,30 @@ def test_nproc_runs_scripts_only(nantrace: NanTrace, cli: Any, tmp_path: Path) -
     assert (result.exit_code, result.stdout) == (3, "")
     assert result.stderr == f"error: no such file: {tmp_path / 'absent.py'}\n"
     assert cli("nan-trace", str(script), "--nproc", "0").exit_code == 2
+
+
+RAISES_ON_A_RANK = """
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+if dist.get_rank() == 1:
+    raise RuntimeError("rank 1 gave up")  # raises
+dist.barrier()
+"""
+
+
+def test_a_script_that_raises_on_a_rank_gives_that_ranks_line_and_exit_3(nantrace: NanTrace) -> None:
+    """Not torchrun's failure report (its agent's log lines, a ChildFailedError traceback and a table of exit
+    codes: ~40 lines) nor its exit 1: the contract's exit 3 and the failing rank's own ``error:`` line. Rank 0, left
+    waiting in the barrier, either is ended by the launcher or says on a line of its own that its peer went away."""
+    script, text = nantrace.write("raises.py", RAISES_ON_A_RANK)
+    done = nproc(nantrace, script)
+    assert (done.returncode, done.stdout) == (3, "")
+    line = line_of(text, "raises")
+    lines = done.stderr.splitlines()
+    assert (
+        f"error: rank 1: raises.py raised RuntimeError: rank 1 gave up (at line {line} in <module>; --traceback "
+        "shows the traceback)"
+    ) in lines
+    assert len(lines) <= 2
+    assert all(one.startswith("error: rank ") for one in lines), lines
