@@ -192,6 +192,7 @@ NOT_PLANTED = {
     "module, backward or optimizer for watch mode to check",
     ("test_native_dispatch", "SMALL_MODEL"): "a template: its programs compare the full trace's C++ path with its "
     "Python mode (watch is compared on test_watch's own copies of the late-NaN model)",
+    ("test_distributed", "RAISES_ON_A_RANK"): "a script that raises on one rank, no NaN",
     ("test_dtypes", "DEFAULT_CHANGES"): "default dtype changes, no NaN",
     ("test_dtypes", "PROMOTION"): "a dtype promotion, no NaN",
     ("test_dtypes", "HALF_MODEL"): "a dtype mismatch the script dies of (exit 3), no NaN",
