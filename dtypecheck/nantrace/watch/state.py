@@ -338,7 +338,9 @@ class _Tree:
         self.entries = [(m._buffers, key, b) for m in modules for key, b in m._buffers.items() if b is not None]
 
     def holds(self, generation: int) -> bool:
-        return generation == self.generation and all(held.get(key) is buffer for held, key, buffer in self.entries)
+        if generation != self.generation:
+            return False
+        return not self.entries or all(held.get(key) is buffer for held, key, buffer in self.entries)
 
 
 DIRECT_WRITERS = (
@@ -579,12 +581,15 @@ LINE = 64
 
 @dataclass(frozen=True)
 class _Copies:
-    """The snapshot of one (device, dtype) group: one allocation (``flat``, bytes), and a view of it shaped as each
-    tensor; or, for a dtype that bytes cannot be viewed as, a tensor each (``flat`` None)."""
+    """The snapshot of one (device, dtype) group: one allocation (``flat``, bytes) and, when asked for, a view of it
+    shaped as each tensor (``views``: only ``_foreach_copy_`` and a replay's ``put_back`` need them, and making ~200
+    views cost ~1.2 ms each time an optimizer's layout was built, twice in a run's first steps); or, for a tensor
+    subclass or a dtype that bytes cannot be viewed as, a tensor each (``own``; ``flat`` None)."""
 
     flat: torch.Tensor | None
     offsets: list[int]
-    views: list[torch.Tensor]
+    shapes: list[tuple[torch.dtype, torch.Size, int]]
+    own: list[torch.Tensor] | None = None
 
     @classmethod
     def of(cls, tensors: list[torch.Tensor]) -> _Copies:
@@ -594,25 +599,38 @@ class _Copies:
         for tensor in tensors:
             offsets.append(total)
             total += -(-tensor.nbytes // LINE) * LINE
-        apart = cls(None, offsets, [])
-        if any(type(t) is not torch.Tensor for t in tensors):
+        shapes = [(t.dtype, t.shape, int(t.nbytes)) for t in tensors]
+        if any(type(t) is not torch.Tensor for t in tensors) or not _bytes_view_as(tensors[0].dtype):
             # A subclass (a DTensor shard of FSDP2, a fake tensor) is copied into its own kind (``empty_like``): a
             # plain view would be mixed with it in ``copy_``.
-            apart.views.extend(torch.empty_like(t, requires_grad=False) for t in tensors)
-            return apart
-        flat = torch.empty(total, dtype=torch.uint8, device=tensors[0].device)
-        try:
-            views = [
-                flat[at : at + t.nbytes].view(t.dtype).view(t.shape) for t, at in zip(tensors, offsets, strict=True)
-            ]
-        except RuntimeError:
-            apart.views.extend(torch.empty_like(t, requires_grad=False) for t in tensors)
-            return apart
-        return cls(flat, offsets, views)
+            return cls(None, offsets, shapes, [torch.empty_like(t, requires_grad=False) for t in tensors])
+        return cls(torch.empty(total, dtype=torch.uint8, device=tensors[0].device), offsets, shapes)
+
+    @functools.cached_property
+    def views(self) -> list[torch.Tensor]:
+        if self.own is not None or self.flat is None:
+            return self.own or []
+        flat = self.flat
+        return [
+            flat[at : at + nbytes].view(dtype).view(shape)
+            for (dtype, shape, nbytes), at in zip(self.shapes, self.offsets, strict=True)
+        ]
 
     @property
     def nbytes(self) -> int:
-        return int(self.flat.nbytes) if self.flat is not None else sum(int(v.nbytes) for v in self.views)
+        return int(self.flat.nbytes) if self.flat is not None else sum(int(v.nbytes) for v in self.own or ())
+
+
+@functools.cache
+def _bytes_view_as(dtype: torch.dtype) -> bool:
+    """Whether bytes can be viewed as ``dtype`` (not a quantized one, say): asked once per dtype."""
+    import torch
+
+    try:
+        torch.empty(LINE, dtype=torch.uint8)[:LINE].view(dtype)
+    except (RuntimeError, TypeError):
+        return False
+    return True
 
 
 @dataclass
