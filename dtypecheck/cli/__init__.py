@@ -15,7 +15,7 @@ from dtypecheck.cli import info as _info  # noqa: F401  (registers the command)
 from dtypecheck.cli import memory as _memory  # noqa: F401  (registers the command)
 from dtypecheck.cli import nantrace as _nantrace  # noqa: F401  (registers the command)
 from dtypecheck.cli import scan as _scan  # noqa: F401  (registers the command)
-from dtypecheck.cli._app import USER_CODE, app, end_if_forked_child
+from dtypecheck.cli._app import SPEAKER, USER_CODE, app, end_if_forked_child
 from dtypecheck.errors import ExitCode, UserCodeError, describe
 from dtypecheck.render.cells import printable
 
@@ -89,12 +89,8 @@ INTERRUPTED = 130
 
 
 def _error(message: str) -> None:
-    from dtypecheck.launcher import rank_info
-
     # One write: the ranks of a distributed run share the terminal, and print() writes a line and its end apart.
-    # There each rank names itself.
-    info = rank_info()
-    where = f"rank {info.rank}: " if info is not None else ""
+    where = "".join(f"{who}: " for who in SPEAKER)
     sys.stderr.write(f"error: {where}{printable(message)}\n")
     with contextlib.suppress(OSError, ValueError):
         sys.stderr.flush()

@@ -322,6 +322,10 @@ def _root(
     """
 
 
+SPEAKER: list[str] = []
+"""Who this process's ``error:`` line speaks for, where it is not the whole run: ``rank N`` for a rank of a
+distributed nan-trace run, each of which runs its own script (scan-model's rank 0 speaks for its run)."""
+
 ORIGIN_PID = os.getpid()
 """The process dtypecheck runs in. A child the user's code forks (a DataLoader worker, its own ``os.fork``) runs on up
 the same stack; it must end as its own code says, never writing a document or an ``error:`` line."""

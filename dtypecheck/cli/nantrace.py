@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from dtypecheck.cli._app import (
+    SPEAKER,
     ConfigOption,
     FailOn,
     FailOnOption,
@@ -313,6 +314,7 @@ def execute_nantrace(options: NanTraceOptions) -> int:
     if options.rank is not None:
         from dtypecheck.nantrace.launch import run_rank
 
+        SPEAKER[:] = [f"rank {options.rank.rank}"]  # each rank runs the script: its error line names it
         run_rank(
             options.rank,
             options.path,
