@@ -42,6 +42,10 @@ def main(argv: list[str]) -> int:
     except ChildFailedError as failed:
         _, failure = failed.get_first_failure()
         return failure.exitcode if failure.exitcode in RANK_CODES else 3
+    except Exception as exc:  # noqa: BLE001  (the agent itself failed, its rendezvous say: one line, not its traceback)
+        said = str(exc).strip().splitlines()
+        sys.stderr.write(f"error: the launcher of the ranks failed: {type(exc).__name__}: {said[0] if said else ''}\n")
+        return 3
     return 0
 
 

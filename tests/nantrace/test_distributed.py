@@ -177,3 +177,18 @@ def test_a_script_that_raises_on_a_rank_gives_that_ranks_line_and_exit_3(nantrac
     ) in lines
     assert len(lines) <= 2
     assert all(one.startswith("error: rank ") for one in lines), lines
+
+
+def test_the_launcher_failing_itself_is_one_line_and_exit_3(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch.distributed.run
+
+    from dtypecheck.nantrace import torchrun as launcher
+
+    def failing(args: Any) -> None:
+        raise RuntimeError("rendezvous timed out\nafter 900 s")
+
+    monkeypatch.setattr(torch.distributed.run, "run", failing)
+    assert launcher.main(["--nproc-per-node", "2", "-m", "dtypecheck", "nan-trace", "x.py"]) == 3
+    assert capsys.readouterr().err == "error: the launcher of the ranks failed: RuntimeError: rendezvous timed out\n"
