@@ -38,15 +38,17 @@ def version_of(tensor: torch.Tensor) -> int:
         return -next(_UNTRACKED)
 
 
-def readable(tensor: torch.Tensor) -> bool:
+def readable(tensor: torch.Tensor, *, storage_less: bool = False) -> bool:
     """Whether ``tensor``'s memory still holds all its elements: FSDP frees a parameter's unsharded storage after
-    use (``resize_(0)``) without touching the tensor, and reading it then would crash the process."""
+    use (``resize_(0)``) without touching the tensor, and reading it then would crash the process. ``storage_less``:
+    the answer for a tensor with no storage of its own (a subclass whose own ops read it, a jagged nested tensor's
+    wrapper)."""
     if tensor.numel() == 0:
         return True
     try:
         stored = tensor.untyped_storage().nbytes()
-    except (RuntimeError, NotImplementedError):  # no storage of its own (a jagged nested tensor's wrapper)
-        return False
+    except (RuntimeError, NotImplementedError):  # no storage of its own
+        return storage_less
     extent = (
         tensor.storage_offset() + 1 + sum((n - 1) * abs(s) for n, s in zip(tensor.shape, tensor.stride(), strict=True))
     )

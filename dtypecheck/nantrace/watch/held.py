@@ -15,7 +15,8 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from dtypecheck.nantrace.watch.state import Flag, all_finite, holds_values
+from dtypecheck.nantrace.records import readable
+from dtypecheck.nantrace.watch.state import Flag, all_finite
 
 if TYPE_CHECKING:
     import torch
@@ -93,7 +94,7 @@ class HeldModules:
         seen: set[int] = set(skip)
         for top in (m for m in modules if id(m) not in inner):
             for name, tensor in (*top.named_parameters(), *top.named_buffers()):
-                if id(tensor) in seen or not tensor.is_floating_point() or not holds_values(tensor):
+                if id(tensor) in seen or not tensor.is_floating_point() or not readable(tensor, storage_less=True):
                     continue
                 seen.add(id(tensor))
                 with torch.no_grad():

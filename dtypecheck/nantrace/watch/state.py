@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from dtypecheck.nantrace import native
 from dtypecheck.nantrace.frames import FrameKey
 from dtypecheck.nantrace.ops import tensor_list
+from dtypecheck.nantrace.records import readable
 
 if TYPE_CHECKING:
     import torch
@@ -93,7 +94,9 @@ def _fused_all_finite(tensors: list[torch.Tensor]) -> Flag:
 
     groups: dict[torch.device, list[torch.Tensor]] = {}
     for tensor in tensors:
-        if tensor.is_floating_point() and tensor.numel() and holds_values(tensor):
+        # A tensor whose storage FSDP freed (a module may still hold one when a run ends) has no values to check,
+        # and reading it crashed the process (the C++ checks' ``plain_of`` refuses it the same way).
+        if tensor.is_floating_point() and tensor.numel() and readable(tensor, storage_less=True):
             groups.setdefault(tensor.device, []).append(tensor)
     flags = []
     with torch.no_grad():
@@ -111,22 +114,6 @@ def _fused_all_finite(tensors: list[torch.Tensor]) -> Flag:
     if not flags:
         return None
     return flags[0] if len(flags) == 1 else torch.stack([f.to("cpu").reshape(()) for f in flags]).all()
-
-
-def holds_values(tensor: torch.Tensor) -> bool:
-    """Whether the tensor's storage holds every element it addresses. FSDP frees an unsharded parameter's storage
-    (resized to 0) without touching the tensor, which a module may still hold when a run ends: such a tensor has no
-    values to check, and reading it crashed the process (the C++ checks' ``plain_of`` refuses it the same way)."""
-    if tensor.device.type == "meta" or tensor.numel() == 0:
-        return True
-    try:
-        storage = tensor.untyped_storage()
-    except (RuntimeError, NotImplementedError, TypeError):
-        return True  # a subclass with no storage of its own: its own ops read it
-    extent = tensor.storage_offset() + 1
-    for size, stride in zip(tensor.shape, tensor.stride(), strict=True):
-        extent += (size - 1) * stride
-    return int(storage.nbytes()) >= extent * tensor.element_size()
 
 
 def _widened(tensor: torch.Tensor) -> torch.Tensor:
